@@ -1,0 +1,238 @@
+//! Thin wrappers over the PTX instructions the kernels use. Everything warp- or CTA-collective
+//! is marked so in its doc; callers keep those on uniform control flow.
+use core::arch::{asm, global_asm, nvptx};
+
+// The dynamic shared memory every kernel carves its tiles from (size set at launch).
+global_asm!(".extern .shared .align 128 .b8 dmattn_smem[];");
+
+#[inline(always)]
+pub fn thread_idx() -> u32 {
+    unsafe { nvptx::_thread_idx_x() as u32 }
+}
+
+#[inline(always)]
+pub fn block_idx() -> (u32, u32, u32) {
+    unsafe { (nvptx::_block_idx_x() as u32, nvptx::_block_idx_y() as u32, nvptx::_block_idx_z() as u32) }
+}
+
+#[inline(always)]
+pub fn grid_dim_x() -> u32 {
+    unsafe { nvptx::_grid_dim_x() as u32 }
+}
+
+/// CTA-wide barrier (collective).
+#[inline(always)]
+pub fn sync_threads() {
+    unsafe { nvptx::_syncthreads() }
+}
+
+/// Shared-window (32-bit) address of the dynamic shared memory.
+#[inline(always)]
+pub fn smem_base() -> u32 {
+    let r: u32;
+    unsafe { asm!("mov.u32 {0}, dmattn_smem;", out(reg32) r, options(pure, nomem, nostack)) };
+    r
+}
+
+/// Asynchronous 16-byte global→shared copy; bytes of the 16 past `src_bytes` are zero-filled, so
+/// `src_bytes == 0` writes zeros without reading. `src` must be a valid, 16-byte aligned address.
+#[inline(always)]
+pub unsafe fn cp_async_16(dst: u32, src: u64, src_bytes: u32) {
+    unsafe {
+        asm!("cp.async.cg.shared.global [{0}], [{1}], 16, {2};",
+            in(reg32) dst, in(reg64) src, in(reg32) src_bytes, options(nostack))
+    };
+}
+
+/// Asynchronous 8-byte global→shared copy, zero-filling past `src_bytes` (as [`cp_async_16`]).
+#[inline(always)]
+pub unsafe fn cp_async_8(dst: u32, src: u64, src_bytes: u32) {
+    unsafe {
+        asm!("cp.async.ca.shared.global [{0}], [{1}], 8, {2};",
+            in(reg32) dst, in(reg64) src, in(reg32) src_bytes, options(nostack))
+    };
+}
+
+#[inline(always)]
+pub fn cp_async_commit() {
+    unsafe { asm!("cp.async.commit_group;", options(nostack)) };
+}
+
+/// Waits for all of this thread's committed copies; a barrier must follow before other threads
+/// read what they wrote.
+#[inline(always)]
+pub fn cp_async_wait_all() {
+    unsafe { asm!("cp.async.wait_group 0;", options(nostack)) };
+}
+
+/// Four 8x8 b16 matrices from shared memory; lane `l` supplies the row address of matrix `l / 8`
+/// (warp-collective).
+#[inline(always)]
+pub unsafe fn ldmatrix_x4(addr: u32) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    unsafe {
+        asm!("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{{0}, {1}, {2}, {3}}}, [{4}];",
+            out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, in(reg32) addr,
+            options(pure, readonly, nostack))
+    };
+    [a, b, c, d]
+}
+
+/// As [`ldmatrix_x4`], each matrix transposed (warp-collective).
+#[inline(always)]
+pub unsafe fn ldmatrix_x4_trans(addr: u32) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    unsafe {
+        asm!("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {{{0}, {1}, {2}, {3}}}, [{4}];",
+            out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, in(reg32) addr,
+            options(pure, readonly, nostack))
+    };
+    [a, b, c, d]
+}
+
+#[inline(always)]
+pub unsafe fn ld_shared_u32(addr: u32) -> u32 {
+    let v: u32;
+    unsafe { asm!("ld.shared.b32 {0}, [{1}];", out(reg32) v, in(reg32) addr, options(pure, readonly, nostack)) };
+    v
+}
+
+#[inline(always)]
+pub unsafe fn ld_shared_u16(addr: u32) -> u32 {
+    let v: u32;
+    unsafe { asm!("ld.shared.u16 {0}, [{1}];", out(reg32) v, in(reg32) addr, options(pure, readonly, nostack)) };
+    v
+}
+
+#[inline(always)]
+pub unsafe fn st_shared_u32(addr: u32, v: u32) {
+    unsafe { asm!("st.shared.b32 [{0}], {1};", in(reg32) addr, in(reg32) v, options(nostack)) };
+}
+
+#[inline(always)]
+pub unsafe fn st_shared_u16(addr: u32, v: u32) {
+    unsafe { asm!("st.shared.u16 [{0}], {1};", in(reg32) addr, in(reg32) v, options(nostack)) };
+}
+
+#[inline(always)]
+pub unsafe fn st_shared_u8(addr: u32, v: u32) {
+    unsafe { asm!("st.shared.u8 [{0}], {1};", in(reg32) addr, in(reg32) v, options(nostack)) };
+}
+
+#[inline(always)]
+pub unsafe fn ld_shared_v4(addr: u32) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    unsafe {
+        asm!("ld.shared.v4.b32 {{{0}, {1}, {2}, {3}}}, [{4}];",
+            out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, in(reg32) addr,
+            options(pure, readonly, nostack))
+    };
+    [a, b, c, d]
+}
+
+#[inline(always)]
+pub unsafe fn st_global_v4(addr: u64, v: [u32; 4]) {
+    unsafe {
+        asm!("st.global.v4.b32 [{0}], {{{1}, {2}, {3}, {4}}};",
+            in(reg64) addr, in(reg32) v[0], in(reg32) v[1], in(reg32) v[2], in(reg32) v[3],
+            options(nostack))
+    };
+}
+
+/// Read-only global loads through the non-coherent cache (inputs the kernel never writes).
+#[inline(always)]
+pub unsafe fn ld_global_nc_u8(addr: u64) -> u32 {
+    let v: u32;
+    unsafe { asm!("ld.global.nc.u8 {0}, [{1}];", out(reg32) v, in(reg64) addr, options(pure, readonly, nostack)) };
+    v
+}
+
+#[inline(always)]
+pub unsafe fn ld_global_nc_u16(addr: u64) -> u32 {
+    let v: u32;
+    unsafe { asm!("ld.global.nc.u16 {0}, [{1}];", out(reg32) v, in(reg64) addr, options(pure, readonly, nostack)) };
+    v
+}
+
+/// Butterfly shuffle within the warp (warp-collective).
+#[inline(always)]
+pub fn shfl_xor_u32(v: u32, lane_mask: u32) -> u32 {
+    let r: u32;
+    unsafe {
+        asm!("shfl.sync.bfly.b32 {0}, {1}, {2}, 0x1f, 0xffffffff;",
+            out(reg32) r, in(reg32) v, in(reg32) lane_mask, options(pure, nomem, nostack))
+    };
+    r
+}
+
+#[inline(always)]
+pub fn shfl_xor(v: f32, lane_mask: u32) -> f32 {
+    f32::from_bits(shfl_xor_u32(v.to_bits(), lane_mask))
+}
+
+/// Bit `i` set iff lane `i`'s `pred` is non-zero (warp-collective).
+#[inline(always)]
+pub fn ballot(pred: bool) -> u32 {
+    let r: u32;
+    unsafe {
+        asm!("{{ .reg .pred p; setp.ne.u32 p, {1}, 0; vote.sync.ballot.b32 {0}, p, 0xffffffff; }}",
+            out(reg32) r, in(reg32) pred as u32, options(pure, nomem, nostack))
+    };
+    r
+}
+
+/// CTA barrier that also ORs `pred` over all threads (collective).
+#[inline(always)]
+pub fn sync_threads_or(pred: bool) -> bool {
+    let r: u32;
+    unsafe {
+        asm!("{{ .reg .pred p, q; setp.ne.u32 p, {1}, 0; bar.red.or.pred q, 0, p; selp.u32 {0}, 1, 0, q; }}",
+            out(reg32) r, in(reg32) pred as u32, options(nostack))
+    };
+    r != 0
+}
+
+/// CTA barrier that also ANDs `pred` over all threads (collective).
+#[inline(always)]
+pub fn sync_threads_and(pred: bool) -> bool {
+    let r: u32;
+    unsafe {
+        asm!("{{ .reg .pred p, q; setp.ne.u32 p, {1}, 0; bar.red.and.pred q, 0, p; selp.u32 {0}, 1, 0, q; }}",
+            out(reg32) r, in(reg32) pred as u32, options(nostack))
+    };
+    r != 0
+}
+
+/// 2^x (MUFU; relative error about 2^-22, exact 0 for -inf).
+#[inline(always)]
+pub fn exp2(x: f32) -> f32 {
+    let r: f32;
+    unsafe { asm!("ex2.approx.ftz.f32 {0}, {1};", out(reg32) r, in(reg32) x, options(pure, nomem, nostack)) };
+    r
+}
+
+/// log2(x) (MUFU).
+#[inline(always)]
+pub fn log2(x: f32) -> f32 {
+    let r: f32;
+    unsafe { asm!("lg2.approx.ftz.f32 {0}, {1};", out(reg32) r, in(reg32) x, options(pure, nomem, nostack)) };
+    r
+}
+
+/// 1/x (MUFU).
+#[inline(always)]
+pub fn rcp(x: f32) -> f32 {
+    let r: f32;
+    unsafe { asm!("rcp.approx.ftz.f32 {0}, {1};", out(reg32) r, in(reg32) x, options(pure, nomem, nostack)) };
+    r
+}
+
+/// `x`, hidden from the optimiser. Called at the top of a main loop on the thread index, it keeps
+/// LLVM from hoisting every per-thread shared-memory address out of the loop (dozens of
+/// registers held across it, then spilled); recomputing them costs one or two ALU ops each.
+#[inline(always)]
+pub fn opaque(x: u32) -> u32 {
+    let r: u32;
+    unsafe { asm!("mov.b32 {0}, {1};", out(reg32) r, in(reg32) x, options(nomem, nostack)) };
+    r
+}

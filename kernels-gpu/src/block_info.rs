@@ -1,0 +1,109 @@
+//! Where one CTA's operands live: its (batch, head, query tile) and the base address of each
+//! operand, derived from the kernel parameters and the block index.
+//!
+//! Kernels rebuild this at the top of every main-loop iteration from [`opaque`] indices: LLVM
+//! would otherwise hoist every address out of the loop and hold it in a register across it (a
+//! dozen 64-bit values, enough to push a 4-warp tile into spills), while recomputing them costs a
+//! few integer multiply-adds per iteration.
+use crate::arch::{block_idx, grid_dim_x, opaque};
+use crate::mask::Visibility;
+use dmattn_abi::{FwdParams, flags};
+
+#[derive(Clone, Copy)]
+pub struct BlockInfo<'a> {
+    pub p: &'a FwdParams,
+    batch: u64,
+    head: u32,
+    pub m_block: u32,
+    /// First query row of the tile.
+    pub row0: u32,
+    /// Rows of the tile inside the sequence.
+    pub rows_valid: u32,
+    pub vis: Visibility,
+}
+
+impl<'a> BlockInfo<'a> {
+    /// For the CTA running this code; `hide` routes the block indices through [`opaque`].
+    #[inline(always)]
+    pub fn new(p: &'a FwdParams, block_m: u32, hide: bool) -> Self {
+        let (bx, head, batch) = block_idx();
+        let (bx, head, batch) = if hide { (opaque(bx), opaque(head), opaque(batch)) } else { (bx, head, batch) };
+        // Heaviest query tiles (the last ones, under causal) start first.
+        let m_block = grid_dim_x() - 1 - bx;
+        let row0 = m_block * block_m;
+        Self {
+            p,
+            batch: batch as u64,
+            head,
+            m_block,
+            row0,
+            rows_valid: p.seqlen_q - row0,
+            vis: Visibility { seqlen_q: p.seqlen_q, seqlen_k: p.seqlen_k, causal: p.flags & flags::CAUSAL != 0 },
+        }
+    }
+
+    #[inline(always)]
+    fn kv_head(&self) -> u64 {
+        (self.head / self.p.kv_group) as u64
+    }
+
+    #[inline(always)]
+    fn mask_head(&self) -> u64 {
+        (self.head / self.p.mask_head_div) as u64
+    }
+
+    /// Byte address of row 0 of the query tile in q (rows `2 * q.stride[1]` bytes apart).
+    #[inline(always)]
+    pub fn q(&self) -> u64 {
+        let q = &self.p.q;
+        q.ptr + 2 * (self.batch * q.stride[0] + self.head as u64 * q.stride[2] + self.row0 as u64 * q.stride[1])
+    }
+
+    /// Byte address of row 0 of the query tile in o.
+    #[inline(always)]
+    pub fn o(&self) -> u64 {
+        let o = &self.p.o;
+        o.ptr + 2 * (self.batch * o.stride[0] + self.head as u64 * o.stride[2] + self.row0 as u64 * o.stride[1])
+    }
+
+    /// Byte address of key 0 of this head's kv head in k.
+    #[inline(always)]
+    pub fn k(&self) -> u64 {
+        let k = &self.p.k;
+        k.ptr + 2 * (self.batch * k.stride[0] + self.kv_head() * k.stride[2])
+    }
+
+    #[inline(always)]
+    pub fn v(&self) -> u64 {
+        let v = &self.p.v;
+        v.ptr + 2 * (self.batch * v.stride[0] + self.kv_head() * v.stride[2])
+    }
+
+    /// Byte address of the bias at (row0, key 0).
+    #[inline(always)]
+    pub fn bias(&self) -> u64 {
+        let b = &self.p.bias;
+        let head = (self.head / self.p.bias_head_div) as u64;
+        b.ptr + 2 * (self.batch * b.stride[0] + head * b.stride[1] + self.row0 as u64 * b.stride[2])
+    }
+
+    /// Byte address of the packed mask word of (row0, key 0).
+    #[inline(always)]
+    pub fn mask_bits(&self) -> u64 {
+        let m = &self.p.mask_bits;
+        m.ptr + 8 * (self.batch * m.stride[0] + self.mask_head() * m.stride[1] + self.row0 as u64 * m.stride[2])
+    }
+
+    /// Byte address of this (batch, head)'s block-map plane.
+    #[inline(always)]
+    pub fn block_map(&self) -> u64 {
+        let m = &self.p.block_map;
+        m.ptr + self.batch * m.stride[0] + self.mask_head() * m.stride[1]
+    }
+
+    /// Index of the LSE of the tile's row `r`.
+    #[inline(always)]
+    pub fn lse_index(&self, r: u32) -> u64 {
+        (self.batch * self.p.heads as u64 + self.head as u64) * self.p.seqlen_q as u64 + (self.row0 + r) as u64
+    }
+}

@@ -1,0 +1,320 @@
+//! Forward attention: one CTA per (query tile, head, batch). K/V tiles stream through shared
+//! memory (`cp.async`, the next K tile loading while the current one's softmax and PV run),
+//! S = QKᵀ and O += PV run on tensor cores, and the softmax is online, in base 2 with the scale
+//! folded in. Key tiles the mask leaves empty are never loaded.
+use crate::arch::*;
+use crate::block_info::BlockInfo;
+use crate::elem::Elem;
+use crate::mask::{MapRows, Tile, TileCursor};
+use crate::softmax::OnlineSoftmax;
+use crate::tile::{Fragments, SmemTile};
+use dmattn_abi::{FwdParams, flags};
+
+const LOG2E: f32 = core::f32::consts::LOG2_E;
+
+/// `cap * tanh(x)` with `tanh(x) = 1 - 2 / (e^2x + 1)`: MUFU exp2 and rcp, accurate to ~1e-7
+/// absolute where `tanh.approx` would be ~5e-4 relative.
+#[inline(always)]
+fn capped(cap: f32, x: f32) -> f32 {
+    cap * (1.0 - 2.0 * rcp(exp2(2.0 * LOG2E * x) + 1.0))
+}
+
+/// The shared-memory tiles of one CTA: Q, K, V (`D` columns), the bias tile and the packed mask
+/// tile of the current key block. The packed tile is row-major, `BN / 64` words a row, unswizzled:
+/// a warp reads 8 rows x 4 half-words of one word column, 64 distinct bytes.
+#[derive(Clone, Copy)]
+struct Smem {
+    q: SmemTile,
+    k: SmemTile,
+    v: SmemTile,
+    bias: SmemTile,
+    mask: u32,
+}
+
+impl Smem {
+    #[inline(always)]
+    fn new(d: usize, bm: usize, bn: usize) -> Self {
+        let q = SmemTile::new(smem_base(), bm, d * 2);
+        let k = SmemTile::new(q.base + q.bytes(), bn, d * 2);
+        let v = SmemTile::new(k.base + k.bytes(), bn, d * 2);
+        let bias = SmemTile::new(v.base + v.bytes(), bm, bn * 2);
+        Self { q, k, v, bias, mask: bias.base + bias.bytes() }
+    }
+}
+
+/// The score modifiers a launch uses. Kernels are instantiated twice: with `MODS = false` every
+/// modifier is compiled out (the lean variant for plain and causal attention, which needs fewer
+/// registers), with `MODS = true` they are read from the parameters.
+#[derive(Clone, Copy)]
+struct Mods {
+    mask: bool,
+    bias: bool,
+    softcap: f32,
+}
+
+impl Mods {
+    #[inline(always)]
+    fn of<const MODS: bool>(p: &FwdParams) -> Self {
+        if MODS {
+            Mods { mask: p.mask_bits.is_present(), bias: p.bias.is_present(), softcap: p.softcap }
+        } else {
+            Mods { mask: false, bias: false, softcap: 0.0 }
+        }
+    }
+}
+
+/// Starts the copies of key tile `tile`'s K and the bias and packed-mask tiles that go with it
+/// (no mask copy for a full tile). All threads call this.
+#[inline(always)]
+unsafe fn load_k_side<const D: usize, const BM: usize, const BN: usize>(
+    b: &BlockInfo,
+    sm: &Smem,
+    mods: Mods,
+    tile: Tile,
+    tid: u32,
+    threads: u32,
+) {
+    let p = b.p;
+    let col0 = tile.n * BN as u32;
+    let keys = p.seqlen_k - col0;
+    let k_row = 2 * p.k.stride[1];
+    unsafe { sm.k.load_async(b.k() + col0 as u64 * k_row, k_row, keys, (D * 2) as u32, tid, threads) };
+    if mods.bias {
+        let s = p.bias.stride;
+        unsafe {
+            if p.flags & flags::BIAS_VEC != 0 {
+                sm.bias.load_async(b.bias() + 2 * col0 as u64, 2 * s[2], b.rows_valid, 2 * keys, tid, threads);
+            } else {
+                let src = b.bias() + 2 * col0 as u64 * s[3];
+                sm.bias.load_strided(2, src, s[2], s[3], b.rows_valid, keys, tid, threads);
+            }
+        }
+    }
+    if mods.mask && !tile.full {
+        let words_per_row = (BN / 64) as u32;
+        let (base, q_stride) = (b.mask_bits(), p.mask_bits.stride[2]);
+        for i in 0..(BM * BN / 64).div_ceil(threads as usize) as u32 {
+            let w = tid + i * threads;
+            let (r, word) = (w / words_per_row, w % words_per_row);
+            if r < BM as u32 {
+                let ok = r < b.rows_valid;
+                let src = base + 8 * ((if ok { r } else { 0 }) as u64 * q_stride + (col0 / 64 + word) as u64);
+                unsafe { cp_async_8(sm.mask + 8 * w, src, if ok { 8 } else { 0 }) };
+            }
+        }
+    }
+}
+
+/// Const parameters: head dim `D`, tile `BM x BN`, `THREADS` per CTA, and the per-warp fragment
+/// counts derived from them (`MT = BM / (16 * warps)` row tiles, `NT = BN / 8` key n-tiles,
+/// `KT = D / 16` k-steps, `DT = D / 8` output n-tiles), spelled out because arrays cannot be
+/// sized by const-generic arithmetic. `MODS` selects the variant (see [`Mods`]).
+#[inline(always)]
+pub unsafe fn forward<
+    E: Elem,
+    const D: usize,
+    const BM: usize,
+    const BN: usize,
+    const THREADS: usize,
+    const MT: usize,
+    const NT: usize,
+    const KT: usize,
+    const DT: usize,
+    const MODS: bool,
+>(
+    p: &FwdParams,
+) {
+    const {
+        assert!(MT * 16 * (THREADS / 32) == BM && NT * 8 == BN && KT * 16 == D && DT * 8 == D);
+        assert!(NT % 2 == 0 && DT % 2 == 0 && BM % 64 == 0 && BN % 64 == 0);
+    }
+    let threads = THREADS as u32;
+    let sm = Smem::new(D, BM, BN);
+    let mods = Mods::of::<MODS>(p);
+    let softcap = mods.softcap;
+    let has_bias = mods.bias;
+    let fold_bias = has_bias && softcap == 0.0;
+    let inv_scale = LOG2E / p.scale_log2;
+    let scale_over_cap = if softcap > 0.0 { p.scale_log2 / LOG2E / softcap } else { 0.0 };
+
+    let mut o = [[[0f32; 4]; DT]; MT];
+    let mut softmax = OnlineSoftmax::<MT>::new();
+    let mut cursor = TileCursor::new();
+    let tid = thread_idx();
+
+    let b = BlockInfo::new(p, BM as u32, false);
+    let map = MapRows::<BM, BN>::new(&p.block_map, b.block_map(), b.m_block, &b.vis);
+    if let Some(mut tile) = cursor.next(0, tid % 32, &map) {
+        let q_row = 2 * p.q.stride[1];
+        unsafe { sm.q.load_async(b.q(), q_row, b.rows_valid, (D * 2) as u32, tid, threads) };
+        unsafe { load_k_side::<D, BM, BN>(&b, &sm, mods, tile, tid, threads) };
+        cp_async_commit();
+        loop {
+            // Everything per-thread or per-CTA is rebuilt from opaque indices each iteration
+            // (see `block_info`), so none of it is held in registers across the loop.
+            let tid = opaque(tid);
+            let b = BlockInfo::new(p, BM as u32, true);
+            let lane = tid % 32;
+            let (g, t) = (lane / 4, lane % 4);
+            let warp_row0 = (tid / 32) * (MT as u32) * 16;
+            let (q_frag, k_frag, v_frag) =
+                (Fragments::new(sm.q, lane), Fragments::new(sm.k, lane), Fragments::new(sm.v, lane));
+
+            // K (and bias/mask) of this tile have landed; everyone is done with the last V.
+            cp_async_wait_all();
+            sync_threads();
+            let col0 = tile.n * BN as u32;
+            let v_row = 2 * p.v.stride[1];
+            let keys = p.seqlen_k - col0;
+            unsafe { sm.v.load_async(b.v() + col0 as u64 * v_row, v_row, keys, (D * 2) as u32, tid, threads) };
+            cp_async_commit();
+
+            // The accumulators start at the score offsets: -inf where the mask, the causal rule or
+            // the key bound hide a score, and bias / scale elsewhere, so the MMA adds QKᵀ onto
+            // them and no mask or bias register is live while the accumulators are. (With a
+            // softcap the bias must follow the tanh, so it is added after the MMA instead.)
+            // Thread-relative addresses: bias (row g, bytes 4t..4t+4 of chunk nt); mask bits of
+            // the thread's keys of a row: half-word t of each word.
+            let mut s = [[[0f32; 4]; NT]; MT];
+            let check = !tile.full || b.vis.tile_needs_check(b.row0, col0, BN as u32);
+            let load_mask = mods.mask && !tile.full;
+            let bounds = b.vis.at_tile(b.row0, col0).shifted(warp_row0 + g, 2 * t);
+            let bias_at = sm.bias.chunk(g, 0) + 4 * t;
+            let load_bias = |dr: u32, nt: u32| unsafe { E::unpack(ld_shared_u32(sm.bias.shift(bias_at, dr, nt))) };
+            if check || fold_bias {
+                for mt in 0..MT {
+                    for h in 0..2 {
+                        let dr = 16 * mt as u32 + 8 * h as u32;
+                        let bits = if check {
+                            let mask_row = sm.mask + (warp_row0 + dr + g) * (BN / 8) as u32 + 2 * t;
+                            let mut keep = !0u32;
+                            if load_mask {
+                                keep = 0;
+                                for w in 0..(BN / 64) as u32 {
+                                    keep |= unsafe { ld_shared_u16(mask_row + 8 * w) } << (16 * w);
+                                }
+                            }
+                            keep & bounds.row_bits(dr)
+                        } else {
+                            !0
+                        };
+                        for nt in 0..NT as u32 {
+                            let bias = if fold_bias { load_bias(warp_row0 + dr, nt) } else { (0.0, 0.0) };
+                            for e in 0..2 {
+                                let bias = if e == 0 { bias.0 } else { bias.1 };
+                                let visible = (bits >> (2 * nt + e as u32)) & 1 != 0;
+                                s[mt][nt as usize][2 * h + e] = if visible { bias * inv_scale } else { f32::NEG_INFINITY };
+                            }
+                        }
+                    }
+                }
+            }
+
+            for ks in 0..KT as u32 {
+                let mut a = [[0u32; 4]; MT];
+                for mt in 0..MT {
+                    a[mt] = unsafe { q_frag.a(warp_row0 + 16 * mt as u32, ks) };
+                }
+                for np in 0..NT / 2 {
+                    let bk = unsafe { k_frag.b(16 * np as u32, ks) };
+                    for mt in 0..MT {
+                        E::mma(&mut s[mt][2 * np], &a[mt], bk[0], bk[1]);
+                        E::mma(&mut s[mt][2 * np + 1], &a[mt], bk[2], bk[3]);
+                    }
+                }
+            }
+
+            // Scores → base-2 logits.
+            if softcap > 0.0 {
+                for mt in 0..MT {
+                    for h in 0..2 {
+                        let dr = warp_row0 + 16 * mt as u32 + 8 * h as u32;
+                        for nt in 0..NT {
+                            let bias = if has_bias { load_bias(dr, nt as u32) } else { (0.0, 0.0) };
+                            for e in 0..2 {
+                                let bias = if e == 0 { bias.0 } else { bias.1 };
+                                let acc = &mut s[mt][nt][2 * h + e];
+                                let x = capped(softcap * LOG2E, *acc * scale_over_cap) + bias * LOG2E;
+                                *acc = if *acc == f32::NEG_INFINITY { f32::NEG_INFINITY } else { x };
+                            }
+                        }
+                    }
+                }
+            } else {
+                for mt in 0..MT {
+                    for nt in 0..NT {
+                        for i in 0..4 {
+                            s[mt][nt][i] *= p.scale_log2;
+                        }
+                    }
+                }
+            }
+
+            // V has landed; everyone is done with this K/bias/mask: fetch the next tile's.
+            cp_async_wait_all();
+            sync_threads();
+            let map = MapRows::<BM, BN>::new(&p.block_map, b.block_map(), b.m_block, &b.vis);
+            let next = cursor.next(tile.n + 1, lane, &map);
+            if let Some(next) = next {
+                unsafe { load_k_side::<D, BM, BN>(&b, &sm, mods, next, tid, threads) };
+                cp_async_commit();
+            }
+
+            let correction = softmax.update(&mut s);
+            for mt in 0..MT {
+                for dt in 0..DT {
+                    for i in 0..4 {
+                        o[mt][dt][i] *= correction[mt][i / 2];
+                    }
+                }
+            }
+
+            // O += P V, P taken from the S accumulators (their layout is the A-fragment layout).
+            for kk in 0..NT / 2 {
+                let mut a = [[0u32; 4]; MT];
+                for mt in 0..MT {
+                    let (lo, hi) = (&s[mt][2 * kk], &s[mt][2 * kk + 1]);
+                    a[mt] = [E::pack(lo[0], lo[1]), E::pack(lo[2], lo[3]), E::pack(hi[0], hi[1]), E::pack(hi[2], hi[3])];
+                }
+                for dp in 0..DT / 2 {
+                    let bv = unsafe { v_frag.b_trans(16 * kk as u32, 2 * dp as u32) };
+                    for mt in 0..MT {
+                        E::mma(&mut o[mt][2 * dp], &a[mt], bv[0], bv[1]);
+                        E::mma(&mut o[mt][2 * dp + 1], &a[mt], bv[2], bv[3]);
+                    }
+                }
+            }
+            match next {
+                Some(next) => tile = next,
+                None => break,
+            }
+        }
+    }
+
+    // Epilogue. Every warp passed the loop's last barrier after its last read of Q, so the Q tile
+    // can hold O for a coalesced store. A row with nothing visible gets O = 0 and LSE = -inf.
+    // Opaque indices again, or LLVM merges these addresses with the prologue's identical ones
+    // and holds them across the whole loop.
+    let tid = opaque(tid);
+    let b = BlockInfo::new(p, BM as u32, true);
+    let lane = tid % 32;
+    let (g, t) = (lane / 4, lane % 4);
+    let warp_row0 = (tid / 32) * (MT as u32) * 16;
+    let (inv, lse) = softmax.finish();
+    let o_at = sm.q.chunk(g, 0) + 4 * t;
+    for mt in 0..MT {
+        for h in 0..2 {
+            let dr = warp_row0 + 16 * mt as u32 + 8 * h as u32;
+            for dt in 0..DT {
+                let v = &o[mt][dt];
+                let packed = E::pack(v[2 * h] * inv[mt][h], v[2 * h + 1] * inv[mt][h]);
+                unsafe { st_shared_u32(sm.q.shift(o_at, dr, dt as u32), packed) };
+            }
+            if t == 0 && dr + g < b.rows_valid {
+                unsafe { *(p.lse as *mut f32).add(b.lse_index(dr + g) as usize) = lse[mt][h] };
+            }
+        }
+    }
+    sync_threads();
+    unsafe { sm.q.store(b.o(), 2 * p.o.stride[1], b.rows_valid, tid, threads) };
+}

@@ -1,0 +1,74 @@
+//! dmattn's device code, compiled to PTX by `host/build.rs` (rustc's NVPTX backend). Kernels are
+//! composed from a few modules: PTX primitives (`arch`), element types and their MMA (`elem`),
+//! shared-memory tiles (`tile`), the mask logic every kernel shares (`mask`), the online softmax
+//! (`softmax`), and the kernels themselves (`fwd`, `mask_pack`). Entry points are instantiated
+//! here from the tile table in `dmattn-abi`.
+#![no_std]
+#![feature(abi_ptx, stdarch_nvptx, asm_experimental_arch)]
+
+mod arch;
+mod block_info;
+mod elem;
+mod fwd;
+mod mask;
+mod mask_pack;
+mod softmax;
+mod tile;
+
+use dmattn_abi::{FwdParams, FwdTile, FwdVariants, MaskPackParams, fwd_variants};
+use elem::{Bf16, F16};
+
+#[panic_handler]
+fn panic(_: &core::panic::PanicInfo) -> ! {
+    unsafe { core::arch::nvptx::trap() }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn dmattn_mask_pack(p: MaskPackParams) {
+    unsafe { mask_pack::mask_pack(&p) }
+}
+
+const fn variants(head_dim: u32) -> FwdVariants {
+    match fwd_variants(head_dim) {
+        Some(v) => v,
+        None => panic!("no tile shape for this head dim"),
+    }
+}
+
+/// Forward entry points per (element type, head dim): `dmattn_fwd_<elem>_d<dim>_mods` (all
+/// score modifiers) and, where the tile table ships one, the lean `dmattn_fwd_<elem>_d<dim>` (no
+/// mask, bias or softcap): the names `dmattn_abi::names` gives the host.
+macro_rules! fwd_kernels {
+    ($($elem:ty, $d:literal: $mods:ident $(, $plain:ident)?;)*) => {$(
+        fwd_kernels!(@one $mods, $elem, $d, variants($d).mods, true);
+        $(fwd_kernels!(@one $plain, $elem, $d, match variants($d).plain { Some(t) => t, None => panic!() }, false);)?
+    )*};
+    (@one $name:ident, $elem:ty, $d:literal, $tile:expr, $with_mods:literal) => {
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: FwdParams) {
+            const T: FwdTile = $tile;
+            unsafe {
+                fwd::forward::<$elem, $d, { T.block_m as usize }, { T.block_n as usize },
+                    { T.threads() as usize }, { T.m_tiles_per_warp() as usize },
+                    { T.block_n as usize / 8 }, { $d / 16 }, { $d / 8 }, $with_mods>(&p)
+            }
+        }
+    };
+}
+
+// A plain name is listed exactly where `FWD_TILES` has a lean tile (instantiating one it lacks
+// panics at compile time).
+fwd_kernels! {
+    Bf16, 32: dmattn_fwd_bf16_d32_mods, dmattn_fwd_bf16_d32;
+    Bf16, 64: dmattn_fwd_bf16_d64_mods, dmattn_fwd_bf16_d64;
+    Bf16, 96: dmattn_fwd_bf16_d96_mods;
+    Bf16, 128: dmattn_fwd_bf16_d128_mods, dmattn_fwd_bf16_d128;
+    Bf16, 192: dmattn_fwd_bf16_d192_mods, dmattn_fwd_bf16_d192;
+    Bf16, 256: dmattn_fwd_bf16_d256_mods;
+    F16, 32: dmattn_fwd_f16_d32_mods, dmattn_fwd_f16_d32;
+    F16, 64: dmattn_fwd_f16_d64_mods, dmattn_fwd_f16_d64;
+    F16, 96: dmattn_fwd_f16_d96_mods;
+    F16, 128: dmattn_fwd_f16_d128_mods, dmattn_fwd_f16_d128;
+    F16, 192: dmattn_fwd_f16_d192_mods, dmattn_fwd_f16_d192;
+    F16, 256: dmattn_fwd_f16_d256_mods;
+}

@@ -1,0 +1,57 @@
+//! Prepares a boolean mask for the attention kernels, reading it once: each 64x64 block gets a
+//! class (empty, partial, full: the tile-skip decision) and each row's 64 keys of the block are
+//! packed into one u64 in the MMA accumulator order (`dmattn_abi::mask_bit`), so a kernel reads
+//! one bit per score instead of one byte, one 16-bit load per row and tile per thread.
+use crate::arch::*;
+use dmattn_abi::{BLOCK_MAP_K, BLOCK_MAP_Q, MASK_PACK_THREADS, MaskPackParams, block_class, mask_bit};
+
+/// Grid `(k_blocks, q_blocks, mask_batch * mask_heads)`, `MASK_PACK_THREADS` threads: four
+/// adjacent lanes share a row, each reading a 16-key strip. Out-of-range elements count for
+/// neither class and pack as 0.
+#[inline(always)]
+pub unsafe fn mask_pack(p: &MaskPackParams) {
+    const KEYS_PER_THREAD: u32 = BLOCK_MAP_Q * BLOCK_MAP_K / MASK_PACK_THREADS;
+    const THREADS_PER_ROW: u32 = BLOCK_MAP_K / KEYS_PER_THREAD;
+    const { assert!(THREADS_PER_ROW == 4) };
+    let tid = thread_idx();
+    let (kb, qb, bh) = block_idx();
+    let [_, heads, rows, keys] = p.dims;
+    let (b, h) = ((bh / heads) as u64, (bh % heads) as u64);
+    let s = p.mask.stride;
+    let row = qb * BLOCK_MAP_Q + tid / THREADS_PER_ROW;
+    let k0 = (tid % THREADS_PER_ROW) * KEYS_PER_THREAD;
+    let (mut any, mut all, mut word) = (false, true, 0u64);
+    if row < rows {
+        let base = p.mask.ptr + b * s[0] + h * s[1] + row as u64 * s[2];
+        for j in 0..KEYS_PER_THREAD {
+            let k = k0 + j;
+            let key = kb * BLOCK_MAP_K + k;
+            if key < keys {
+                let v = unsafe { ld_global_nc_u8(base + key as u64 * s[3]) } != 0;
+                any |= v;
+                all &= v;
+                word |= (v as u64) << mask_bit(k);
+            }
+        }
+    }
+    for lanes in [1, 2] {
+        let lo = shfl_xor_u32(word as u32, lanes);
+        let hi = shfl_xor_u32((word >> 32) as u32, lanes);
+        word |= (hi as u64) << 32 | lo as u64;
+    }
+    if tid % THREADS_PER_ROW == 0 && row < rows {
+        let at = (bh as u64 * rows as u64 + row as u64) * p.k_blocks as u64 + kb as u64;
+        unsafe { *(p.bits as *mut u64).add(at as usize) = word };
+    }
+    let any = sync_threads_or(any);
+    let all = sync_threads_and(all);
+    if tid == 0 {
+        let class = match (any, all) {
+            (false, _) => block_class::EMPTY,
+            (true, true) => block_class::FULL,
+            (true, false) => block_class::PARTIAL,
+        };
+        let at = ((bh * p.q_blocks + qb) * p.k_blocks + kb) as usize;
+        unsafe { *(p.classes as *mut u8).add(at) = class };
+    }
+}

@@ -1,0 +1,208 @@
+//! Shared-memory tiles: a bank-conflict-free layout, global↔shared copies through it, and the
+//! MMA-fragment loads out of it.
+use crate::arch::*;
+
+/// `rows` rows of `row_bytes` bytes in shared memory. Rows are split into column blocks of 128
+/// bytes (64 when the row is not a multiple of 128), each block stored as its own row-major
+/// `rows x block` array, and within a block the 16-byte chunks of row `r` are XOR-swizzled by `r`.
+/// Eight consecutive rows at one logical chunk then land in eight different bank groups, so
+/// `ldmatrix` (8 rows x 16 B) and fragment-wise accesses are conflict-free.
+///
+/// The shape is plain data rather than const generics so that derived sizes (`D * 2`) need no
+/// const-generic arithmetic; kernels build tiles from constants and everything inlines, so the
+/// address math folds to shifts and masks. Tile bases must be 128-byte aligned.
+#[derive(Clone, Copy)]
+pub struct SmemTile {
+    pub base: u32,
+    rows: u32,
+    row_bytes: u32,
+}
+
+impl SmemTile {
+    #[inline(always)]
+    pub fn new(base: u32, rows: usize, row_bytes: usize) -> Self {
+        Self { base, rows: rows as u32, row_bytes: row_bytes as u32 }
+    }
+
+    #[inline(always)]
+    pub fn bytes(&self) -> u32 {
+        self.rows * self.row_bytes
+    }
+
+    #[inline(always)]
+    fn block(&self) -> u32 {
+        if self.row_bytes % 128 == 0 { 128 } else { 64 }
+    }
+
+    #[inline(always)]
+    fn chunks_per_block(&self) -> u32 {
+        self.block() / 16
+    }
+
+    /// Shared address of 16-byte chunk `c` of row `r`.
+    #[inline(always)]
+    pub fn chunk(&self, r: u32, c: u32) -> u32 {
+        let (block, per_block) = (self.block(), self.chunks_per_block());
+        let swizzle = if block == 128 { r & 7 } else { (r >> 1) & 3 };
+        self.base + (c / per_block) * (self.rows * block) + r * block + (((c % per_block) ^ swizzle) << 4)
+    }
+
+    /// `addr` (a `chunk` address, plus a byte offset below 16) moved down `rows` rows and right
+    /// `chunks` chunks, without redoing the swizzle: `rows` must be a multiple of 8 (the swizzle
+    /// period), and the in-block bits of `chunks` must be disjoint from those of the chunk `addr`
+    /// points at, so that XOR-ing them in is the same as adding. Fragment loops use this to turn
+    /// one per-thread address into all the others with an add and a xor by constants.
+    #[inline(always)]
+    pub fn shift(&self, addr: u32, rows: u32, chunks: u32) -> u32 {
+        let (block, per_block) = (self.block(), self.chunks_per_block());
+        (addr + rows * block + (chunks / per_block) * (self.rows * block)) ^ ((chunks % per_block) << 4)
+    }
+
+    /// Calls `f(row, chunk, shared address)` for each 16-byte chunk this thread moves when
+    /// `threads` threads move the whole tile, consecutive threads taking consecutive chunks of a
+    /// row (coalesced on the global side).
+    #[inline(always)]
+    fn for_each_chunk(&self, tid: u32, threads: u32, mut f: impl FnMut(u32, u32, u32)) {
+        let per_row = self.row_bytes / 16;
+        let chunks = self.rows * per_row;
+        let rows_per_pass = threads / per_row;
+        if threads % per_row == 0 && rows_per_pass % 8 == 0 {
+            // Each thread keeps its chunk column; passes move by whole swizzle periods.
+            let (r, c) = (tid / per_row, tid % per_row);
+            let addr = self.chunk(r, c);
+            for pass in 0..chunks.div_ceil(threads) {
+                let dr = pass * rows_per_pass;
+                if chunks % threads == 0 || r + dr < self.rows {
+                    f(r + dr, c, self.shift(addr, dr, 0));
+                }
+            }
+        } else {
+            for pass in 0..chunks.div_ceil(threads) {
+                let i = tid + pass * threads;
+                if chunks % threads == 0 || i < chunks {
+                    let (r, c) = (i / per_row, i % per_row);
+                    f(r, c, self.chunk(r, c));
+                }
+            }
+        }
+    }
+
+    /// Starts an asynchronous copy of the tile whose row `r` begins at byte address
+    /// `src + r * row_stride`. Rows at or past `rows_valid`, and bytes of a row at or past
+    /// `bytes_valid`, are zero-filled and never read. All `threads` threads of the CTA call this.
+    /// `src` and `row_stride` must be multiples of 16.
+    #[inline(always)]
+    pub unsafe fn load_async(
+        &self,
+        src: u64,
+        row_stride: u64,
+        rows_valid: u32,
+        bytes_valid: u32,
+        tid: u32,
+        threads: u32,
+    ) {
+        // Offsets inside one tile fit in 32 bits (rows x stride is at most a few MB), which
+        // halves the registers the address arithmetic holds.
+        let row_stride = row_stride as u32;
+        self.for_each_chunk(tid, threads, |r, c, dst| {
+            let start = c * 16;
+            let bytes = if r < rows_valid && start < bytes_valid { (bytes_valid - start).min(16) } else { 0 };
+            // A zero-byte copy reads nothing, but its address must still be valid: use row 0.
+            let row = if bytes > 0 { r } else { 0 };
+            unsafe { cp_async_16(dst, src + (row * row_stride + start) as u64, bytes) };
+        });
+    }
+
+    /// Stores rows `0..rows_valid` of the tile to global memory, row `r` at `dst + r * row_stride`
+    /// (16-byte aligned), 16 bytes per thread per step.
+    #[inline(always)]
+    pub unsafe fn store(&self, dst: u64, row_stride: u64, rows_valid: u32, tid: u32, threads: u32) {
+        self.for_each_chunk(tid, threads, |r, c, src| {
+            if r < rows_valid {
+                unsafe { st_global_v4(dst + r as u64 * row_stride + 16 * c as u64, ld_shared_v4(src)) };
+            }
+        });
+    }
+
+    /// Synchronous copy of a tile of `elem_bytes`-byte elements (1 or 2) with arbitrary element
+    /// strides: the fallback for operands `load_async` cannot take (broadcast or unaligned keys).
+    /// Element `(r, j)` is read from `src + (r * row_stride + j * col_stride) * elem_bytes`;
+    /// out-of-range elements are stored as zero.
+    #[inline(always)]
+    pub unsafe fn load_strided(
+        &self,
+        elem_bytes: u32,
+        src: u64,
+        row_stride: u64,
+        col_stride: u64,
+        rows_valid: u32,
+        cols_valid: u32,
+        tid: u32,
+        threads: u32,
+    ) {
+        let cols = self.row_bytes / elem_bytes;
+        let elems = self.rows * cols;
+        // A rare path: keep it a compact loop rather than dozens of unrolled copies.
+        let mut i = opaque(tid);
+        while i < elems {
+            let (r, j) = (i / cols, i % cols);
+            let ok = r < rows_valid && j < cols_valid;
+            let at = src + (r as u64 * row_stride + j as u64 * col_stride) * elem_bytes as u64;
+            let dst = self.chunk(r, (j * elem_bytes) >> 4) + ((j * elem_bytes) & 15);
+            unsafe {
+                if elem_bytes == 1 {
+                    st_shared_u8(dst, if ok { ld_global_nc_u8(at) } else { 0 });
+                } else {
+                    st_shared_u16(dst, if ok { ld_global_nc_u16(at) } else { 0 });
+                }
+            }
+            i += threads;
+        }
+    }
+}
+
+/// A thread's `ldmatrix` row addresses in one tile, from which every fragment of the tile is
+/// one [`SmemTile::shift`] away.
+#[derive(Clone, Copy)]
+pub struct Fragments {
+    tile: SmemTile,
+    /// A operand, 16 rows x 16 columns: lanes 0-15 rows 0-15 of chunk 0, lanes 16-31 of chunk 1.
+    a: u32,
+    /// B operand of a row-major `[n][k]` tile, two n8 tiles: lane `l` gives matrix `l / 8`
+    /// (n rows `0-7 | 0-7 | 8-15 | 8-15`, chunks `0 | 1 | 0 | 1`).
+    b: u32,
+    /// B operand of a `[k][n]` tile read transposed: k rows `0-7 | 8-15 | 0-7 | 8-15`, chunks
+    /// `0 | 0 | 1 | 1`.
+    bt: u32,
+}
+
+impl Fragments {
+    #[inline(always)]
+    pub fn new(tile: SmemTile, lane: u32) -> Self {
+        Self {
+            tile,
+            a: tile.chunk(lane & 15, lane >> 4),
+            b: tile.chunk((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1),
+            bt: tile.chunk((lane & 7) + (((lane >> 3) & 1) << 3), lane >> 4),
+        }
+    }
+
+    /// A fragment at rows `r0..r0 + 16` (`r0` a multiple of 16), columns `16 ks..16 ks + 16`.
+    #[inline(always)]
+    pub unsafe fn a(&self, r0: u32, ks: u32) -> [u32; 4] {
+        unsafe { ldmatrix_x4(self.tile.shift(self.a, r0, 2 * ks)) }
+    }
+
+    /// `[b0, b1]` of n8 tile `n0 / 8` then of the next, k-step `ks` (`n0` a multiple of 16).
+    #[inline(always)]
+    pub unsafe fn b(&self, n0: u32, ks: u32) -> [u32; 4] {
+        unsafe { ldmatrix_x4(self.tile.shift(self.b, n0, 2 * ks)) }
+    }
+
+    /// Transposed: k rows `k0..k0 + 16`, `[b0, b1]` of the n8 tile at chunk `c0` (even) then
+    /// `c0 + 1`.
+    #[inline(always)]
+    pub unsafe fn b_trans(&self, k0: u32, c0: u32) -> [u32; 4] {
+        unsafe { ldmatrix_x4_trans(self.tile.shift(self.bt, k0, c0)) }
+    }
+}
