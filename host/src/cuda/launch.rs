@@ -1,0 +1,50 @@
+//! The one place kernels are launched: the parameter struct is passed by value, and every launch
+//! is checked for errors.
+use crate::device::CudaDevice;
+use crate::error::Result;
+use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use dmattn_abi::{FwdParams, MASK_PACK_THREADS, MaskPackParams, names};
+
+/// A kernel parameter struct from `dmattn-abi`, passed by value as the kernel's only argument.
+#[repr(transparent)]
+#[derive(Clone, Copy)]
+pub(crate) struct ByValue<T>(T);
+
+/// Safety: each wrapped type is `#[repr(C)]`, plain old data, and is the exact parameter type of
+/// the kernels it is passed to (both sides compile `dmattn-abi`).
+unsafe impl DeviceRepr for ByValue<FwdParams> {}
+unsafe impl DeviceRepr for ByValue<MaskPackParams> {}
+
+pub(crate) struct Launch {
+    name: String,
+    grid: (u32, u32, u32),
+    threads: u32,
+    smem_bytes: u32,
+}
+
+impl Launch {
+    pub(crate) fn kernel(name: &str, grid: (u32, u32, u32), threads: u32, smem_bytes: u32) -> Self {
+        Launch { name: name.to_string(), grid, threads, smem_bytes }
+    }
+
+    pub(crate) fn mask_pack(grid: (u32, u32, u32)) -> Self {
+        Self::kernel(names::MASK_PACK, grid, MASK_PACK_THREADS, 0)
+    }
+}
+
+/// Launches `l` with `params`. The caller guarantees `params` describes live device buffers of
+/// the sizes the kernel indexes (the backends build them from validated problems).
+pub(crate) fn launch<T: Copy>(dev: &CudaDevice, l: &Launch, params: T) -> Result<()>
+where
+    ByValue<T>: DeviceRepr,
+{
+    let f = dev.function(&l.name, l.smem_bytes)?;
+    let cfg = LaunchConfig { grid_dim: l.grid, block_dim: (l.threads, 1, 1), shared_mem_bytes: l.smem_bytes };
+    let arg = ByValue(params);
+    let mut builder = dev.stream().launch_builder(&f);
+    builder.arg(&arg);
+    // Safety: the parameter type matches the kernel's (dmattn-abi), and the pointers in it are
+    // live device buffers sized for the grid, as the backends' validation guarantees.
+    unsafe { builder.launch(cfg)? };
+    Ok(())
+}

@@ -1,0 +1,132 @@
+//! Where tensors live and kernels run: the CPU, or one CUDA device with its stream and the
+//! loaded kernel module.
+use crate::error::{Error, Result};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, sys};
+use cudarc::nvrtc::Ptx;
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+/// The PTX built from `kernels-gpu` by `build.rs`.
+const PTX_SM80: &str = include_str!(concat!(env!("OUT_DIR"), "/dmattn_sm80.ptx"));
+
+#[derive(Clone)]
+pub enum Device {
+    Cpu,
+    Cuda(CudaDevice),
+}
+
+impl Device {
+    /// CUDA device `ordinal`. A typed error, not a panic, where there is no driver or device.
+    pub fn cuda(ordinal: usize) -> Result<Device> {
+        CudaDevice::new(ordinal).map(Device::Cuda)
+    }
+
+    /// CUDA device 0 where there is one, the CPU otherwise, with the reason there is no GPU.
+    pub fn cuda_or_cpu() -> (Device, Option<Error>) {
+        match Device::cuda(0) {
+            Ok(d) => (d, None),
+            Err(e) => (Device::Cpu, Some(e)),
+        }
+    }
+
+    pub fn is_cuda(&self) -> bool {
+        matches!(self, Device::Cuda(_))
+    }
+
+    pub fn same(&self, other: &Device) -> bool {
+        match (self, other) {
+            (Device::Cpu, Device::Cpu) => true,
+            (Device::Cuda(a), Device::Cuda(b)) => Arc::ptr_eq(&a.0, &b.0),
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Device::Cpu => write!(f, "cpu"),
+            Device::Cuda(d) => write!(f, "cuda:{} ({})", d.0.ctx.ordinal(), d.name()),
+        }
+    }
+}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+/// A CUDA context with one stream (all work is ordered on it) and the kernel module, loaded once.
+#[derive(Clone)]
+pub struct CudaDevice(pub(crate) Arc<CudaInner>);
+
+pub(crate) struct CudaInner {
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) stream: Arc<CudaStream>,
+    module: Arc<CudaModule>,
+    /// Functions by name, with the dynamic shared memory they were cleared for.
+    functions: Mutex<HashMap<String, (CudaFunction, u32)>>,
+    name: String,
+}
+
+impl CudaDevice {
+    pub fn new(ordinal: usize) -> Result<Self> {
+        // cudarc loads libcuda lazily and panics if it is absent: ask first.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(Error::NoCuda("libcuda.so (the NVIDIA driver) is not installed".into()));
+        }
+        let count = CudaContext::device_count()?;
+        if ordinal >= count as usize {
+            return Err(Error::NoCuda(format!("device {ordinal} requested, {count} present")));
+        }
+        let ctx = CudaContext::new(ordinal)?;
+        let (major, minor) = ctx.compute_capability()?;
+        if major < 8 {
+            return Err(Error::NoCuda(format!("compute capability {major}.{minor}; dmattn needs 8.0 or newer")));
+        }
+        // Every buffer and launch goes through this one stream, so cudarc's cross-stream event
+        // tracking is redundant work.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.default_stream();
+        let module = ctx.load_module(Ptx::from_src(PTX_SM80))?;
+        let name = ctx.name()?;
+        Ok(Self(Arc::new(CudaInner { ctx, stream, module, functions: Mutex::new(HashMap::new()), name })))
+    }
+
+    pub fn name(&self) -> &str {
+        &self.0.name
+    }
+
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.0.stream
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.0.ctx
+    }
+
+    /// Waits for all queued work; surfaces asynchronous kernel errors.
+    pub fn synchronize(&self) -> Result<()> {
+        Ok(self.0.stream.synchronize()?)
+    }
+
+    /// The kernel `name`, cleared to use `smem_bytes` of dynamic shared memory (above 48 KB a
+    /// kernel must opt in).
+    pub(crate) fn function(&self, name: &str, smem_bytes: u32) -> Result<CudaFunction> {
+        let mut functions = self.0.functions.lock().unwrap();
+        if let Some((f, cleared)) = functions.get(name) {
+            if *cleared >= smem_bytes {
+                return Ok(f.clone());
+            }
+        }
+        let f = self.0.module.load_function(name)?;
+        f.set_attribute(
+            sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem_bytes as i32,
+        )?;
+        functions.insert(name.to_string(), (f.clone(), smem_bytes));
+        Ok(f)
+    }
+}

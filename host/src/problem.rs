@@ -1,0 +1,153 @@
+//! Validation shared by every backend: shapes, broadcasts, dtypes, devices and parameters of one
+//! attention call, checked once into a [`Problem`].
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+
+/// Sizes of one attention call: q `[batch, seqlen_q, heads, head_dim]`,
+/// k/v `[batch, seqlen_k, kv_heads, head_dim]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dims {
+    pub batch: usize,
+    pub seqlen_q: usize,
+    pub seqlen_k: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl Dims {
+    /// Query heads sharing one kv head.
+    pub fn kv_group(&self) -> usize {
+        self.heads / self.kv_heads
+    }
+
+    /// Index of the mask/bias head that query head `h` reads, for a mask/bias with `n` heads
+    /// (1, `kv_heads` or `heads`).
+    pub fn broadcast_head(&self, n: usize, h: usize) -> usize {
+        if n == 1 {
+            0
+        } else if n == self.heads {
+            h
+        } else {
+            h / self.kv_group()
+        }
+    }
+}
+
+/// A validated attention call.
+#[derive(Clone, Debug)]
+pub struct Problem {
+    pub dims: Dims,
+    pub dtype: DType,
+    /// Shape of the mask, `[{1|b}, {1|hk|h}, {1|sq}, {1|sk}]`.
+    pub mask: Option<[usize; 4]>,
+    pub bias: Option<[usize; 4]>,
+    pub causal: bool,
+    pub scale: f64,
+    /// 0 = off.
+    pub softcap: f64,
+}
+
+fn shape4(t: &Tensor, arg: &'static str, expected: &str) -> Result<[usize; 4]> {
+    <[usize; 4]>::try_from(t.shape()).map_err(|_| Error::Shape { arg, expected: expected.into(), got: t.shape().to_vec() })
+}
+
+/// Checks `t` is `[{1|b}, {1|hk|h}, {1|sq}, {1|sk}]`.
+fn broadcast_shape(t: &Tensor, arg: &'static str, d: &Dims) -> Result<[usize; 4]> {
+    let expected = format!(
+        "[{{1|{}}}, {{1|{}|{}}}, {{1|{}}}, {{1|{}}}] (broadcastable to [batch, heads, seqlen_q, seqlen_k])",
+        d.batch, d.kv_heads, d.heads, d.seqlen_q, d.seqlen_k
+    );
+    let s = shape4(t, arg, &expected)?;
+    let ok = (s[0] == 1 || s[0] == d.batch)
+        && (s[1] == 1 || s[1] == d.kv_heads || s[1] == d.heads)
+        && (s[2] == 1 || s[2] == d.seqlen_q)
+        && (s[3] == 1 || s[3] == d.seqlen_k);
+    if ok { Ok(s) } else { Err(Error::Shape { arg, expected, got: s.to_vec() }) }
+}
+
+pub struct Inputs<'a> {
+    pub q: &'a Tensor,
+    pub k: &'a Tensor,
+    pub v: &'a Tensor,
+    pub mask: Option<&'a Tensor>,
+    pub bias: Option<&'a Tensor>,
+    pub causal: bool,
+    pub scale: Option<f64>,
+    pub softcap: f64,
+}
+
+impl Problem {
+    pub fn new(inp: &Inputs) -> Result<Problem> {
+        let q = shape4(inp.q, "q", "[batch, seqlen_q, heads, head_dim]")?;
+        let [batch, seqlen_q, heads, head_dim] = q;
+        let kv_expected = format!("[{batch}, seqlen_k, kv_heads, {head_dim}] (batch and head_dim of q)");
+        let k = shape4(inp.k, "k", &kv_expected)?;
+        if k[0] != batch || k[3] != head_dim {
+            return Err(Error::Shape { arg: "k", expected: kv_expected, got: k.to_vec() });
+        }
+        let v = shape4(inp.v, "v", &format!("{k:?} (the shape of k)"))?;
+        if v != k {
+            return Err(Error::Shape { arg: "v", expected: format!("{k:?} (the shape of k)"), got: v.to_vec() });
+        }
+        let [_, seqlen_k, kv_heads, _] = k;
+        if q.iter().chain(&k).any(|&n| n == 0) {
+            let (arg, got) = if q.contains(&0) { ("q", q) } else { ("k", k) };
+            return Err(Error::Shape { arg, expected: "every dimension at least 1".into(), got: got.to_vec() });
+        }
+        if heads % kv_heads != 0 {
+            return Err(Error::Shape {
+                arg: "k",
+                expected: format!("kv_heads dividing the {heads} query heads"),
+                got: k.to_vec(),
+            });
+        }
+        let dims = Dims { batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim };
+
+        let dtype = inp.q.dtype();
+        if !dtype.is_float() {
+            return Err(Error::DType { arg: "q", expected: "f16, bf16, f32 or f64".into(), got: dtype });
+        }
+        for (arg, t) in [("k", inp.k), ("v", inp.v)] {
+            if t.dtype() != dtype {
+                return Err(Error::DType { arg, expected: format!("{dtype:?} (the dtype of q)"), got: t.dtype() });
+            }
+        }
+        let device = inp.q.device();
+        let mut others = vec![("k", inp.k), ("v", inp.v)];
+        let mask = match inp.mask {
+            Some(m) => {
+                if m.dtype() != DType::Bool {
+                    return Err(Error::DType { arg: "mask", expected: "Bool".into(), got: m.dtype() });
+                }
+                others.push(("mask", m));
+                Some(broadcast_shape(m, "mask", &dims)?)
+            }
+            None => None,
+        };
+        let bias = match inp.bias {
+            Some(b) => {
+                if !b.dtype().is_float() {
+                    return Err(Error::DType { arg: "bias", expected: "f16, bf16, f32 or f64".into(), got: b.dtype() });
+                }
+                others.push(("bias", b));
+                Some(broadcast_shape(b, "bias", &dims)?)
+            }
+            None => None,
+        };
+        for (arg, t) in others {
+            if !t.device().same(&device) {
+                return Err(Error::Device { arg, expected: format!("{device} (the device of q)"), got: t.device().to_string() });
+            }
+        }
+        let scale = inp.scale.unwrap_or(1.0 / (head_dim as f64).sqrt());
+        if !(scale.is_finite() && scale > 0.0) {
+            return Err(Error::Param { arg: "scale", reason: format!("{scale} is not a finite positive number") });
+        }
+        if !(inp.softcap.is_finite() && inp.softcap >= 0.0) {
+            return Err(Error::Param { arg: "softcap", reason: format!("{} is not finite and >= 0", inp.softcap) });
+        }
+        Ok(Problem { dims, dtype, mask, bias, causal: inp.causal, scale, softcap: inp.softcap })
+    }
+}

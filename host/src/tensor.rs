@@ -1,0 +1,244 @@
+//! Tensors: a dtype, a strided layout and storage on the CPU or a CUDA device.
+use crate::device::{CudaDevice, Device};
+use crate::dtype::{DType, Element};
+use crate::error::{Error, Result};
+use cudarc::driver::result::memset_d8_async;
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static POISON: AtomicBool = AtomicBool::new(false);
+
+/// While on, every output buffer dmattn allocates starts as 0xFF bytes (NaN), on the CPU and the
+/// GPU alike, so a test sees any element a kernel leaves unwritten. Off by default.
+pub fn set_output_poisoning(on: bool) {
+    POISON.store(on, Ordering::Relaxed);
+}
+
+#[derive(Clone)]
+pub(crate) enum Storage {
+    Cpu(Arc<Vec<u8>>),
+    Cuda(Arc<CudaSlice<u8>>, CudaDevice),
+}
+
+/// A strided view of storage. Strides are in elements; dimensions of size 1 may have any stride.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub shape: Vec<usize>,
+    pub strides: Vec<usize>,
+    /// First element, in elements from the start of the storage.
+    pub offset: usize,
+}
+
+impl Layout {
+    pub fn contiguous(shape: &[usize]) -> Self {
+        let mut strides = vec![1; shape.len()];
+        for i in (0..shape.len().saturating_sub(1)).rev() {
+            strides[i] = strides[i + 1] * shape[i + 1];
+        }
+        Layout { shape: shape.to_vec(), strides, offset: 0 }
+    }
+
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    pub fn is_contiguous(&self) -> bool {
+        let c = Layout::contiguous(&self.shape);
+        self.shape.iter().zip(self.strides.iter().zip(&c.strides)).all(|(&n, (&s, &cs))| n == 1 || s == cs)
+    }
+
+    /// One past the furthest element, in elements from the start of the storage.
+    fn extent(&self) -> usize {
+        if self.numel() == 0 {
+            return self.offset;
+        }
+        self.offset + self.shape.iter().zip(&self.strides).map(|(&n, &s)| (n - 1) * s).sum::<usize>() + 1
+    }
+
+    /// Storage index of every element in row-major logical order.
+    pub(crate) fn indices(&self) -> impl Iterator<Item = usize> + '_ {
+        let n = self.numel();
+        (0..n).map(move |mut flat| {
+            let mut at = self.offset;
+            for d in (0..self.shape.len()).rev() {
+                at += (flat % self.shape[d]) * self.strides[d];
+                flat /= self.shape[d];
+            }
+            at
+        })
+    }
+}
+
+#[derive(Clone)]
+pub struct Tensor {
+    pub(crate) storage: Storage,
+    pub(crate) dtype: DType,
+    pub(crate) layout: Layout,
+}
+
+impl Tensor {
+    /// A contiguous tensor of `shape` holding `data` (row-major), on `device`.
+    pub fn from_vec<T: Element>(data: Vec<T>, shape: &[usize], device: &Device) -> Result<Tensor> {
+        let layout = Layout::contiguous(shape);
+        if data.len() != layout.numel() {
+            return Err(Error::Shape {
+                arg: "data",
+                expected: format!("{} elements for shape {shape:?}", layout.numel()),
+                got: vec![data.len()],
+            });
+        }
+        let size = T::DTYPE.size_in_bytes();
+        let mut bytes = vec![0u8; data.len() * size];
+        for (v, out) in data.into_iter().zip(bytes.chunks_exact_mut(size)) {
+            v.write_le(out);
+        }
+        Tensor::from_bytes(bytes, T::DTYPE, layout, device)
+    }
+
+    /// A contiguous tensor of `shape` whose elements are `f(i)` for the row-major index `i`,
+    /// rounded to `dtype`.
+    pub fn from_fn(shape: &[usize], dtype: DType, device: &Device, f: impl Fn(usize) -> f64) -> Result<Tensor> {
+        let layout = Layout::contiguous(shape);
+        let size = dtype.size_in_bytes();
+        let mut bytes = vec![0u8; layout.numel() * size];
+        for (i, out) in bytes.chunks_exact_mut(size).enumerate() {
+            dtype.encode(f(i), out);
+        }
+        Tensor::from_bytes(bytes, dtype, layout, device)
+    }
+
+    pub(crate) fn from_bytes(bytes: Vec<u8>, dtype: DType, layout: Layout, device: &Device) -> Result<Tensor> {
+        let storage = match device {
+            Device::Cpu => Storage::Cpu(Arc::new(bytes)),
+            Device::Cuda(dev) => {
+                let buf = dev.stream().clone_htod(&bytes)?;
+                Storage::Cuda(Arc::new(buf), dev.clone())
+            }
+        };
+        Ok(Tensor { storage, dtype, layout })
+    }
+
+    /// An output buffer its producer writes in full: uninitialised on the GPU, zeroed on the
+    /// CPU, or filled with 0xFF bytes (NaN in every float type) while
+    /// [`crate::set_output_poisoning`] is on, so that an element a kernel fails to write shows.
+    pub(crate) fn empty(shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
+        let layout = Layout::contiguous(shape);
+        let bytes = layout.numel() * dtype.size_in_bytes();
+        let poison = POISON.load(Ordering::Relaxed);
+        let storage = match device {
+            Device::Cpu => Storage::Cpu(Arc::new(vec![if poison { 0xFF } else { 0 }; bytes])),
+            Device::Cuda(dev) => {
+                // Safety: every element is written before it is read, by the kernel producing
+                // this output or by the poison fill below.
+                let mut buf = unsafe { dev.stream().alloc::<u8>(bytes.max(1))? };
+                if poison {
+                    let (ptr, _guard) = buf.device_ptr_mut(dev.stream());
+                    unsafe { memset_d8_async(ptr, 0xFF, bytes.max(1), dev.stream().cu_stream())? };
+                }
+                Storage::Cuda(Arc::new(buf), dev.clone())
+            }
+        };
+        Ok(Tensor { storage, dtype, layout })
+    }
+
+    /// A view of the same storage with another shape, strides (elements) and offset.
+    pub fn as_strided(&self, shape: &[usize], strides: &[usize], offset: usize) -> Result<Tensor> {
+        let layout = Layout { shape: shape.to_vec(), strides: strides.to_vec(), offset };
+        if shape.len() != strides.len() {
+            return Err(Error::Param { arg: "strides", reason: format!("{} strides for a {}-D shape", strides.len(), shape.len()) });
+        }
+        if layout.extent() > self.storage_len() {
+            return Err(Error::Param {
+                arg: "strides",
+                reason: format!("the view reaches element {} of storage holding {}", layout.extent(), self.storage_len()),
+            });
+        }
+        Ok(Tensor { storage: self.storage.clone(), dtype: self.dtype, layout })
+    }
+
+    fn storage_len(&self) -> usize {
+        let bytes = match &self.storage {
+            Storage::Cpu(b) => b.len(),
+            Storage::Cuda(b, _) => b.len(),
+        };
+        bytes / self.dtype.size_in_bytes()
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.layout.shape
+    }
+
+    pub fn strides(&self) -> &[usize] {
+        &self.layout.strides
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn device(&self) -> Device {
+        match &self.storage {
+            Storage::Cpu(_) => Device::Cpu,
+            Storage::Cuda(_, d) => Device::Cuda(d.clone()),
+        }
+    }
+
+    /// The storage bytes on the host (a device copy for CUDA tensors).
+    fn host_bytes(&self) -> Result<Arc<Vec<u8>>> {
+        match &self.storage {
+            Storage::Cpu(b) => Ok(b.clone()),
+            Storage::Cuda(buf, dev) => Ok(Arc::new(dev.stream().clone_dtoh(buf.as_ref())?)),
+        }
+    }
+
+    /// The elements in row-major logical order.
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        if self.dtype != T::DTYPE {
+            return Err(Error::DType { arg: "T", expected: format!("{:?}", self.dtype), got: T::DTYPE });
+        }
+        let bytes = self.host_bytes()?;
+        let size = self.dtype.size_in_bytes();
+        Ok(self.layout.indices().map(|i| T::read_le(&bytes[i * size..(i + 1) * size])).collect())
+    }
+
+    /// The elements as f64 in row-major logical order (exact for every dtype).
+    pub fn to_f64_vec(&self) -> Result<Vec<f64>> {
+        let bytes = self.host_bytes()?;
+        let size = self.dtype.size_in_bytes();
+        Ok(self.layout.indices().map(|i| self.dtype.decode(&bytes[i * size..(i + 1) * size])).collect())
+    }
+
+    /// A contiguous copy on `device`.
+    pub fn to_device(&self, device: &Device) -> Result<Tensor> {
+        let bytes = self.host_bytes()?;
+        let size = self.dtype.size_in_bytes();
+        let mut packed = Vec::with_capacity(self.layout.numel() * size);
+        for i in self.layout.indices() {
+            packed.extend_from_slice(&bytes[i * size..(i + 1) * size]);
+        }
+        Tensor::from_bytes(packed, self.dtype, Layout::contiguous(&self.layout.shape), device)
+    }
+
+    /// Device address of the first element (CUDA tensors only).
+    pub(crate) fn device_ptr(&self) -> Option<u64> {
+        match &self.storage {
+            Storage::Cuda(buf, dev) => {
+                // Event tracking is off on our context, so the guard records nothing.
+                let (ptr, _guard) = buf.device_ptr(dev.stream());
+                Some(ptr + (self.layout.offset * self.dtype.size_in_bytes()) as u64)
+            }
+            Storage::Cpu(_) => None,
+        }
+    }
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tensor({:?}, {:?}, {})", self.layout.shape, self.dtype, self.device())
+    }
+}
