@@ -145,8 +145,11 @@ pub fn rel_err(a: &[f64], b: &[f64]) -> f64 {
 }
 
 /// Largest `|a − b|` over elements where both are finite, infinite where exactly one of them is
-/// infinite or anything is NaN (for LSE, which is -inf on empty rows).
+/// infinite, anything is NaN or the lengths differ (for LSE, which is -inf on empty rows).
 pub fn max_abs_err_inf(a: &[f64], b: &[f64]) -> f64 {
+    if a.len() != b.len() {
+        return f64::INFINITY;
+    }
     a.iter().zip(b).fold(0.0f64, |m, (&x, &y)| {
         if x.is_nan() || y.is_nan() {
             f64::INFINITY
@@ -158,18 +161,18 @@ pub fn max_abs_err_inf(a: &[f64], b: &[f64]) -> f64 {
     })
 }
 
-/// The CUDA device, or `None` after printing once why GPU tests are skipped.
+/// The CUDA device, or `None` after printing why GPU tests are skipped. The reason goes straight
+/// to stderr, past the test harness's output capture, so a skip is visible in a normal run.
 pub fn gpu() -> Option<Device> {
-    static DEVICE: OnceLock<Option<Device>> = OnceLock::new();
-    DEVICE
-        .get_or_init(|| match Device::cuda(0) {
-            Ok(d) => Some(d),
-            Err(e) => {
-                eprintln!("SKIPPED: GPU tests need a CUDA device: {e}");
-                None
-            }
-        })
-        .clone()
+    static DEVICE: OnceLock<Result<Device, String>> = OnceLock::new();
+    match DEVICE.get_or_init(|| Device::cuda(0).map_err(|e| e.to_string())) {
+        Ok(d) => Some(d.clone()),
+        Err(why) => {
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "SKIPPED (no GPU test ran): {why}");
+            None
+        }
+    }
 }
 
 /// Proptest strategy: a broadcast shape for a mask or bias of `case`.
@@ -189,4 +192,410 @@ pub fn fresh_rng(test: &str) -> StdRng {
     let seed = std::env::var("DMATTN_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random::<u64>);
     eprintln!("{test}: DMATTN_SEED={seed}");
     seeded_rng(seed)
+}
+
+/// `‖a − b‖₂ / max(‖b‖₂, floor)`: relative where `b` is large, absolute (scaled by `1/floor`)
+/// where it is small, for gradients that may legitimately be (nearly) zero. Infinite if anything
+/// is NaN or the lengths differ.
+pub fn rel_err_floor(a: &[f64], b: &[f64], floor: f64) -> f64 {
+    if a.len() != b.len() || a.iter().chain(b).any(|x| x.is_nan()) {
+        return f64::INFINITY;
+    }
+    let num: f64 = a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum::<f64>().sqrt();
+    let den: f64 = b.iter().map(|y| y * y).sum::<f64>().sqrt();
+    num / den.max(floor)
+}
+
+impl Inputs {
+    /// The same values rounded to `dtype` (q, k, v and bias; the mask is shared), on the CPU.
+    pub fn cast(&self, dtype: DType) -> Inputs {
+        let cast = |t: &Tensor| {
+            let vals = t.to_f64_vec().unwrap();
+            Tensor::from_fn(t.shape(), dtype, &Device::Cpu, |i| vals[i]).unwrap()
+        };
+        Inputs { q: cast(&self.q), k: cast(&self.k), v: cast(&self.v), mask: self.mask.clone(), bias: self.bias.as_ref().map(cast) }
+    }
+}
+
+/// Compares the forward pass of `case` on `inputs` (through the public API) with
+/// [`naive::forward`]: O by [`rel_err`] (at most `tol`), LSE by [`max_abs_err_inf`] (at most
+/// `tol · max(1, |lse|)`, -inf exactly where the naive LSE is), and checks O is finite and
+/// exactly 0 on rows with no visible key. `Err` says what differs, naming the case.
+pub fn check_forward(case: &Case, inputs: &Inputs, tol: f64) -> Result<(), String> {
+    let fwd = case.forward(inputs).map_err(|e| format!("{case:?}: forward failed: {e}"))?;
+    let spec = naive::Spec::of(case);
+    let want = naive::forward(&spec, &naive::Data::of(inputs));
+    if fwd.out.shape() != case.q_shape() || fwd.lse.shape() != [case.batch, case.heads, case.seqlen_q] {
+        return Err(format!("{case:?}: out {:?} / lse {:?} have the wrong shapes", fwd.out.shape(), fwd.lse.shape()));
+    }
+    let out = fwd.out.to_f64_vec().unwrap();
+    let lse = fwd.lse.to_f64_vec().unwrap();
+    if let Some(x) = out.iter().position(|x| !x.is_finite()) {
+        return Err(format!("{case:?}: O[{x}] = {} is not finite", out[x]));
+    }
+    let e = rel_err(&out, &want.out);
+    if e > tol {
+        return Err(format!("{case:?}: O rel err {e:e} > {tol:e}"));
+    }
+    if lse.len() != want.lse.len() {
+        return Err(format!("{case:?}: {} LSE values, expected {}", lse.len(), want.lse.len()));
+    }
+    for (r, (&got, &exp)) in lse.iter().zip(&want.lse).enumerate() {
+        let ok = if exp == f64::NEG_INFINITY { got == f64::NEG_INFINITY } else { (got - exp).abs() <= tol * exp.abs().max(1.0) };
+        if !ok {
+            return Err(format!("{case:?}: LSE row {r} (b, h, i flattened) = {got}, expected {exp}"));
+        }
+    }
+    let (sq, h, d) = (case.seqlen_q, case.heads, case.head_dim);
+    for (r, &exp) in want.lse.iter().enumerate() {
+        if exp == f64::NEG_INFINITY {
+            let (b, hh, i) = (r / (h * sq), (r / sq) % h, r % sq);
+            let row = &out[((b * sq + i) * h + hh) * d..][..d];
+            if row.iter().any(|&x| x != 0.0) {
+                return Err(format!("{case:?}: row (b {b}, h {hh}, i {i}) sees no key but O = {row:?}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Random values in [-1, 1) with the shape of `case`'s output, for a linear loss `Σ out·W`
+/// (whose gradient with respect to `out` is `W`).
+pub fn random_dout(case: &Case, rng: &mut StdRng) -> Vec<f64> {
+    let n: usize = case.q_shape().iter().product();
+    (0..n).map(|_| 2.0 * rng.random::<f64>() - 1.0).collect()
+}
+
+/// Compares the backward pass of `case` on `inputs` given `dout` (through the public API, dout
+/// in the dtype of q) with [`naive::backward`]: every gradient by [`rel_err_floor`] with floor 1
+/// (gradients can legitimately be ~0, e.g. dbias broadcast over keys), at most `tol`; dbias
+/// present exactly when there is a bias, in its shape.
+pub fn check_backward(case: &Case, inputs: &Inputs, dout: &[f64], tol: f64) -> Result<(), String> {
+    let fwd = case.forward(inputs).map_err(|e| format!("{case:?}: forward failed: {e}"))?;
+    let dout_t = Tensor::from_fn(&case.q_shape(), inputs.q.dtype(), &Device::Cpu, |i| dout[i]).unwrap();
+    let g = fwd.backward(&dout_t).map_err(|e| format!("{case:?}: backward failed: {e}"))?;
+    let spec = naive::Spec::of(case);
+    let data = naive::Data::of(inputs);
+    let nf = naive::forward(&spec, &data);
+    let want = naive::backward(&spec, &data, &nf, &dout_t.to_f64_vec().unwrap());
+    let cmp = |name: &str, t: &Tensor, shape: &[usize], exp: &[f64]| -> Result<(), String> {
+        if t.shape() != shape {
+            return Err(format!("{case:?}: {name} has shape {:?}, expected {shape:?}", t.shape()));
+        }
+        let e = rel_err_floor(&t.to_f64_vec().unwrap(), exp, 1.0);
+        if e > tol { Err(format!("{case:?}: {name} err {e:e} > {tol:e} against the naive backward")) } else { Ok(()) }
+    };
+    cmp("dq", &g.dq, &case.q_shape(), &want.dq)?;
+    cmp("dk", &g.dk, &case.kv_shape(), &want.dk)?;
+    cmp("dv", &g.dv, &case.kv_shape(), &want.dv)?;
+    match (&g.dbias, &want.dbias, case.bias) {
+        (None, None, None) => Ok(()),
+        (Some(t), Some(exp), Some(shape)) => cmp("dbias", t, &shape, exp),
+        (got, _, _) => Err(format!("{case:?}: dbias is {got:?} but the bias is {:?}", case.bias)),
+    }
+}
+
+/// A naive attention written independently of dmattn's reference, for the tests to compare
+/// against: every broadcast operand is expanded explicitly to `[b, h, sq, sk]` (axis by axis),
+/// the full score matrix is materialised, and the backward pass works on whole matrices
+/// (dP = dO·Vᵀ, dS = P∘(dP − rowsum(dO∘O)), …). Everything in f64.
+pub mod naive {
+    use super::{Case, Inputs};
+
+    /// Sizes and options of a problem, the default scale resolved.
+    #[derive(Clone, Debug)]
+    pub struct Spec {
+        pub b: usize,
+        pub sq: usize,
+        pub sk: usize,
+        pub h: usize,
+        pub hk: usize,
+        pub d: usize,
+        pub mask: Option<[usize; 4]>,
+        pub bias: Option<[usize; 4]>,
+        pub causal: bool,
+        pub scale: f64,
+        pub softcap: f64,
+    }
+
+    impl Spec {
+        pub fn of(c: &Case) -> Spec {
+            Spec {
+                b: c.batch,
+                sq: c.seqlen_q,
+                sk: c.seqlen_k,
+                h: c.heads,
+                hk: c.kv_heads,
+                d: c.head_dim,
+                mask: c.mask,
+                bias: c.bias,
+                causal: c.causal,
+                scale: c.scale.unwrap_or(1.0 / (c.head_dim as f64).sqrt()),
+                softcap: c.softcap,
+            }
+        }
+
+        /// Number of elements of a `[b, h, sq, sk]` matrix.
+        pub fn full_len(&self) -> usize {
+            self.b * self.h * self.sq * self.sk
+        }
+
+        /// Key head of query head `hh`.
+        pub fn kv_head(&self, hh: usize) -> usize {
+            hh / (self.h / self.hk)
+        }
+
+        /// Offset of row (b, i, head) of a `[b, s, heads, d]` tensor.
+        fn row(&self, b: usize, i: usize, s: usize, heads: usize, head: usize) -> usize {
+            ((b * s + i) * heads + head) * self.d
+        }
+    }
+
+    /// The operands as f64 in row-major order.
+    #[derive(Clone, Debug)]
+    pub struct Data {
+        pub q: Vec<f64>,
+        pub k: Vec<f64>,
+        pub v: Vec<f64>,
+        pub mask: Option<Vec<bool>>,
+        pub bias: Option<Vec<f64>>,
+    }
+
+    impl Data {
+        pub fn of(i: &Inputs) -> Data {
+            Data {
+                q: i.q.to_f64_vec().unwrap(),
+                k: i.k.to_f64_vec().unwrap(),
+                v: i.v.to_f64_vec().unwrap(),
+                mask: i.mask.as_ref().map(|m| m.to_f64_vec().unwrap().into_iter().map(|x| x != 0.0).collect()),
+                bias: i.bias.as_ref().map(|b| b.to_f64_vec().unwrap()),
+            }
+        }
+    }
+
+    /// Which source head expanded head `hh` reads, for an operand with `n` heads.
+    fn head_source(n: usize, h: usize, hk: usize, hh: usize) -> usize {
+        if n == 1 {
+            0
+        } else if n == h {
+            hh
+        } else {
+            assert_eq!(n, hk, "a broadcast head dim must be 1, kv_heads or heads");
+            hh / (h / hk)
+        }
+    }
+
+    /// Repeats axis `axis` of `src` (shape `shape`) to length `len`, new index `t` taking old
+    /// index `from(t)`; updates `shape`.
+    fn expand_axis<T: Copy>(src: &[T], shape: &mut [usize; 4], axis: usize, len: usize, from: impl Fn(usize) -> usize) -> Vec<T> {
+        let outer: usize = shape[..axis].iter().product();
+        let inner: usize = shape[axis + 1..].iter().product();
+        let old = shape[axis];
+        let mut out = Vec::with_capacity(outer * len * inner);
+        for o in 0..outer {
+            for t in 0..len {
+                let s = from(t);
+                assert!(s < old);
+                out.extend_from_slice(&src[(o * old + s) * inner..][..inner]);
+            }
+        }
+        shape[axis] = len;
+        out
+    }
+
+    /// Sums axis `axis` of `src` (shape `shape`) down to length `len`, old index `t` adding into
+    /// new index `to(t)`; updates `shape`.
+    fn sum_axis(src: &[f64], shape: &mut [usize; 4], axis: usize, len: usize, to: impl Fn(usize) -> usize) -> Vec<f64> {
+        let outer: usize = shape[..axis].iter().product();
+        let inner: usize = shape[axis + 1..].iter().product();
+        let old = shape[axis];
+        let mut out = vec![0.0; outer * len * inner];
+        for o in 0..outer {
+            for t in 0..old {
+                let dst = (o * len + to(t)) * inner;
+                for x in 0..inner {
+                    out[dst + x] += src[(o * old + t) * inner + x];
+                }
+            }
+        }
+        shape[axis] = len;
+        out
+    }
+
+    /// A broadcast operand of shape `shape` expanded to `[b, h, sq, sk]`.
+    pub fn expand<T: Copy>(spec: &Spec, shape: [usize; 4], src: &[T]) -> Vec<T> {
+        assert_eq!(src.len(), shape.iter().product::<usize>());
+        let pick = |n: usize| move |t: usize| if n == 1 { 0 } else { t };
+        let mut s = shape;
+        let x = expand_axis(src, &mut s, 3, spec.sk, pick(shape[3]));
+        let x = expand_axis(&x, &mut s, 2, spec.sq, pick(shape[2]));
+        let x = expand_axis(&x, &mut s, 1, spec.h, |hh| head_source(shape[1], spec.h, spec.hk, hh));
+        expand_axis(&x, &mut s, 0, spec.b, pick(shape[0]))
+    }
+
+    /// The adjoint of [`expand`]: a `[b, h, sq, sk]` array summed onto the broadcast `shape`.
+    pub fn reduce(spec: &Spec, shape: [usize; 4], full: &[f64]) -> Vec<f64> {
+        assert_eq!(full.len(), spec.full_len());
+        let pick = |n: usize| move |t: usize| if n == 1 { 0 } else { t };
+        let mut s = [spec.b, spec.h, spec.sq, spec.sk];
+        let x = sum_axis(full, &mut s, 0, shape[0], pick(shape[0]));
+        let x = sum_axis(&x, &mut s, 1, shape[1], |hh| head_source(shape[1], spec.h, spec.hk, hh));
+        let x = sum_axis(&x, &mut s, 2, shape[2], pick(shape[2]));
+        sum_axis(&x, &mut s, 3, shape[3], pick(shape[3]))
+    }
+
+    /// `[b, h, sq, sk]`: whether key j is visible to query i (mask and causal).
+    pub fn visible(spec: &Spec, data: &Data) -> Vec<bool> {
+        let mask = match (spec.mask, &data.mask) {
+            (Some(s), Some(m)) => expand(spec, s, m),
+            _ => vec![true; spec.full_len()],
+        };
+        (0..spec.full_len())
+            .map(|x| {
+                let (j, i) = (x % spec.sk, (x / spec.sk) % spec.sq);
+                // Bottom-right aligned: j <= i + sk - sq.
+                mask[x] && (!spec.causal || j + spec.sq <= i + spec.sk)
+            })
+            .collect()
+    }
+
+    /// `[b, h, sq]`: whether each query row sees at least one key.
+    pub fn row_has_key(spec: &Spec, data: &Data) -> Vec<bool> {
+        visible(spec, data).chunks(spec.sk).map(|r| r.iter().any(|&v| v)).collect()
+    }
+
+    /// The forward pass and its intermediate matrices.
+    pub struct Fwd {
+        /// `[b, sq, h, d]`.
+        pub out: Vec<f64>,
+        /// `[b, h, sq]`, -inf on rows that see no key.
+        pub lse: Vec<f64>,
+        /// `[b, h, sq, sk]`: `scale · q·k` (before softcap).
+        pub raw: Vec<f64>,
+        /// `[b, h, sq, sk]`: probabilities, 0 where hidden.
+        pub p: Vec<f64>,
+        pub visible: Vec<bool>,
+    }
+
+    pub fn forward(spec: &Spec, data: &Data) -> Fwd {
+        let (sq, sk, h, hk, d) = (spec.sq, spec.sk, spec.h, spec.hk, spec.d);
+        let visible = visible(spec, data);
+        let bias = match (spec.bias, &data.bias) {
+            (Some(s), Some(b)) => expand(spec, s, b),
+            _ => vec![0.0; spec.full_len()],
+        };
+        let mut raw = vec![0.0; spec.full_len()];
+        let mut logits = vec![f64::NEG_INFINITY; spec.full_len()];
+        for b in 0..spec.b {
+            for hh in 0..h {
+                for i in 0..sq {
+                    let q = &data.q[spec.row(b, i, sq, h, hh)..][..d];
+                    for j in 0..sk {
+                        let k = &data.k[spec.row(b, j, sk, hk, spec.kv_head(hh))..][..d];
+                        let x = ((b * h + hh) * sq + i) * sk + j;
+                        raw[x] = spec.scale * q.iter().zip(k).map(|(a, c)| a * c).sum::<f64>();
+                        let capped = if spec.softcap > 0.0 { spec.softcap * (raw[x] / spec.softcap).tanh() } else { raw[x] };
+                        if visible[x] {
+                            logits[x] = capped + bias[x];
+                        }
+                    }
+                }
+            }
+        }
+        let mut p = vec![0.0; spec.full_len()];
+        let mut lse = vec![f64::NEG_INFINITY; spec.b * h * sq];
+        for (r, row) in logits.chunks(sk).enumerate() {
+            let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            if m == f64::NEG_INFINITY {
+                continue;
+            }
+            let sum: f64 = row.iter().map(|&l| (l - m).exp()).sum();
+            lse[r] = m + sum.ln();
+            for j in 0..sk {
+                p[r * sk + j] = (row[j] - m).exp() / sum;
+            }
+        }
+        let mut out = vec![0.0; spec.b * sq * h * d];
+        for b in 0..spec.b {
+            for hh in 0..h {
+                for i in 0..sq {
+                    let o = spec.row(b, i, sq, h, hh);
+                    for j in 0..sk {
+                        let pij = p[((b * h + hh) * sq + i) * sk + j];
+                        let v = &data.v[spec.row(b, j, sk, hk, spec.kv_head(hh))..][..d];
+                        for c in 0..d {
+                            out[o + c] += pij * v[c];
+                        }
+                    }
+                }
+            }
+        }
+        Fwd { out, lse, raw, p, visible }
+    }
+
+    /// Gradients in the operands' shapes; dbias summed onto the bias shape.
+    #[derive(Clone, Debug)]
+    pub struct Grads {
+        pub dq: Vec<f64>,
+        pub dk: Vec<f64>,
+        pub dv: Vec<f64>,
+        pub dbias: Option<Vec<f64>>,
+    }
+
+    /// The backward pass given `dout` `[b, sq, h, d]`, with whole matrices per (batch, head).
+    pub fn backward(spec: &Spec, data: &Data, fwd: &Fwd, dout: &[f64]) -> Grads {
+        let (sq, sk, h, hk, d) = (spec.sq, spec.sk, spec.h, spec.hk, spec.d);
+        let mut dq = vec![0.0; data.q.len()];
+        let mut dk = vec![0.0; data.k.len()];
+        let mut dv = vec![0.0; data.v.len()];
+        let mut ds_full = vec![0.0; spec.full_len()];
+        for b in 0..spec.b {
+            for hh in 0..h {
+                let kvh = spec.kv_head(hh);
+                let m = |i: usize, j: usize| ((b * h + hh) * sq + i) * sk + j;
+                // dP = dO·Vᵀ   [sq, sk]
+                let mut dp = vec![0.0; sq * sk];
+                for i in 0..sq {
+                    let g = &dout[spec.row(b, i, sq, h, hh)..][..d];
+                    for j in 0..sk {
+                        let v = &data.v[spec.row(b, j, sk, hk, kvh)..][..d];
+                        dp[i * sk + j] = g.iter().zip(v).map(|(a, c)| a * c).sum();
+                    }
+                }
+                // Dᵢ = rowsum(dO ∘ O)
+                let delta: Vec<f64> = (0..sq)
+                    .map(|i| {
+                        let r = spec.row(b, i, sq, h, hh);
+                        dout[r..r + d].iter().zip(&fwd.out[r..r + d]).map(|(a, c)| a * c).sum()
+                    })
+                    .collect();
+                // dS = P ∘ (dP − D);  dRaw = dS ∘ softcap'(raw)
+                let mut draw = vec![0.0; sq * sk];
+                for i in 0..sq {
+                    for j in 0..sk {
+                        let ds = fwd.p[m(i, j)] * (dp[i * sk + j] - delta[i]);
+                        ds_full[m(i, j)] = ds;
+                        let dcap = if spec.softcap > 0.0 { 1.0 - (fwd.raw[m(i, j)] / spec.softcap).tanh().powi(2) } else { 1.0 };
+                        draw[i * sk + j] = ds * dcap;
+                    }
+                }
+                // dQ = scale · dRaw·K;  dK += scale · dRawᵀ·Q;  dV += Pᵀ·dO
+                for i in 0..sq {
+                    let qr = spec.row(b, i, sq, h, hh);
+                    for j in 0..sk {
+                        let kr = spec.row(b, j, sk, hk, kvh);
+                        let w = spec.scale * draw[i * sk + j];
+                        let pij = fwd.p[m(i, j)];
+                        for c in 0..d {
+                            dq[qr + c] += w * data.k[kr + c];
+                            dk[kr + c] += w * data.q[qr + c];
+                            dv[kr + c] += pij * dout[qr + c];
+                        }
+                    }
+                }
+            }
+        }
+        let dbias = spec.bias.map(|s| reduce(spec, s, &ds_full));
+        Grads { dq, dk, dv, dbias }
+    }
 }

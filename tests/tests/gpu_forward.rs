@@ -1,0 +1,161 @@
+//! The tensor-core forward kernel against the f64 CPU reference: property tests over dtypes,
+//! head dims, causal, mask/bias broadcasts, GQA/MQA, odd lengths, strided inputs and masks with
+//! empty tiles and rows. Skips, saying why, where there is no CUDA device.
+use dmattn::{DType, Device, Error, Tensor, attention};
+use dmattn_tests::*;
+use proptest::prelude::*;
+use proptest::test_runner::{Config, FileFailurePersistence};
+
+/// Tolerance on ‖O − ref‖ / ‖ref‖ for the kernels' 16-bit types.
+fn tolerance(dtype: DType) -> f64 {
+    match dtype {
+        DType::BF16 => 1e-2,
+        DType::F16 => 5e-3,
+        other => panic!("no GPU tolerance for {other:?}"),
+    }
+}
+
+/// Runs `case` on the CPU reference and on `gpu` from the same inputs and compares.
+fn check(case: &Case, gpu: &Device, inputs: &Inputs) -> Result<(), TestCaseError> {
+    dmattn::set_output_poisoning(true);
+    let want = case.forward(inputs).map_err(|e| TestCaseError::fail(format!("reference: {e}")))?;
+    let on_gpu = inputs.to(gpu);
+    let got = case.forward(&on_gpu).map_err(|e| TestCaseError::fail(format!("gpu: {e}")))?;
+    let (o, o_ref) = (got.out.to_f64_vec().unwrap(), want.out.to_f64_vec().unwrap());
+    prop_assert!(o.iter().all(|x| x.is_finite()), "non-finite output (unwritten or NaN) for {case:?}");
+    let err = rel_err(&o, &o_ref);
+    prop_assert!(err <= tolerance(case.dtype), "out rel err {err:.3e} for {case:?}");
+    let (lse, lse_ref) = (got.lse.to_f64_vec().unwrap(), want.lse.to_f64_vec().unwrap());
+    let scale = lse_ref.iter().filter(|x| x.is_finite()).fold(1.0f64, |m, x| m.max(x.abs()));
+    let lse_err = max_abs_err_inf(&lse, &lse_ref);
+    prop_assert!(lse_err <= 1e-3 * scale, "lse max err {lse_err:.3e} for {case:?}");
+    Ok(())
+}
+
+fn pattern() -> impl Strategy<Value = MaskPattern> {
+    prop_oneof![
+        2 => (0usize..4).prop_map(|i| MaskPattern::Random([0.0, 0.3, 0.7, 0.97][i])),
+        3 => (0usize..3).prop_map(|i| MaskPattern::Blocks([0.2, 0.5, 0.8][i])),
+        1 => Just(MaskPattern::EmptyRows(0.6)),
+    ]
+}
+
+fn seqlen() -> impl Strategy<Value = usize> {
+    prop_oneof![3 => 1usize..=300, 1 => prop::sample::select(vec![1, 63, 64, 65, 127, 128, 129, 192, 257])]
+}
+
+/// Random cases over every axis the kernel specialises or branches on, with a seed for the
+/// case's input values.
+fn cases() -> impl Strategy<Value = (Case, u64)> {
+    (
+        (prop::sample::select(vec![DType::BF16, DType::F16]), prop::sample::select(vec![32usize, 64, 96, 128, 192, 256])),
+        (1usize..=2, 1usize..=2, prop::sample::select(vec![1usize, 2, 3])),
+        (seqlen(), seqlen()),
+        (any::<bool>(), prop_oneof![3 => Just(0.0), 1 => Just(20.0)], prop::option::weighted(0.2, 0.05f64..0.5)),
+        (any::<bool>(), any::<bool>(), pattern(), any::<u64>()),
+    )
+        .prop_flat_map(|((dtype, d), (b, hk, group), (sq, sk), (causal, softcap, scale), (has_mask, has_bias, pat, seed))| {
+            let h = hk * group;
+            let shape = move |on: bool| {
+                if on { broadcast_shape(b, h, hk, sq, sk).prop_map(Some).boxed() } else { Just(None).boxed() }
+            };
+            (shape(has_mask), shape(has_bias)).prop_map(move |(mask, bias)| {
+                let case = Case { mask, mask_pattern: pat, bias, causal, softcap, scale, dtype, ..Case::new(b, sq, sk, h, hk, d) };
+                (case, seed)
+            })
+        })
+}
+
+fn gpu_cases() -> u32 {
+    std::env::var("DMATTN_GPU_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(2000)
+}
+
+#[test]
+fn forward_matches_reference() {
+    let Some(gpu) = gpu() else { return };
+    let config = Config { cases: gpu_cases(), failure_persistence: Some(Box::new(FileFailurePersistence::Off)), ..Config::default() };
+    // Proptest seeds its generator afresh each run; each case's values come from its own seed.
+    let mut runner = proptest::test_runner::TestRunner::new(config);
+    let result = runner.run(&cases(), |(case, seed)| check(&case, &gpu, &case.inputs(&mut seeded_rng(seed))));
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+/// q, k, v as views into one packed `[b, s, 3, h, d]` buffer (a fused QKV projection's output):
+/// non-contiguous sequence and head strides.
+#[test]
+fn strided_qkv_views() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = fresh_rng("strided_qkv_views");
+    for &(dtype, d, s, h) in &[(DType::BF16, 64, 150, 3), (DType::F16, 128, 77, 2), (DType::BF16, 96, 200, 1)] {
+        let case = Case { dtype, causal: true, ..Case::new(2, s, s, h, h, d) };
+        // [b, s, 3h, d] holds q, k, v side by side in each row.
+        let packed = Case { dtype, ..Case::new(2, s, s, 3 * h, 3 * h, d) }.inputs(&mut rng).q;
+        let strides = [s * 3 * h * d, 3 * h * d, d, 1];
+        let view = |t: &Tensor, which: usize| t.as_strided(&[2, s, h, d], &strides, which * h * d).unwrap();
+        let on_gpu = packed.to_device(&gpu).unwrap();
+        let cpu_inputs = Inputs { q: view(&packed, 0), k: view(&packed, 1), v: view(&packed, 2), mask: None, bias: None };
+        let gpu_inputs = Inputs { q: view(&on_gpu, 0), k: view(&on_gpu, 1), v: view(&on_gpu, 2), mask: None, bias: None };
+        let want = case.forward(&cpu_inputs).unwrap().out.to_f64_vec().unwrap();
+        let got = case.forward(&gpu_inputs).unwrap().out.to_f64_vec().unwrap();
+        let err = rel_err(&got, &want);
+        assert!(err <= tolerance(dtype), "strided qkv: rel err {err:.3e} for {case:?}");
+    }
+}
+
+/// Long key sequences with block-sparse masks: the tile cursor classifies 32 tiles per step, so
+/// these cross several windows, with long empty runs.
+#[test]
+fn long_sparse_keys() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = fresh_rng("long_sparse_keys");
+    for &(sk, p, causal) in &[(5000, 0.1, false), (4500, 0.5, true), (9000, 0.02, false)] {
+        let case = Case {
+            mask: Some([1, 2, 130, sk]),
+            mask_pattern: MaskPattern::Blocks(p),
+            bias: Some([1, 1, 130, sk]),
+            causal,
+            dtype: DType::BF16,
+            ..Case::new(1, 130, sk, 2, 1, 64)
+        };
+        let inputs = case.inputs(&mut rng);
+        check(&case, &gpu, &inputs).unwrap();
+    }
+}
+
+/// A mask that hides everything: O = 0 and LSE = -inf everywhere, nothing NaN.
+#[test]
+fn all_false_mask() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = fresh_rng("all_false_mask");
+    let case = Case { mask: Some([2, 1, 1, 300]), mask_pattern: MaskPattern::Random(0.0), dtype: DType::F16, ..Case::new(2, 200, 300, 4, 2, 128) };
+    let inputs = case.inputs(&mut rng).to(&gpu);
+    dmattn::set_output_poisoning(true);
+    let fwd = case.forward(&inputs).unwrap();
+    assert!(fwd.out.to_f64_vec().unwrap().iter().all(|&x| x == 0.0));
+    assert!(fwd.lse.to_f64_vec().unwrap().iter().all(|&x| x == f64::NEG_INFINITY));
+}
+
+/// What the kernels cannot take is refused with a typed error naming the argument.
+#[test]
+fn gpu_rejects_what_kernels_cannot_take() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = fresh_rng("gpu_rejects");
+    let f32_case = Case::new(1, 8, 8, 1, 1, 64);
+    let i = f32_case.inputs(&mut rng).to(&gpu);
+    assert!(matches!(attention(&i.q, &i.k, &i.v).forward(), Err(Error::DType { arg: "q", .. })));
+
+    let odd_dim = Case { dtype: DType::BF16, ..Case::new(1, 8, 8, 1, 1, 80) };
+    let i = odd_dim.inputs(&mut rng).to(&gpu);
+    assert!(matches!(attention(&i.q, &i.k, &i.v).forward(), Err(Error::Unsupported { .. })));
+
+    let case = Case { dtype: DType::BF16, ..Case::new(1, 8, 8, 1, 1, 64) };
+    let i = case.inputs(&mut rng).to(&gpu);
+    // Sequence stride 68 elements: not 16-byte aligned rows.
+    let big = Tensor::from_fn(&[1, 8, 1, 68], DType::BF16, &Device::Cpu, |x| x as f64 * 0.01).unwrap().to_device(&gpu).unwrap();
+    let q = big.as_strided(&[1, 8, 1, 64], &[8 * 68, 68, 68, 1], 0).unwrap();
+    assert!(matches!(attention(&q, &i.k, &i.v).forward(), Err(Error::Layout { arg: "q", .. })));
+    let bias_f16 = Tensor::from_fn(&[1, 1, 8, 8], DType::F16, &Device::Cpu, |x| x as f64).unwrap().to_device(&gpu).unwrap();
+    assert!(matches!(attention(&i.q, &i.k, &i.v).bias(&bias_f16).forward(), Err(Error::DType { arg: "bias", .. })));
+}

@@ -1,0 +1,67 @@
+//! `cargo xtask <task>`: the project's tasks.
+mod demo;
+mod pack;
+mod ptxas;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
+
+#[derive(Parser)]
+#[command(about = "dmattn project tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Masked, biased, causal attention on the GPU if there is one (else the CPU), checked
+    /// against the f64 reference.
+    Demo,
+    /// Assembles the PTX with ptxas for each architecture and fails on register spills.
+    Ptxas {
+        /// The ptxas to use (default: $PTXAS, `ptxas` on PATH, or the one in Python's
+        /// nvidia-cuda-nvcc-cu12 package).
+        #[arg(long)]
+        ptxas: Option<PathBuf>,
+        #[arg(long, value_delimiter = ',', default_value = "sm_80,sm_90")]
+        arch: Vec<String>,
+    },
+    /// Builds the test and bench binaries and writes a folder that runs the GPU suite on a
+    /// machine with a GPU and no Rust toolchain: `bash <out>/run.sh [tests|bench|all]`.
+    GpuPack {
+        #[arg(long, default_value = ".gpu-pack")]
+        out: PathBuf,
+    },
+}
+
+/// The workspace root (xtask's parent).
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// Runs `cmd` in the workspace root, failing with its status.
+fn run(cmd: &mut Command) -> Result<(), String> {
+    let status = cmd.current_dir(root()).status().map_err(|e| format!("{cmd:?}: {e}"))?;
+    if status.success() { Ok(()) } else { Err(format!("{cmd:?} failed: {status}")) }
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+}
+
+fn main() -> ExitCode {
+    let result = match Cli::parse().task {
+        Task::Demo => demo::run(),
+        Task::Ptxas { ptxas, arch } => ptxas::run(ptxas, &arch),
+        Task::GpuPack { out } => pack::run(&out),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,94 @@
+//! `cargo xtask ptxas`: assemble the shipped PTX for each architecture, print every kernel's
+//! registers, stack and spills, and fail if any kernel spills.
+use crate::{cargo, root};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The PTX the last build of `dmattn` embedded (newest of all profiles' build outputs).
+pub fn built_ptx() -> Result<PathBuf, String> {
+    let mut found: Vec<(std::time::SystemTime, PathBuf)> = Vec::new();
+    for profile in ["debug", "release"] {
+        let dir = root().join("target").join(profile).join("build");
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let ptx = entry.path().join("out/dmattn_sm80.ptx");
+            if let Ok(meta) = ptx.metadata() {
+                found.push((meta.modified().unwrap(), ptx));
+            }
+        }
+    }
+    found.sort();
+    found.pop().map(|(_, p)| p).ok_or_else(|| "no built PTX found under target/*/build/dmattn-*/out".into())
+}
+
+fn find_ptxas(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
+    if let Some(p) = explicit.or_else(|| std::env::var_os("PTXAS").map(PathBuf::from)) {
+        return Ok(p);
+    }
+    if Command::new("ptxas").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        return Ok("ptxas".into());
+    }
+    let out = Command::new("python3")
+        .args(["-c", "import nvidia.cuda_nvcc as m; print(list(m.__path__)[0])"])
+        .output()
+        .map_err(|e| format!("python3: {e}"))?;
+    let dir = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let p = Path::new(&dir).join("bin/ptxas");
+    if out.status.success() && p.exists() {
+        Ok(p)
+    } else {
+        Err("no ptxas: pass --ptxas, set PTXAS, or `pip install nvidia-cuda-nvcc-cu12`".into())
+    }
+}
+
+/// Per kernel: (name, registers, stack bytes, spill store bytes, spill load bytes).
+fn parse(report: &str) -> Vec<(String, u32, u32, u32, u32)> {
+    let mut rows = Vec::new();
+    let mut name = None;
+    let mut frame = (0, 0, 0);
+    let nums = |l: &str| -> Vec<u32> { l.split(|c: char| !c.is_ascii_digit()).filter_map(|t| t.parse().ok()).collect() };
+    for line in report.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            name = rest.split('\'').next().map(String::from);
+        } else if line.contains("bytes stack frame") && name.is_some() {
+            let n = nums(line);
+            frame = (n[0], n[1], n[2]);
+        } else if line.contains("Used") && line.contains("registers") {
+            if let Some(n) = name.take() {
+                rows.push((n, nums(line.split("Used").nth(1).unwrap())[0], frame.0, frame.1, frame.2));
+            }
+        }
+    }
+    rows
+}
+
+pub fn run(ptxas: Option<PathBuf>, archs: &[String]) -> Result<(), String> {
+    crate::run(cargo().args(["build", "--quiet", "-p", "dmattn"]))?;
+    let ptx = built_ptx()?;
+    let ptxas = find_ptxas(ptxas)?;
+    let mut failures = Vec::new();
+    for arch in archs {
+        let out = Command::new(&ptxas)
+            .args([&format!("-arch={arch}"), "-v", "-o", "/dev/null"])
+            .arg(&ptx)
+            .output()
+            .map_err(|e| format!("{}: {e}", ptxas.display()))?;
+        let report = String::from_utf8_lossy(&out.stderr);
+        if !out.status.success() {
+            return Err(format!("ptxas -arch={arch} failed:\n{report}"));
+        }
+        let mut rows = parse(&report);
+        rows.sort();
+        println!("ptxas -arch={arch} ({})", ptx.display());
+        println!("{:<30} {:>5} {:>6} {:>13}", "kernel", "regs", "stack", "spill st/ld");
+        for (name, regs, stack, st, ld) in &rows {
+            println!("{name:<30} {regs:>5} {stack:>6} {:>13}", format!("{st}/{ld}"));
+            if stack + st + ld > 0 {
+                failures.push(format!("{name} on {arch}: {stack} B stack, {st}/{ld} B spilled"));
+            }
+        }
+        if rows.is_empty() {
+            return Err(format!("ptxas -arch={arch} reported no kernels"));
+        }
+    }
+    if failures.is_empty() { Ok(()) } else { Err(format!("kernels use local memory:\n  {}", failures.join("\n  "))) }
+}
