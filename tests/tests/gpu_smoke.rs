@@ -1,0 +1,51 @@
+//! A first look at a GPU: one small call through each kernel variant, each step timed and
+//! printed, with a watchdog that names the step where a hang happened. `DMATTN_SMOKE_ONLY=<step>`
+//! runs one step (to bisect in separate processes). Skips without a CUDA device.
+use dmattn::{DType, Device};
+use dmattn_tests::*;
+use std::io::Write;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+static STEP: Mutex<&str> = Mutex::new("device init");
+
+fn say(msg: &str) {
+    let _ = writeln!(std::io::stderr(), "gpu_smoke: {msg}");
+}
+
+#[test]
+fn each_kernel_once() {
+    std::thread::spawn(|| {
+        std::thread::sleep(Duration::from_secs(60));
+        say(&format!("WATCHDOG: still in step '{}' after 60 s", STEP.lock().unwrap()));
+        std::process::exit(3);
+    });
+    let t = Instant::now();
+    let Some(gpu) = gpu() else { return };
+    say(&format!("{} ready after {:.2} s", gpu, t.elapsed().as_secs_f64()));
+    let mut rng = fresh_rng("gpu_smoke");
+    let base = Case { dtype: DType::BF16, ..Case::new(1, 70, 90, 2, 1, 64) };
+    let steps = [
+        ("plain", base.clone()),
+        ("plain-causal", Case { causal: true, ..base.clone() }),
+        ("mods-nothing", Case { head_dim: 96, ..base.clone() }),
+        ("all-false-mask", Case { mask: Some([1, 1, 70, 90]), mask_pattern: MaskPattern::Random(0.0), ..base.clone() }),
+        ("all-true-mask", Case { mask: Some([1, 1, 70, 90]), mask_pattern: MaskPattern::Random(1.0), ..base.clone() }),
+        ("mask", Case { mask: Some([1, 1, 70, 90]), ..base.clone() }),
+        ("bias", Case { bias: Some([1, 2, 70, 90]), ..base.clone() }),
+        ("softcap", Case { softcap: 10.0, ..base.clone() }),
+    ];
+    let only = std::env::var("DMATTN_SMOKE_ONLY").ok();
+    for (name, case) in steps.iter().filter(|(n, _)| only.as_deref().is_none_or(|o| o == *n)) {
+        *STEP.lock().unwrap() = name;
+        let t = Instant::now();
+        let inputs = case.inputs(&mut rng);
+        let got = case.forward(&inputs.to(&gpu)).unwrap();
+        let out = got.out.to_f64_vec().unwrap();
+        let want = case.forward(&inputs.to(&Device::Cpu)).unwrap().out.to_f64_vec().unwrap();
+        let err = rel_err(&out, &want);
+        say(&format!("{name}: {:.3} s, rel err {err:.2e}", t.elapsed().as_secs_f64()));
+        assert!(err < 1e-2, "{name}: mismatch");
+    }
+    *STEP.lock().unwrap() = "done";
+}
