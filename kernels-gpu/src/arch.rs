@@ -1,5 +1,11 @@
 //! Thin wrappers over the PTX instructions the kernels use. Everything warp- or CTA-collective
 //! is marked so in its doc; callers keep those on uniform control flow.
+//!
+//! Collective instructions are never `pure` asm: rustc does not mark inline asm `convergent`, and
+//! a pure asm may be sunk into the branch that uses its result, where only some lanes reach it (a
+//! `shfl.sync` sunk that way hung the mask kernel). Side-effecting asm is never moved across
+//! control flow; the PTX link step additionally marks these call sites `convergent` for the
+//! passes it runs.
 use core::arch::{asm, global_asm, nvptx};
 
 // The dynamic shared memory every kernel carves its tiles from (size set at launch).
@@ -73,7 +79,7 @@ pub unsafe fn ldmatrix_x4(addr: u32) -> [u32; 4] {
     unsafe {
         asm!("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{{0}, {1}, {2}, {3}}}, [{4}];",
             out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, in(reg32) addr,
-            options(pure, readonly, nostack))
+            options(readonly, nostack))
     };
     [a, b, c, d]
 }
@@ -85,7 +91,7 @@ pub unsafe fn ldmatrix_x4_trans(addr: u32) -> [u32; 4] {
     unsafe {
         asm!("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {{{0}, {1}, {2}, {3}}}, [{4}];",
             out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, in(reg32) addr,
-            options(pure, readonly, nostack))
+            options(readonly, nostack))
     };
     [a, b, c, d]
 }
@@ -160,7 +166,7 @@ pub fn shfl_xor_u32(v: u32, lane_mask: u32) -> u32 {
     let r: u32;
     unsafe {
         asm!("shfl.sync.bfly.b32 {0}, {1}, {2}, 0x1f, 0xffffffff;",
-            out(reg32) r, in(reg32) v, in(reg32) lane_mask, options(pure, nomem, nostack))
+            out(reg32) r, in(reg32) v, in(reg32) lane_mask, options(nomem, nostack))
     };
     r
 }
@@ -176,7 +182,7 @@ pub fn ballot(pred: bool) -> u32 {
     let r: u32;
     unsafe {
         asm!("{{ .reg .pred p; setp.ne.u32 p, {1}, 0; vote.sync.ballot.b32 {0}, p, 0xffffffff; }}",
-            out(reg32) r, in(reg32) pred as u32, options(pure, nomem, nostack))
+            out(reg32) r, in(reg32) pred as u32, options(nomem, nostack))
     };
     r
 }

@@ -16,7 +16,8 @@ pub struct Bf16;
 #[derive(Clone, Copy)]
 pub struct F16;
 
-/// One MMA instantiation per type: the PTX type names are part of the instruction string.
+/// One MMA instantiation per type: the PTX type names are part of the instruction string. Not
+/// `pure`: a warp-collective instruction must not be moved into divergent code (see `arch`).
 macro_rules! mma_asm {
     ($ty:literal, $d:ident, $a:ident, $b0:ident, $b1:ident) => {
         unsafe {
@@ -24,7 +25,7 @@ macro_rules! mma_asm {
                     "{{{0}, {1}, {2}, {3}}}, {{{4}, {5}, {6}, {7}}}, {{{8}, {9}}}, {{{0}, {1}, {2}, {3}}};"),
                 inout(reg32) $d[0], inout(reg32) $d[1], inout(reg32) $d[2], inout(reg32) $d[3],
                 in(reg32) $a[0], in(reg32) $a[1], in(reg32) $a[2], in(reg32) $a[3],
-                in(reg32) $b0, in(reg32) $b1, options(pure, nomem, nostack))
+                in(reg32) $b0, in(reg32) $b1, options(nomem, nostack))
         }
     };
 }

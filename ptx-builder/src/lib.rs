@@ -146,8 +146,12 @@ fn link(args: &[OsString]) -> Result<(), String> {
     }
     let bin = PathBuf::from(env::var_os(LLVM_BIN).ok_or("LLVM bin dir not set")?);
     let linked = output.with_extension("linked.bc");
+    let text = output.with_extension("linked.ll");
     let optimized = output.with_extension("opt.bc");
-    run(Command::new(bin.join("llvm-link")).args(&a.objects).arg("-o").arg(&linked))?;
+    run(Command::new(bin.join("llvm-link")).args(&a.objects).arg("-S").arg("-o").arg(&text))?;
+    let ir = std::fs::read_to_string(&text).map_err(|e| format!("{}: {e}", text.display()))?;
+    std::fs::write(&text, mark_collective_asm_convergent(&ir)).map_err(|e| e.to_string())?;
+    run(Command::new(bin.join("llvm-as")).arg(&text).arg("-o").arg(&linked))?;
     run(Command::new(bin.join("opt"))
         .arg("-passes=internalize,default<O3>,globaldce")
         .arg(format!("--internalize-public-api-list={}", a.exports.join(",")))
@@ -173,6 +177,41 @@ fn link(args: &[OsString]) -> Result<(), String> {
         .arg(&optimized)
         .arg("-o")
         .arg(&output))
+}
+
+/// PTX instructions that a whole warp (or CTA) must execute together.
+const COLLECTIVE: [&str; 7] = [".sync", "bar.", "barrier.", "vote.", "shfl.", "ldmatrix", "mma."];
+
+/// Marks inline-asm call sites of collective instructions `convergent` in textual IR. rustc does
+/// not, so LLVM may legally duplicate them into divergent branches (tail duplication, jump
+/// threading), where an `.aligned` instruction is undefined and a `.sync` one can hang.
+fn mark_collective_asm_convergent(ir: &str) -> String {
+    let mut out = String::with_capacity(ir.len() + 4096);
+    for line in ir.lines() {
+        let asm = line.split_once(" asm ").and_then(|(call, rest)| {
+            let template = rest.split('"').nth(1)?;
+            (call.contains("call ") && COLLECTIVE.iter().any(|c| template.contains(c))).then_some(())
+        });
+        match asm {
+            Some(()) if !line.contains(" convergent") => {
+                // Function attributes follow the argument list: before `#N`, or before the
+                // call's metadata, or at the end of the line.
+                let end = line.find(", !").unwrap_or(line.len());
+                let (head, tail) = line.split_at(end);
+                let at = match head.rfind(" #") {
+                    Some(i) if head[i + 2..].chars().all(|c| c.is_ascii_digit()) => i,
+                    _ => head.len(),
+                };
+                out.push_str(&head[..at]);
+                out.push_str(" convergent");
+                out.push_str(&head[at..]);
+                out.push_str(tail);
+            }
+            _ => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
 }
 
 fn run(cmd: &mut Command) -> Result<(), String> {
@@ -202,6 +241,20 @@ mod tests {
         assert_eq!(a.target_cpu.as_deref(), Some("sm_80"));
         assert_eq!(a.features, ["+ptx78"]);
         assert_eq!(a.output, Some(PathBuf::from("/t/deps/kern.ptx")));
+    }
+
+    #[test]
+    fn marks_only_collective_asm_convergent() {
+        let ir = concat!(
+            "  %1 = tail call i32 asm sideeffect \"shfl.sync.bfly.b32 ${0}, ${1}, 1, 0x1f, -1;\", \"=r,r\"(i32 %0) #3, !srcloc !2\n",
+            "  tail call void asm sideeffect \"bar.sync 0;\", \"~{memory}\"()\n",
+            "  %2 = tail call float asm \"ex2.approx.f32 ${0}, ${1};\", \"=r,r\"(float %x) #4, !srcloc !5\n",
+        );
+        let out = mark_collective_asm_convergent(ir);
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines[0].ends_with("(i32 %0) convergent #3, !srcloc !2"), "{}", lines[0]);
+        assert!(lines[1].ends_with("() convergent"), "{}", lines[1]);
+        assert!(!lines[2].contains("convergent"), "{}", lines[2]);
     }
 
     #[test]
