@@ -218,7 +218,7 @@ impl Inputs {
 }
 
 /// Compares the forward pass of `case` on `inputs` (through the public API) with
-/// [`naive::forward`]: O by [`rel_err`] (at most `tol`), LSE by [`max_abs_err_inf`] (at most
+/// [`naive::forward`]: O by [`rel_err`] (at most `tol`), LSE element-wise (within
 /// `tol · max(1, |lse|)`, -inf exactly where the naive LSE is), and checks O is finite and
 /// exactly 0 on rows with no visible key. `Err` says what differs, naming the case.
 pub fn check_forward(case: &Case, inputs: &Inputs, tol: f64) -> Result<(), String> {
