@@ -24,6 +24,9 @@ pub mod flags {
     pub const CAUSAL: u32 = 1;
     /// The bias rows can be copied with 16-byte `cp.async` (unit key stride, 16-byte aligned rows).
     pub const BIAS_VEC: u32 = 2;
+    /// Backward: accumulate dQ and dBias in a fixed order (bit-identical runs) instead of with
+    /// atomics.
+    pub const DETERMINISTIC: u32 = 4;
 }
 
 /// Forward kernel parameters. Layouts: q/o `[b, sq, h, d]`, k/v `[b, sk, hk, d]` (unit stride on
@@ -57,6 +60,108 @@ pub struct FwdParams {
     pub softcap: f32,
     pub flags: u32,
 }
+
+/// Backward kernel parameters: the forward's operands and outputs, the output gradient, and
+/// where the gradients go. dq and dbias are accumulated in f32 (`dq_accum` `[b, sq, h, d]`,
+/// `dbias_accum` in the bias's own shape, zero strides on broadcast dims) and converted after;
+/// dk and dv are written directly. `delta` is rowsum(dO * O), f32 `[b, h, sq]` like `lse`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BwdParams {
+    pub fwd: FwdParams,
+    pub dout: View4,
+    pub dq_accum: View4,
+    pub dk: View4,
+    pub dv: View4,
+    pub dbias_accum: View4,
+    pub delta: u64,
+    /// Deterministic mode: u32 per dQ tile `[b, h, q_tiles]`, counting the key tiles added.
+    pub dq_turns: u64,
+    /// Deterministic mode with a bias shared across CTAs: u32 per dbias column slot.
+    pub dbias_turns: u64,
+    /// The bias's shape `[mb, mh, mq, mk]`.
+    pub bias_dims: [u32; 4],
+    pub kv_heads: u32,
+}
+
+/// rowsum(dO * O) per query row: the backward's preprocessing pass.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BwdPreParams {
+    pub o: View4,
+    pub dout: View4,
+    pub delta: u64,
+    pub batch: u32,
+    pub heads: u32,
+    pub seqlen_q: u32,
+    pub head_dim: u32,
+}
+
+/// f32 → 16-bit conversion of an accumulated gradient, `len` contiguous elements.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ConvertParams {
+    pub src: u64,
+    pub dst: u64,
+    pub len: u64,
+}
+
+/// Tile shape of the backward kernel: a CTA owns `block_n` keys of one kv head and walks the
+/// query tiles (`block_m` rows) and the query heads of its group; `4 * warps_n` warps, split
+/// 4 x `warps_n` over (rows, columns) of every product.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BwdTile {
+    pub head_dim: u32,
+    pub block_m: u32,
+    pub block_n: u32,
+    /// 2: the next query tile loads while this one computes; 1 where shared memory is short.
+    pub stages: u32,
+    /// Column groups of warps.
+    pub warps_n: u32,
+    /// CTAs per key tile, each owning `head_dim / splits` columns of dK, dV and dQ (and each
+    /// recomputing S and dP): wide heads split so the dK/dV accumulators fit in registers.
+    pub splits: u32,
+}
+
+impl BwdTile {
+    pub const fn threads(&self) -> u32 {
+        128 * self.warps_n
+    }
+    /// Bytes of one pipeline stage: Q, dO, bias, packed mask, lse and delta of one query tile.
+    pub const fn stage_bytes(&self) -> u32 {
+        let (m, n, d) = (self.block_m, self.block_n, self.head_dim);
+        2 * m * d * 2 + m * n * 2 + m * n / 8 + 2 * m * 4
+    }
+    /// K, V, then P and dS, then the stages.
+    pub const fn smem_bytes(&self) -> u32 {
+        let (m, n, d) = (self.block_m, self.block_n, self.head_dim);
+        2 * n * d * 2 + 2 * m * n * 2 + self.stages * self.stage_bytes()
+    }
+}
+
+/// The shipped backward tiles (none spills under ptxas for sm_80 or sm_90).
+pub const BWD_TILES: [BwdTile; 6] = [
+    BwdTile { head_dim: 32, block_m: 64, block_n: 64, stages: 2, warps_n: 2, splits: 1 },
+    BwdTile { head_dim: 64, block_m: 64, block_n: 64, stages: 2, warps_n: 2, splits: 1 },
+    BwdTile { head_dim: 96, block_m: 64, block_n: 64, stages: 2, warps_n: 2, splits: 1 },
+    BwdTile { head_dim: 128, block_m: 64, block_n: 64, stages: 2, warps_n: 2, splits: 1 },
+    BwdTile { head_dim: 192, block_m: 64, block_n: 64, stages: 1, warps_n: 2, splits: 1 },
+    BwdTile { head_dim: 256, block_m: 64, block_n: 64, stages: 1, warps_n: 2, splits: 2 },
+];
+
+pub const fn bwd_tile(head_dim: u32) -> Option<BwdTile> {
+    let mut i = 0;
+    while i < BWD_TILES.len() {
+        if BWD_TILES[i].head_dim == head_dim {
+            return Some(BWD_TILES[i]);
+        }
+        i += 1;
+    }
+    None
+}
+
+/// Threads per block of the preprocessing and conversion kernels.
+pub const PRE_THREADS: u32 = 256;
 
 /// Granularity of the mask block map: one class per `BLOCK_MAP_Q x BLOCK_MAP_K` tile. Every
 /// kernel tile is a whole number of these, so forward and backward read the same map.
@@ -149,16 +254,16 @@ const fn tile(head_dim: u32, block_m: u32, block_n: u32, warps: u32) -> FwdTile 
     FwdTile { head_dim, block_m, block_n, warps }
 }
 
-/// The shipped forward tiles. Shapes are chosen per head dim so that no variant spills
-/// (`cargo xtask ptxas` checks); the lean variant of d96 and d256 spilled by a few bytes under
-/// ptxas 12.9 and is not shipped.
+/// The shipped forward tiles. Shapes are chosen per head dim so that no variant spills under
+/// ptxas for sm_80 or sm_90 (`cargo xtask ptxas` checks); the lean variant of d256 spilled by a
+/// few bytes and is not shipped (the modifier variant serves plain calls there).
 pub const FWD_TILES: [FwdVariants; 6] = [
     FwdVariants { plain: Some(tile(32, 128, 64, 4)), mods: tile(32, 128, 64, 4) },
     FwdVariants { plain: Some(tile(64, 128, 64, 4)), mods: tile(64, 128, 64, 4) },
-    FwdVariants { plain: None, mods: tile(96, 128, 64, 4) },
+    FwdVariants { plain: Some(tile(96, 128, 64, 8)), mods: tile(96, 128, 64, 8) },
     FwdVariants { plain: Some(tile(128, 128, 64, 8)), mods: tile(128, 128, 64, 8) },
     FwdVariants { plain: Some(tile(192, 64, 64, 4)), mods: tile(192, 64, 64, 4) },
-    FwdVariants { plain: None, mods: tile(256, 64, 64, 4) },
+    FwdVariants { plain: None, mods: tile(256, 128, 64, 8) },
 ];
 
 /// The kernels shipped for a head dimension.
@@ -193,5 +298,8 @@ impl DeviceElem {
 /// `_mods` appended for the variant with score modifiers.
 pub mod names {
     pub const MASK_PACK: &str = "dmattn_mask_pack";
+    pub const BWD_PREFIX: &str = "dmattn_bwd_";
+    pub const BWD_PRE_PREFIX: &str = "dmattn_bwd_pre_";
+    pub const CONVERT_PREFIX: &str = "dmattn_convert_";
     pub const FWD_PREFIX: &str = "dmattn_fwd_";
 }

@@ -23,7 +23,8 @@ struct Args {
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum MaskKind {
     None,
-    /// Random 64x64 blocks, this fraction visible (all-or-nothing per block).
+    /// Random 128x128 blocks (FlexAttention's block size), this fraction visible, all or
+    /// nothing per block.
     Blocks(f64),
 }
 
@@ -82,12 +83,13 @@ fn operands(c: &Case, dev: &Device, rng: &mut StdRng) -> dmattn::Result<Operands
     let mask = match c.mask {
         MaskKind::None => None,
         MaskKind::Blocks(p) => {
-            let nb = c.seqlen.div_ceil(64);
+            const BLOCK: usize = 128;
+            let nb = c.seqlen.div_ceil(BLOCK);
             let keep: Vec<bool> = (0..c.batch * nb * nb).map(|_| rng.random_bool(p)).collect();
             let s = c.seqlen;
             let m = Tensor::from_fn(&[c.batch, 1, s, s], DType::Bool, &Device::Cpu, |i| {
                 let (j, r, b) = (i % s, (i / s) % s, i / (s * s));
-                keep[(b * nb + r / 64) * nb + j / 64] as u8 as f64
+                keep[(b * nb + r / BLOCK) * nb + j / BLOCK] as u8 as f64
             })?;
             Some(m.to_device(dev)?)
         }
@@ -96,7 +98,7 @@ fn operands(c: &Case, dev: &Device, rng: &mut StdRng) -> dmattn::Result<Operands
     Ok(Operands { q: random(&q_shape, dt, dev, rng)?, k: random(&kv_shape, dt, dev, rng)?, v: random(&kv_shape, dt, dev, rng)?, mask, bias })
 }
 
-fn run(c: &Case, o: &Operands) -> dmattn::Result<()> {
+fn forward(c: &Case, o: &Operands) -> dmattn::Result<dmattn::Forward> {
     let mut call = attention(&o.q, &o.k, &o.v).causal(c.causal);
     if let Some(m) = &o.mask {
         call = call.mask(m);
@@ -104,7 +106,7 @@ fn run(c: &Case, o: &Operands) -> dmattn::Result<()> {
     if let Some(b) = &o.bias {
         call = call.bias(b);
     }
-    call.forward().map(|_| ())
+    call.forward()
 }
 
 fn main() -> dmattn::Result<()> {
@@ -124,7 +126,7 @@ fn main() -> dmattn::Result<()> {
     let device = Device::Cuda(dev.clone());
     let mut rng = StdRng::seed_from_u64(rand::random());
     let seqlens: &[usize] = if args.quick { &[1024, 8192] } else { &[1024, 2048, 4096, 8192, 16384] };
-    println!("\n| case | d | seqlen | ms | TFLOP/s | % of matmul |\n|---|---|---|---|---|---|");
+    println!("\n| case | d | seqlen | fwd ms | fwd TFLOP/s | % of matmul | bwd ms | bwd/fwd |\n|---|---|---|---|---|---|---|---|");
     for &d in &[64usize, 128] {
         for &s in seqlens {
             let base = Case { batch: 2, heads: 32, kv_heads: 8, seqlen: s, head_dim: d, causal: false, mask: MaskKind::None, bias: false };
@@ -140,9 +142,15 @@ fn main() -> dmattn::Result<()> {
                 let sets: Vec<Operands> = (0..(256usize << 20).div_ceil(set_bytes).clamp(1, 4))
                     .map(|_| operands(&c, &device, &mut rng))
                     .collect::<dmattn::Result<_>>()?;
-                let ms = timer.median_ms(dev.stream(), |i| run(&c, &sets[i % sets.len()]))?;
+                let ms = timer.median_ms(dev.stream(), |i| forward(&c, &sets[i % sets.len()]).map(|_| ()))?;
                 let tf = c.flops() / (ms * 1e-3) / 1e12;
-                println!("| {} | {} | {} | {:.3} | {:.0} | {:.0}% |", c.label(), d, s, ms, tf, 100.0 * tf / ceil.matmul_tflops);
+                let fwds: Vec<dmattn::Forward> = sets.iter().map(|o| forward(&c, o)).collect::<dmattn::Result<_>>()?;
+                let douts: Vec<Tensor> = sets.iter().map(|o| random(o.q.shape(), DType::BF16, &device, &mut rng)).collect::<dmattn::Result<_>>()?;
+                let bwd = timer.median_ms(dev.stream(), |i| fwds[i % sets.len()].backward(&douts[i % sets.len()]).map(|_| ()))?;
+                println!(
+                    "| {} | {} | {} | {:.3} | {:.0} | {:.0}% | {:.3} | {:.2} |",
+                    c.label(), d, s, ms, tf, 100.0 * tf / ceil.matmul_tflops, bwd, bwd / ms
+                );
             }
         }
     }

@@ -23,7 +23,7 @@ use crate::cpu;
 /// # Ok(()) }
 /// ```
 pub fn attention<'a>(q: &'a Tensor, k: &'a Tensor, v: &'a Tensor) -> Attention<'a> {
-    Attention { inputs: Inputs { q, k, v, mask: None, bias: None, causal: false, scale: None, softcap: 0.0 } }
+    Attention { inputs: Inputs { q, k, v, mask: None, bias: None, causal: false, scale: None, softcap: 0.0, deterministic: false } }
 }
 
 pub struct Attention<'a> {
@@ -60,6 +60,14 @@ impl<'a> Attention<'a> {
     /// Softcap `c`: scores become `c * tanh(s / c)` before the bias. 0 (the default) is off.
     pub fn softcap(mut self, cap: f64) -> Self {
         self.inputs.softcap = cap;
+        self
+    }
+
+    /// Makes the backward pass bit-identical from run to run: on the GPU the dQ and dBias
+    /// additions then happen in a fixed order instead of atomically (slower). The CPU backend is
+    /// always deterministic.
+    pub fn deterministic(mut self, on: bool) -> Self {
+        self.inputs.deterministic = on;
         self
     }
 
@@ -132,7 +140,7 @@ impl Forward {
         }
         match self.out.device() {
             Device::Cpu => cpu::backward(&self.problem, &self.saved, &self.out, &self.lse, dout),
-            Device::Cuda(_) => Err(Error::Unsupported { what: "backward".into(), backend: "CUDA" }),
+            Device::Cuda(dev) => cuda::backward(&dev, self, dout, self.problem.deterministic),
         }
     }
 }

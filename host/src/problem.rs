@@ -47,6 +47,8 @@ pub struct Problem {
     pub scale: f64,
     /// 0 = off.
     pub softcap: f64,
+    /// Backward in a fixed order (bit-identical runs).
+    pub deterministic: bool,
 }
 
 fn shape4(t: &Tensor, arg: &'static str, expected: &str) -> Result<[usize; 4]> {
@@ -76,6 +78,7 @@ pub struct Inputs<'a> {
     pub causal: bool,
     pub scale: Option<f64>,
     pub softcap: f64,
+    pub deterministic: bool,
 }
 
 impl Problem {
@@ -148,6 +151,6 @@ impl Problem {
         if !(inp.softcap.is_finite() && inp.softcap >= 0.0) {
             return Err(Error::Param { arg: "softcap", reason: format!("{} is not finite and >= 0", inp.softcap) });
         }
-        Ok(Problem { dims, dtype, mask, bias, causal: inp.causal, scale, softcap: inp.softcap })
+        Ok(Problem { dims, dtype, mask, bias, causal: inp.causal, scale, softcap: inp.softcap, deterministic: inp.deterministic })
     }
 }

@@ -50,6 +50,15 @@ pub unsafe fn cp_async_16(dst: u32, src: u64, src_bytes: u32) {
     };
 }
 
+/// Asynchronous 4-byte global→shared copy, zero-filling past `src_bytes` (as [`cp_async_16`]).
+#[inline(always)]
+pub unsafe fn cp_async_4(dst: u32, src: u64, src_bytes: u32) {
+    unsafe {
+        asm!("cp.async.ca.shared.global [{0}], [{1}], 4, {2};",
+            in(reg32) dst, in(reg64) src, in(reg32) src_bytes, options(nostack))
+    };
+}
+
 /// Asynchronous 8-byte global→shared copy, zero-filling past `src_bytes` (as [`cp_async_16`]).
 #[inline(always)]
 pub unsafe fn cp_async_8(dst: u32, src: u64, src_bytes: u32) {
@@ -154,6 +163,17 @@ pub unsafe fn ld_global_nc_u8(addr: u64) -> u32 {
 }
 
 #[inline(always)]
+pub unsafe fn ld_global_nc_v4(addr: u64) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    unsafe {
+        asm!("ld.global.nc.v4.b32 {{{0}, {1}, {2}, {3}}}, [{4}];",
+            out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, in(reg64) addr,
+            options(pure, readonly, nostack))
+    };
+    [a, b, c, d]
+}
+
+#[inline(always)]
 pub unsafe fn ld_global_nc_u16(addr: u64) -> u32 {
     let v: u32;
     unsafe { asm!("ld.global.nc.u16 {0}, [{1}];", out(reg32) v, in(reg64) addr, options(pure, readonly, nostack)) };
@@ -241,4 +261,65 @@ pub fn opaque(x: u32) -> u32 {
     let r: u32;
     unsafe { asm!("mov.b32 {0}, {1};", out(reg32) r, in(reg32) x, options(nomem, nostack)) };
     r
+}
+
+/// Fire-and-forget atomic add to global f32.
+#[inline(always)]
+pub unsafe fn red_add_f32(addr: u64, v: f32) {
+    unsafe { asm!("red.global.add.f32 [{0}], {1};", in(reg64) addr, in(reg32) v, options(nostack)) };
+}
+
+/// Global load through L2 only: data another CTA may have just written.
+#[inline(always)]
+pub unsafe fn ld_global_cg_f32(addr: u64) -> f32 {
+    let v: f32;
+    unsafe { asm!("ld.global.cg.f32 {0}, [{1}];", out(reg32) v, in(reg64) addr, options(nostack)) };
+    v
+}
+
+#[inline(always)]
+pub unsafe fn st_global_f32(addr: u64, v: f32) {
+    unsafe { asm!("st.global.f32 [{0}], {1};", in(reg64) addr, in(reg32) v, options(nostack)) };
+}
+
+#[inline(always)]
+pub unsafe fn ld_acquire_u32(addr: u64) -> u32 {
+    let v: u32;
+    unsafe { asm!("ld.acquire.gpu.global.u32 {0}, [{1}];", out(reg32) v, in(reg64) addr, options(nostack)) };
+    v
+}
+
+#[inline(always)]
+pub unsafe fn st_release_u32(addr: u64, v: u32) {
+    unsafe { asm!("st.release.gpu.global.u32 [{0}], {1};", in(reg64) addr, in(reg32) v, options(nostack)) };
+}
+
+/// A turn-based lock on a u32 in global memory: CTAs take turns in the order of the values they
+/// wait for. All threads call these (collective): thread 0 spins or publishes, a barrier
+/// orders the rest of the CTA's accesses after the acquire / before the release.
+#[inline(always)]
+pub unsafe fn wait_turn(counter: u64, turn: u32, tid: u32) {
+    if tid == 0 {
+        while unsafe { ld_acquire_u32(counter) } != turn {}
+    }
+    sync_threads();
+}
+
+#[inline(always)]
+pub unsafe fn pass_turn(counter: u64, next: u32, tid: u32) {
+    sync_threads();
+    if tid == 0 {
+        unsafe { st_release_u32(counter, next) };
+    }
+}
+
+/// Warp-wide sum.
+#[inline(always)]
+pub fn warp_sum(mut v: f32) -> f32 {
+    let mut lanes = 16;
+    while lanes > 0 {
+        v += shfl_xor(v, lanes);
+        lanes /= 2;
+    }
+    v
 }

@@ -6,18 +6,10 @@ use crate::arch::*;
 use crate::block_info::BlockInfo;
 use crate::elem::Elem;
 use crate::mask::{MapRows, Tile, TileCursor};
+use crate::scores::{Mods, WarpScores};
 use crate::softmax::OnlineSoftmax;
 use crate::tile::{Fragments, SmemTile};
 use dmattn_abi::{FwdParams, flags};
-
-const LOG2E: f32 = core::f32::consts::LOG2_E;
-
-/// `cap * tanh(x)` with `tanh(x) = 1 - 2 / (e^2x + 1)`: MUFU exp2 and rcp, accurate to ~1e-7
-/// absolute where `tanh.approx` would be ~5e-4 relative.
-#[inline(always)]
-fn capped(cap: f32, x: f32) -> f32 {
-    cap * (1.0 - 2.0 * rcp(exp2(2.0 * LOG2E * x) + 1.0))
-}
 
 /// The shared-memory tiles of one CTA: Q, K, V (`D` columns), the bias tile and the packed mask
 /// tile of the current key block. The packed tile is row-major, `BN / 64` words a row, unswizzled:
@@ -39,27 +31,6 @@ impl Smem {
         let v = SmemTile::new(k.base + k.bytes(), bn, d * 2);
         let bias = SmemTile::new(v.base + v.bytes(), bm, bn * 2);
         Self { q, k, v, bias, mask: bias.base + bias.bytes() }
-    }
-}
-
-/// The score modifiers a launch uses. Kernels are instantiated twice: with `MODS = false` every
-/// modifier is compiled out (the lean variant for plain and causal attention, which needs fewer
-/// registers), with `MODS = true` they are read from the parameters.
-#[derive(Clone, Copy)]
-struct Mods {
-    mask: bool,
-    bias: bool,
-    softcap: f32,
-}
-
-impl Mods {
-    #[inline(always)]
-    fn of<const MODS: bool>(p: &FwdParams) -> Self {
-        if MODS {
-            Mods { mask: p.mask_bits.is_present(), bias: p.bias.is_present(), softcap: p.softcap }
-        } else {
-            Mods { mask: false, bias: false, softcap: 0.0 }
-        }
     }
 }
 
@@ -131,11 +102,6 @@ pub unsafe fn forward<
     let threads = THREADS as u32;
     let sm = Smem::new(D, BM, BN);
     let mods = Mods::of::<MODS>(p);
-    let softcap = mods.softcap;
-    let has_bias = mods.bias;
-    let fold_bias = has_bias && softcap == 0.0;
-    let inv_scale = LOG2E / p.scale_log2;
-    let scale_over_cap = if softcap > 0.0 { p.scale_log2 / LOG2E / softcap } else { 0.0 };
 
     let mut o = [[[0f32; 4]; DT]; MT];
     let mut softmax = OnlineSoftmax::<MT>::new();
@@ -169,46 +135,13 @@ pub unsafe fn forward<
             unsafe { sm.v.load_async(b.v() + col0 as u64 * v_row, v_row, keys, (D * 2) as u32, tid, threads) };
             cp_async_commit();
 
-            // The accumulators start at the score offsets: -inf where the mask, the causal rule or
-            // the key bound hide a score, and bias / scale elsewhere, so the MMA adds QKᵀ onto
-            // them and no mask or bias register is live while the accumulators are. (With a
-            // softcap the bias must follow the tanh, so it is added after the MMA instead.)
-            // Thread-relative addresses: bias (row g, bytes 4t..4t+4 of chunk nt); mask bits of
-            // the thread's keys of a row: half-word t of each word.
+            // The accumulators start at the score offsets (see `scores`): -inf where the mask,
+            // the causal rule or the key bound hide a score, bias / scale elsewhere.
+            let warp = WarpScores { bias: sm.bias, mask: sm.mask, mask_row_bytes: (BN / 8) as u32, row0: warp_row0, nt0: 0, lane };
             let mut s = [[[0f32; 4]; NT]; MT];
             let check = !tile.full || b.vis.tile_needs_check(b.row0, col0, BN as u32);
-            let load_mask = mods.mask && !tile.full;
             let bounds = b.vis.at_tile(b.row0, col0).shifted(warp_row0 + g, 2 * t);
-            let bias_at = sm.bias.chunk(g, 0) + 4 * t;
-            let load_bias = |dr: u32, nt: u32| unsafe { E::unpack(ld_shared_u32(sm.bias.shift(bias_at, dr, nt))) };
-            if check || fold_bias {
-                for mt in 0..MT {
-                    for h in 0..2 {
-                        let dr = 16 * mt as u32 + 8 * h as u32;
-                        let bits = if check {
-                            let mask_row = sm.mask + (warp_row0 + dr + g) * (BN / 8) as u32 + 2 * t;
-                            let mut keep = !0u32;
-                            if load_mask {
-                                keep = 0;
-                                for w in 0..(BN / 64) as u32 {
-                                    keep |= unsafe { ld_shared_u16(mask_row + 8 * w) } << (16 * w);
-                                }
-                            }
-                            keep & bounds.row_bits(dr)
-                        } else {
-                            !0
-                        };
-                        for nt in 0..NT as u32 {
-                            let bias = if fold_bias { load_bias(warp_row0 + dr, nt) } else { (0.0, 0.0) };
-                            for e in 0..2 {
-                                let bias = if e == 0 { bias.0 } else { bias.1 };
-                                let visible = (bits >> (2 * nt + e as u32)) & 1 != 0;
-                                s[mt][nt as usize][2 * h + e] = if visible { bias * inv_scale } else { f32::NEG_INFINITY };
-                            }
-                        }
-                    }
-                }
-            }
+            warp.init::<E, MT, NT>(&mut s, &mods, &bounds, check, mods.mask && !tile.full);
 
             for ks in 0..KT as u32 {
                 let mut a = [[0u32; 4]; MT];
@@ -224,31 +157,7 @@ pub unsafe fn forward<
                 }
             }
 
-            // Scores → base-2 logits.
-            if softcap > 0.0 {
-                for mt in 0..MT {
-                    for h in 0..2 {
-                        let dr = warp_row0 + 16 * mt as u32 + 8 * h as u32;
-                        for nt in 0..NT {
-                            let bias = if has_bias { load_bias(dr, nt as u32) } else { (0.0, 0.0) };
-                            for e in 0..2 {
-                                let bias = if e == 0 { bias.0 } else { bias.1 };
-                                let acc = &mut s[mt][nt][2 * h + e];
-                                let x = capped(softcap * LOG2E, *acc * scale_over_cap) + bias * LOG2E;
-                                *acc = if *acc == f32::NEG_INFINITY { f32::NEG_INFINITY } else { x };
-                            }
-                        }
-                    }
-                }
-            } else {
-                for mt in 0..MT {
-                    for nt in 0..NT {
-                        for i in 0..4 {
-                            s[mt][nt][i] *= p.scale_log2;
-                        }
-                    }
-                }
-            }
+            warp.to_logits::<E, MT, NT>(&mut s, &mods);
 
             // V has landed; everyone is done with this K/bias/mask: fetch the next tile's.
             cp_async_wait_all();

@@ -1,21 +1,25 @@
 //! dmattn's device code, compiled to PTX by `host/build.rs` (rustc's NVPTX backend). Kernels are
 //! composed from a few modules: PTX primitives (`arch`), element types and their MMA (`elem`),
 //! shared-memory tiles (`tile`), the mask logic every kernel shares (`mask`), the online softmax
-//! (`softmax`), and the kernels themselves (`fwd`, `mask_pack`). Entry points are instantiated
+//! (`softmax`), score start values and logits (`scores`), and the kernels themselves (`fwd`,
+//! `bwd`, `bwd_pre`, `mask_pack`). Entry points are instantiated
 //! here from the tile table in `dmattn-abi`.
 #![no_std]
 #![feature(abi_ptx, stdarch_nvptx, asm_experimental_arch)]
 
 mod arch;
 mod block_info;
+mod bwd;
+mod bwd_pre;
 mod elem;
 mod fwd;
 mod mask;
 mod mask_pack;
+mod scores;
 mod softmax;
 mod tile;
 
-use dmattn_abi::{FwdParams, FwdTile, FwdVariants, MaskPackParams, fwd_variants};
+use dmattn_abi::{BwdParams, BwdPreParams, BwdTile, ConvertParams, FwdParams, FwdTile, FwdVariants, MaskPackParams, bwd_tile, fwd_variants};
 use elem::{Bf16, F16};
 
 #[panic_handler]
@@ -61,14 +65,69 @@ macro_rules! fwd_kernels {
 fwd_kernels! {
     Bf16, 32: dmattn_fwd_bf16_d32_mods, dmattn_fwd_bf16_d32;
     Bf16, 64: dmattn_fwd_bf16_d64_mods, dmattn_fwd_bf16_d64;
-    Bf16, 96: dmattn_fwd_bf16_d96_mods;
+    Bf16, 96: dmattn_fwd_bf16_d96_mods, dmattn_fwd_bf16_d96;
     Bf16, 128: dmattn_fwd_bf16_d128_mods, dmattn_fwd_bf16_d128;
     Bf16, 192: dmattn_fwd_bf16_d192_mods, dmattn_fwd_bf16_d192;
     Bf16, 256: dmattn_fwd_bf16_d256_mods;
     F16, 32: dmattn_fwd_f16_d32_mods, dmattn_fwd_f16_d32;
     F16, 64: dmattn_fwd_f16_d64_mods, dmattn_fwd_f16_d64;
-    F16, 96: dmattn_fwd_f16_d96_mods;
+    F16, 96: dmattn_fwd_f16_d96_mods, dmattn_fwd_f16_d96;
     F16, 128: dmattn_fwd_f16_d128_mods, dmattn_fwd_f16_d128;
     F16, 192: dmattn_fwd_f16_d192_mods, dmattn_fwd_f16_d192;
     F16, 256: dmattn_fwd_f16_d256_mods;
+}
+
+/// Backward entry points per (element type, head dim), `dmattn_bwd_<elem>_d<dim>[_mods]`, and
+/// the per-type delta and conversion passes.
+macro_rules! bwd_kernels {
+    ($($elem:ty, $d:literal: $plain:ident, $mods:ident;)*) => {$(
+        bwd_kernels!(@one $plain, $elem, $d, false);
+        bwd_kernels!(@one $mods, $elem, $d, true);
+    )*};
+    (@one $name:ident, $elem:ty, $d:literal, $with_mods:literal) => {
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: BwdParams) {
+            const T: BwdTile = match bwd_tile($d) { Some(t) => t, None => panic!() };
+            unsafe {
+                bwd::backward::<$elem, $d, { T.block_m as usize }, { T.block_n as usize }, { T.stages as usize },
+                    { $d / 16 }, { (T.block_n / (8 * T.warps_n)) as usize }, { $d / (8 * (T.warps_n * T.splits) as usize) },
+                    { T.block_m as usize / 16 }, { T.block_n as usize / 16 },
+                    { let dt = $d / (8 * (T.warps_n * T.splits) as usize); if dt > 8 { 4 } else { dt } },
+                    { T.warps_n as usize }, { T.splits as usize }, $with_mods>(&p)
+            }
+        }
+    };
+}
+
+bwd_kernels! {
+    Bf16, 32: dmattn_bwd_bf16_d32, dmattn_bwd_bf16_d32_mods;
+    Bf16, 64: dmattn_bwd_bf16_d64, dmattn_bwd_bf16_d64_mods;
+    Bf16, 96: dmattn_bwd_bf16_d96, dmattn_bwd_bf16_d96_mods;
+    Bf16, 128: dmattn_bwd_bf16_d128, dmattn_bwd_bf16_d128_mods;
+    Bf16, 192: dmattn_bwd_bf16_d192, dmattn_bwd_bf16_d192_mods;
+    Bf16, 256: dmattn_bwd_bf16_d256, dmattn_bwd_bf16_d256_mods;
+    F16, 32: dmattn_bwd_f16_d32, dmattn_bwd_f16_d32_mods;
+    F16, 64: dmattn_bwd_f16_d64, dmattn_bwd_f16_d64_mods;
+    F16, 96: dmattn_bwd_f16_d96, dmattn_bwd_f16_d96_mods;
+    F16, 128: dmattn_bwd_f16_d128, dmattn_bwd_f16_d128_mods;
+    F16, 192: dmattn_bwd_f16_d192, dmattn_bwd_f16_d192_mods;
+    F16, 256: dmattn_bwd_f16_d256, dmattn_bwd_f16_d256_mods;
+}
+
+macro_rules! pre_kernels {
+    ($($elem:ty: $delta:ident, $convert:ident;)*) => {$(
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $delta(p: BwdPreParams) {
+            unsafe { bwd_pre::delta::<$elem>(&p) }
+        }
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $convert(p: ConvertParams) {
+            unsafe { bwd_pre::convert::<$elem>(&p) }
+        }
+    )*};
+}
+
+pre_kernels! {
+    Bf16: dmattn_bwd_pre_bf16, dmattn_convert_bf16;
+    F16: dmattn_bwd_pre_f16, dmattn_convert_f16;
 }

@@ -31,6 +31,16 @@ impl Visibility {
         keys.div_ceil(block_n)
     }
 
+    /// Query tiles of `block_m` rows that key `col0` onwards can be seen from: `begin..`.
+    #[inline(always)]
+    pub fn query_tile_begin(&self, col0: u32, block_m: u32) -> u32 {
+        if !self.causal {
+            return 0;
+        }
+        let first_row = (col0 as i64 - self.offset()).clamp(0, self.seqlen_q as i64) as u32;
+        first_row / block_m
+    }
+
     /// Whether the tile `[row0, row0 + rows) x [col0, col0 + cols)` has scores the causal rule or
     /// the key bound hide, so that scores must be checked one by one.
     #[inline(always)]
@@ -47,16 +57,18 @@ impl Visibility {
         TileBounds {
             keys: self.seqlen_k as i32 - col0 as i32,
             diagonal: diagonal.clamp(i32::MIN as i64, i32::MAX as i64) as i32,
+            rows: i32::MAX,
         }
     }
 }
 
-/// [`Visibility`] for one tile: local key `c` of local row `r` is visible iff `c < keys` and
-/// `c - r <= diagonal`.
+/// [`Visibility`] for one tile: local key `c` of local row `r` is visible iff `c < keys`,
+/// `c - r <= diagonal` and `r < rows`.
 #[derive(Clone, Copy)]
 pub struct TileBounds {
     keys: i32,
     diagonal: i32,
+    rows: i32,
 }
 
 impl TileBounds {
@@ -64,7 +76,17 @@ impl TileBounds {
     /// score once, so that every per-score test compares against compile-time offsets.
     #[inline(always)]
     pub fn shifted(&self, r: u32, c: u32) -> TileBounds {
-        TileBounds { keys: self.keys - c as i32, diagonal: self.diagonal.saturating_add(r as i32 - c as i32) }
+        TileBounds {
+            keys: self.keys - c as i32,
+            diagonal: self.diagonal.saturating_add(r as i32 - c as i32),
+            rows: self.rows.saturating_sub(r as i32),
+        }
+    }
+
+    /// Hides rows `rows..` as well (the backward must not read rows past the sequence).
+    #[inline(always)]
+    pub fn with_rows(&self, rows: u32) -> TileBounds {
+        TileBounds { rows: rows.min(i32::MAX as u32) as i32, ..*self }
     }
 
     /// Row `r`'s visibility in the thread's accumulator order: bit `2 nt + e` stands for local
@@ -73,11 +95,21 @@ impl TileBounds {
     /// instead of compares per score.
     #[inline(always)]
     pub fn row_bits(&self, r: u32) -> u32 {
-        let limit = self.keys.min(self.diagonal.saturating_add(r as i32 + 1)).clamp(0, 128) as u32;
+        let limit = if (r as i32) < self.rows { self.keys.min(self.diagonal.saturating_add(r as i32 + 1)) } else { 0 };
+        let limit = limit.clamp(0, 128) as u32;
         // Keys 8nt (e = 0) are visible for nt < ceil(limit / 8), keys 8nt + 1 for nt < ceil((limit - 1) / 8).
         let even = |count: u32| ((1u64 << (2 * count.min(16))) - 1) as u32 & 0x5555_5555;
         even((limit + 7) / 8) | even((limit + 6) / 8) << 1
     }
+}
+
+/// Classes of the tiles along one line of the block map (a query tile's key tiles, or a key
+/// tile's query tiles), for [`TileCursor`].
+pub trait TileLine {
+    /// Tiles `0..end` are candidates.
+    fn end(&self) -> u32;
+    /// (visible at all, entirely visible) for tile `t`.
+    fn classify(&self, t: u32) -> (bool, bool);
 }
 
 /// The block-map rows one query tile reads: `BM / 64` rows of k-block classes.
@@ -112,22 +144,96 @@ impl<const BM: usize, const BN: usize> MapRows<BM, BN> {
         }
     }
 
-    /// (visible at all, entirely visible) for key tile `n`.
+}
+
+/// OR / AND of the classes in a rectangle of map blocks: rows `q0..q0 + rows` (row stride
+/// `q_stride`), columns `k0..k0 + cols`, of the plane at `base`.
+#[inline(always)]
+fn classify_blocks(base: u64, q_stride: u64, q0: u32, rows: u32, k0: u32, cols: u32) -> (bool, bool) {
+    let (mut any, mut all) = (false, true);
+    for qi in 0..rows {
+        for ki in 0..cols {
+            let at = base + (q0 + qi) as u64 * q_stride + (k0 + ki) as u64;
+            let class = unsafe { ld_global_nc_u8(at) } as u8;
+            any |= class != block_class::EMPTY;
+            all &= class == block_class::FULL;
+        }
+    }
+    (any, all)
+}
+
+impl<const BM: usize, const BN: usize> TileLine for MapRows<BM, BN> {
+    #[inline(always)]
+    fn end(&self) -> u32 {
+        self.end
+    }
+
     #[inline(always)]
     fn classify(&self, n: u32) -> (bool, bool) {
         if self.base == 0 {
             return (true, true);
         }
+        let k0 = n * Self::MAP_COLS;
+        classify_blocks(self.base, self.q_stride, 0, self.rows, k0, Self::MAP_COLS.min(self.k_blocks - k0))
+    }
+}
+
+/// The block-map columns one key tile reads: `BN / 64` columns, walked down the query tiles.
+pub struct MapCols<const BM: usize, const BN: usize> {
+    /// The first plane's address (0 without a mask).
+    plane: u64,
+    /// Planes to combine (the query heads of a kv group, when the mask has one per query
+    /// head) and the distance between them.
+    planes: u32,
+    plane_stride: u64,
+    q_stride: u64,
+    /// Map rows inside the query sequence.
+    q_blocks: u32,
+    k0: u32,
+    cols: u32,
+    end: u32,
+}
+
+impl<const BM: usize, const BN: usize> MapCols<BM, BN> {
+    const MAP_ROWS: u32 = (BM as u32) / BLOCK_MAP_Q;
+    const MAP_COLS: u32 = (BN as u32) / BLOCK_MAP_K;
+
+    /// Key tile `n_block`'s columns of `planes` planes from `plane` (a tile is visited if any
+    /// plane has a visible score in it, and full only if every plane is full there).
+    #[inline(always)]
+    pub fn new(map: &View4, plane: u64, planes: u32, n_block: u32, vis: &Visibility) -> Self {
+        let k0 = n_block * Self::MAP_COLS;
+        Self {
+            plane: if map.is_present() { plane } else { 0 },
+            planes,
+            plane_stride: map.stride[1],
+            q_stride: map.stride[2],
+            q_blocks: vis.seqlen_q.div_ceil(BLOCK_MAP_Q),
+            k0,
+            cols: Self::MAP_COLS.min(vis.seqlen_k.div_ceil(BLOCK_MAP_K) - k0),
+            end: vis.seqlen_q.div_ceil(BM as u32),
+        }
+    }
+}
+
+impl<const BM: usize, const BN: usize> TileLine for MapCols<BM, BN> {
+    #[inline(always)]
+    fn end(&self) -> u32 {
+        self.end
+    }
+
+    #[inline(always)]
+    fn classify(&self, m: u32) -> (bool, bool) {
+        if self.plane == 0 {
+            return (true, true);
+        }
+        let q0 = m * Self::MAP_ROWS;
         let (mut any, mut all) = (false, true);
-        for qi in 0..Self::MAP_ROWS {
-            for ki in 0..Self::MAP_COLS {
-                let kb = n * Self::MAP_COLS + ki;
-                if qi < self.rows && kb < self.k_blocks {
-                    let class = unsafe { ld_global_nc_u8(self.base + qi as u64 * self.q_stride + kb as u64) } as u8;
-                    any |= class != block_class::EMPTY;
-                    all &= class == block_class::FULL;
-                }
-            }
+        for i in 0..self.planes {
+            let plane = self.plane + i as u64 * self.plane_stride;
+            let (a, f) = classify_blocks(plane, self.q_stride, q0, Self::MAP_ROWS.min(self.q_blocks - q0), self.k0, self.cols);
+            any |= a;
+            all &= f;
         }
         (any, all)
     }
@@ -160,12 +266,13 @@ impl TileCursor {
     /// The first tile at or after `n` that has any visible score, or `None` past the end
     /// (warp-collective; every warp of the CTA gets the same answer).
     #[inline(always)]
-    pub fn next<const BM: usize, const BN: usize>(&mut self, mut n: u32, lane: u32, map: &MapRows<BM, BN>) -> Option<Tile> {
-        while n < map.end {
+    pub fn next(&mut self, mut n: u32, lane: u32, map: &impl TileLine) -> Option<Tile> {
+        let end = map.end();
+        while n < end {
             if self.window == u32::MAX || n < self.window || n >= self.window + 32 {
                 self.window = n;
                 let t = n + lane;
-                let (any, all) = if t < map.end { map.classify(t) } else { (false, false) };
+                let (any, all) = if t < end { map.classify(t) } else { (false, false) };
                 self.active = ballot(any);
                 self.full = ballot(all);
             }

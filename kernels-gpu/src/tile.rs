@@ -124,6 +124,19 @@ impl SmemTile {
         });
     }
 
+    /// As [`SmemTile::store`], only chunks `chunk0..chunk0 + chunks` of each row.
+    #[inline(always)]
+    pub unsafe fn store_cols(&self, dst: u64, row_stride: u64, rows_valid: u32, chunk0: u32, chunks: u32, tid: u32, threads: u32) {
+        let total = self.rows * chunks;
+        for pass in 0..total.div_ceil(threads) {
+            let i = tid + pass * threads;
+            let (r, c) = (i / chunks, chunk0 + i % chunks);
+            if i < total && r < rows_valid {
+                unsafe { st_global_v4(dst + r as u64 * row_stride + 16 * c as u64, ld_shared_v4(self.chunk(r, c))) };
+            }
+        }
+    }
+
     /// Synchronous copy of a tile of `elem_bytes`-byte elements (1 or 2) with arbitrary element
     /// strides: the fallback for operands `load_async` cannot take (broadcast or unaligned keys).
     /// Element `(r, j)` is read from `src + (r * row_stride + j * col_stride) * elem_bytes`;
@@ -197,6 +210,14 @@ impl Fragments {
     #[inline(always)]
     pub unsafe fn b(&self, n0: u32, ks: u32) -> [u32; 4] {
         unsafe { ldmatrix_x4(self.tile.shift(self.b, n0, 2 * ks)) }
+    }
+
+    /// A fragment of the transpose of this `[k][m]` tile: rows (this tile's columns) at chunk
+    /// `c0` (even, 16 columns), columns (this tile's rows) `k0..k0 + 16`. Same addresses as
+    /// [`Fragments::b`], read through the transposing `ldmatrix`.
+    #[inline(always)]
+    pub unsafe fn a_trans(&self, k0: u32, c0: u32) -> [u32; 4] {
+        unsafe { ldmatrix_x4_trans(self.tile.shift(self.b, k0, c0)) }
     }
 
     /// Transposed: k rows `k0..k0 + 16`, `[b0, b1]` of the n8 tile at chunk `c0` (even) then

@@ -17,7 +17,8 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   for t in "$here"/bin/test-*; do
     name=$(basename "$t")
     start=$(date +%s)
-    "$t" --test-threads=4 > "$logs/$name.log" 2>&1; rc=$?
+    # A hung GPU test must not eat the whole session: each binary gets ${DMATTN_TEST_TIMEOUT:-400} s.
+    timeout "${DMATTN_TEST_TIMEOUT:-400}" "$t" --test-threads=4 > "$logs/$name.log" 2>&1; rc=$?
     # On a GPU machine a skipped GPU test is a failure.
     if grep -q "SKIPPED" "$logs/$name.log"; then rc=99; fi
     printf '%-40s %s (%ss)\n' "$name" "$([ $rc = 0 ] && echo ok || echo "FAILED rc=$rc")" $(( $(date +%s) - start ))

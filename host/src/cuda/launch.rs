@@ -3,7 +3,7 @@
 use crate::device::CudaDevice;
 use crate::error::Result;
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
-use dmattn_abi::{FwdParams, MASK_PACK_THREADS, MaskPackParams, names};
+use dmattn_abi::{BwdParams, BwdPreParams, ConvertParams, FwdParams, MASK_PACK_THREADS, MaskPackParams, names};
 
 /// A kernel parameter struct from `dmattn-abi`, passed by value as the kernel's only argument.
 #[repr(transparent)]
@@ -14,6 +14,9 @@ pub(crate) struct ByValue<T>(T);
 /// the kernels it is passed to (both sides compile `dmattn-abi`).
 unsafe impl DeviceRepr for ByValue<FwdParams> {}
 unsafe impl DeviceRepr for ByValue<MaskPackParams> {}
+unsafe impl DeviceRepr for ByValue<BwdParams> {}
+unsafe impl DeviceRepr for ByValue<BwdPreParams> {}
+unsafe impl DeviceRepr for ByValue<ConvertParams> {}
 
 pub(crate) struct Launch {
     name: String,
@@ -25,6 +28,12 @@ pub(crate) struct Launch {
 impl Launch {
     pub(crate) fn kernel(name: &str, grid: (u32, u32, u32), threads: u32, smem_bytes: u32) -> Self {
         Launch { name: name.to_string(), grid, threads, smem_bytes }
+    }
+
+    /// The backward kernel. In deterministic mode its CTAs wait on CTAs of lower block index,
+    /// which the hardware schedules first, so any grid size is safe.
+    pub(crate) fn bwd(name: &str, grid: (u32, u32, u32), threads: u32, smem_bytes: u32) -> Self {
+        Self::kernel(name, grid, threads, smem_bytes)
     }
 
     pub(crate) fn mask_pack(grid: (u32, u32, u32)) -> Self {

@@ -2,7 +2,7 @@
 //! mask (block classes and packed bits, read by forward and backward alike) and launches.
 mod launch;
 
-use crate::attention::{Forward, Saved};
+use crate::attention::{Forward, Gradients, Saved};
 use crate::cpu::lse_shape;
 use crate::device::CudaDevice;
 use crate::dtype::DType;
@@ -10,7 +10,10 @@ use crate::error::{Error, Result};
 use crate::problem::{Dims, Problem};
 use crate::tensor::Tensor;
 use cudarc::driver::CudaSlice;
-use dmattn_abi::{BLOCK_MAP_K, BLOCK_MAP_Q, DeviceElem, FwdParams, FwdTile, MaskPackParams, View4, flags, fwd_variants};
+use dmattn_abi::{
+    BLOCK_MAP_K, BLOCK_MAP_Q, BwdParams, BwdPreParams, ConvertParams, DeviceElem, FwdParams, MaskPackParams, PRE_THREADS,
+    View4, bwd_tile, flags, fwd_variants,
+};
 use launch::{Launch, launch};
 use std::sync::Arc;
 
@@ -114,45 +117,48 @@ fn bias_vectorizable(bias: &Tensor, view: &View4) -> bool {
     bias.shape()[3] > 1 && bias.strides()[3] == 1 && view.ptr % 16 == 0 && view.stride[..3].iter().all(|s| s % 8 == 0)
 }
 
-fn check_limits(d: &Dims, tile: &FwdTile) -> Result<()> {
+fn check_limits(d: &Dims, block_m: u32) -> Result<()> {
     let limit = |arg: &'static str, n: usize, max: usize| {
         if n > max { Err(Error::Param { arg, reason: format!("{n} exceeds the CUDA backend's limit of {max}") }) } else { Ok(()) }
     };
-    limit("q", d.seqlen_q, i32::MAX as usize - tile.block_m as usize)?;
+    limit("q", d.seqlen_q, i32::MAX as usize - block_m as usize)?;
     limit("k", d.seqlen_k, i32::MAX as usize / 2)?;
     limit("q", d.heads, 65535)?;
     limit("q", d.batch, 65535)
 }
 
-pub(crate) fn forward(dev: &CudaDevice, p: Problem, mut saved: Saved) -> Result<Forward> {
-    let d = p.dims;
+/// Whether a call needs the kernels with score modifiers (mask, bias or softcap).
+fn has_mods(p: &Problem) -> bool {
+    p.mask.is_some() || p.bias.is_some() || p.softcap > 0.0
+}
+
+fn kernel_name(prefix: &str, elem: DeviceElem, head_dim: usize, mods: bool) -> String {
+    format!("{prefix}{}_d{head_dim}{}", elem.name(), if mods { "_mods" } else { "" })
+}
+
+fn unsupported_head_dim(head_dim: usize) -> Error {
+    Error::Unsupported { what: format!("head_dim {head_dim} (supported: 32, 64, 96, 128, 192, 256)"), backend: BACKEND }
+}
+
+/// Checks shared by forward and backward: element type, bias dtype.
+fn check_operands(p: &Problem, saved: &Saved) -> Result<DeviceElem> {
     let elem = device_elem("q", p.dtype)?;
-    let variants = fwd_variants(d.head_dim as u32).ok_or_else(|| Error::Unsupported {
-        what: format!("head_dim {} (supported: 32, 64, 96, 128, 192, 256)", d.head_dim),
-        backend: BACKEND,
-    })?;
     if let Some(bias) = &saved.bias {
         if bias.dtype() != p.dtype {
             return Err(Error::DType { arg: "bias", expected: format!("{:?} (the dtype of q)", p.dtype), got: bias.dtype() });
         }
     }
-    let mods = saved.mask.is_some() || saved.bias.is_some() || p.softcap > 0.0;
-    let (tile, suffix) = match (mods, variants.plain) {
-        (false, Some(plain)) => (plain, ""),
-        _ => (variants.mods, "_mods"),
-    };
-    check_limits(&d, &tile)?;
+    Ok(elem)
+}
 
-    let (q, k, v) = (qkv_view(&saved.q, "q")?, qkv_view(&saved.k, "k")?, qkv_view(&saved.v, "v")?);
-    let out = Tensor::empty(saved.q.shape(), p.dtype, &saved.q.device())?;
-    let lse = Tensor::empty(&lse_shape(&p), DType::F32, &saved.q.device())?;
-    let prepared = saved.mask.as_ref().map(|m| prepare_mask(dev, &p, m)).transpose()?;
-
+/// The forward kernel's parameters for `saved`'s operands (the backward reads the same).
+fn fwd_params(p: &Problem, saved: &Saved, out: &Tensor, lse: &Tensor, mask: Option<&PreparedMask>) -> Result<FwdParams> {
+    let d = p.dims;
     let mut params = FwdParams {
-        q,
-        k,
-        v,
-        o: qkv_view(&out, "out")?,
+        q: qkv_view(&saved.q, "q")?,
+        k: qkv_view(&saved.k, "k")?,
+        v: qkv_view(&saved.v, "v")?,
+        o: qkv_view(out, "out")?,
         lse: lse.device_ptr().expect("CUDA tensor"),
         batch: d.batch as u32,
         heads: d.heads as u32,
@@ -166,7 +172,7 @@ pub(crate) fn forward(dev: &CudaDevice, p: Problem, mut saved: Saved) -> Result<
         flags: if p.causal { flags::CAUSAL } else { 0 },
         ..FwdParams::default()
     };
-    if let Some(m) = &prepared {
+    if let Some(m) = mask {
         params.mask_bits = m.bits;
         params.block_map = m.classes;
         params.mask_head_div = m.head_div;
@@ -178,9 +184,120 @@ pub(crate) fn forward(dev: &CudaDevice, p: Problem, mut saved: Saved) -> Result<
             params.flags |= flags::BIAS_VEC;
         }
     }
-    let name = format!("{}{}_d{}{}", dmattn_abi::names::FWD_PREFIX, elem.name(), d.head_dim, suffix);
+    Ok(params)
+}
+
+pub(crate) fn forward(dev: &CudaDevice, p: Problem, mut saved: Saved) -> Result<Forward> {
+    let d = p.dims;
+    let elem = check_operands(&p, &saved)?;
+    let variants = fwd_variants(d.head_dim as u32).ok_or_else(|| unsupported_head_dim(d.head_dim))?;
+    let (tile, mods) = match (has_mods(&p), variants.plain) {
+        (false, Some(plain)) => (plain, false),
+        _ => (variants.mods, true),
+    };
+    check_limits(&d, tile.block_m)?;
+    let out = Tensor::empty(saved.q.shape(), p.dtype, &saved.q.device())?;
+    let lse = Tensor::empty(&lse_shape(&p), DType::F32, &saved.q.device())?;
+    let prepared = saved.mask.as_ref().map(|m| prepare_mask(dev, &p, m)).transpose()?;
+    let params = fwd_params(&p, &saved, &out, &lse, prepared.as_ref())?;
+    let name = kernel_name(dmattn_abi::names::FWD_PREFIX, elem, d.head_dim, mods);
     let grid = (d.seqlen_q.div_ceil(tile.block_m as usize) as u32, d.heads as u32, d.batch as u32);
     launch(dev, &Launch::kernel(&name, grid, tile.threads(), tile.smem_bytes()), params)?;
     saved.gpu = prepared;
     Ok(Forward { out, lse, problem: p, saved })
+}
+
+/// A zeroed f32 or u32 device buffer of `n` elements and its address.
+fn zeroed<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(dev: &CudaDevice, n: usize) -> Result<(CudaSlice<T>, u64)> {
+    use cudarc::driver::DevicePtr;
+    let buf = dev.stream().alloc_zeros::<T>(n.max(1))?;
+    let ptr = buf.device_ptr(dev.stream()).0;
+    Ok((buf, ptr))
+}
+
+/// Converts `len` accumulated f32 values at `src` into `dst` (16-bit `elem`).
+fn convert(dev: &CudaDevice, elem: DeviceElem, src: u64, dst: &Tensor, len: usize) -> Result<()> {
+    let params = ConvertParams { src, dst: dst.device_ptr().expect("CUDA tensor"), len: len as u64 };
+    let blocks = (len.div_ceil(2 * PRE_THREADS as usize)).clamp(1, 4096) as u32;
+    let name = format!("{}{}", dmattn_abi::names::CONVERT_PREFIX, elem.name());
+    launch(dev, &Launch::kernel(&name, (blocks, 1, 1), PRE_THREADS, 0), params)
+}
+
+pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, deterministic: bool) -> Result<Gradients> {
+    let (p, saved) = (&fwd.problem, &fwd.saved);
+    let d = p.dims;
+    let elem = check_operands(p, saved)?;
+    let tile = bwd_tile(d.head_dim as u32).ok_or_else(|| unsupported_head_dim(d.head_dim))?;
+    check_limits(&d, tile.block_m)?;
+    let device = saved.q.device();
+    let dout_view = qkv_view(dout, "dout")?;
+
+    // delta = rowsum(dO * O).
+    let (_delta, delta) = zeroed::<f32>(dev, d.batch * d.heads * d.seqlen_q)?;
+    let pre = BwdPreParams {
+        o: qkv_view(&fwd.out, "out")?,
+        dout: dout_view,
+        delta,
+        batch: d.batch as u32,
+        heads: d.heads as u32,
+        seqlen_q: d.seqlen_q as u32,
+        head_dim: d.head_dim as u32,
+    };
+    let rows = d.batch * d.heads * d.seqlen_q;
+    let blocks = rows.div_ceil((PRE_THREADS / 32) as usize).min(65535) as u32;
+    let pre_name = format!("{}{}", dmattn_abi::names::BWD_PRE_PREFIX, elem.name());
+    launch(dev, &Launch::kernel(&pre_name, (blocks, 1, 1), PRE_THREADS, 0), pre)?;
+
+    // Accumulators, outputs and (deterministic mode) turn counters.
+    let (m_tiles, n_blocks) = (d.seqlen_q.div_ceil(tile.block_m as usize), d.seqlen_k.div_ceil(tile.block_n as usize));
+    let (_dq_acc, dq_acc) = zeroed::<f32>(dev, d.batch * d.seqlen_q * d.heads * d.head_dim)?;
+    let bias_len = p.bias.map_or(0, |s| s.iter().product::<usize>());
+    let (_dbias_acc, dbias_acc) = zeroed::<f32>(dev, bias_len)?;
+    let (_dq_turns, dq_turns) = zeroed::<u32>(dev, if deterministic { d.batch * d.heads * m_tiles * tile.splits as usize } else { 0 })?;
+    let (_dbias_turns, dbias_turns) = zeroed::<u32>(dev, if deterministic { d.batch * d.kv_heads * n_blocks } else { 0 })?;
+    let dk = Tensor::empty(saved.k.shape(), p.dtype, &device)?;
+    let dv = Tensor::empty(saved.v.shape(), p.dtype, &device)?;
+
+    let mut fwd_p = fwd_params(p, saved, &fwd.out, &fwd.lse, saved.gpu.as_ref())?;
+    if deterministic {
+        fwd_p.flags |= flags::DETERMINISTIC;
+    }
+    let contiguous = |shape: [usize; 4]| {
+        let mut stride = [0u64; 4];
+        let mut acc = 1u64;
+        for i in (0..4).rev() {
+            stride[i] = if shape[i] == 1 { 0 } else { acc };
+            acc *= shape[i] as u64;
+        }
+        stride
+    };
+    let q_shape = [d.batch, d.seqlen_q, d.heads, d.head_dim];
+    let params = BwdParams {
+        fwd: fwd_p,
+        dout: dout_view,
+        dq_accum: View4 { ptr: dq_acc, stride: contiguous(q_shape) },
+        dk: qkv_view(&dk, "dk")?,
+        dv: qkv_view(&dv, "dv")?,
+        dbias_accum: View4 { ptr: dbias_acc, stride: p.bias.map_or([0; 4], contiguous) },
+        delta,
+        dq_turns,
+        dbias_turns,
+        bias_dims: p.bias.map_or([1; 4], |s| s.map(|x| x as u32)),
+        kv_heads: d.kv_heads as u32,
+    };
+    let name = kernel_name(dmattn_abi::names::BWD_PREFIX, elem, d.head_dim, has_mods(p));
+    let grid = ((n_blocks * tile.splits as usize) as u32, d.kv_heads as u32, d.batch as u32);
+    launch(dev, &Launch::bwd(&name, grid, tile.threads(), tile.smem_bytes()), params)?;
+
+    let dq = Tensor::empty(saved.q.shape(), p.dtype, &device)?;
+    convert(dev, elem, dq_acc, &dq, dq.layout().numel())?;
+    let dbias = match &saved.bias {
+        Some(b) => {
+            let db = Tensor::empty(b.shape(), b.dtype(), &device)?;
+            convert(dev, elem, dbias_acc, &db, bias_len)?;
+            Some(db)
+        }
+        None => None,
+    };
+    Ok(Gradients { dq, dk, dv, dbias })
 }

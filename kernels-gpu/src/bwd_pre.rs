@@ -1,0 +1,56 @@
+//! The backward's two small passes: delta = rowsum(dO * O) per query row before the main
+//! kernel, and the f32 → 16-bit conversion of the accumulated dQ and dBias after it.
+use crate::arch::*;
+use crate::elem::Elem;
+use dmattn_abi::{BwdPreParams, ConvertParams, PRE_THREADS};
+
+/// One warp per query row, each lane 8 elements of the row (head dims up to 256); grid-stride
+/// over the `batch * heads * seqlen_q` rows.
+#[inline(always)]
+pub unsafe fn delta<E: Elem>(p: &BwdPreParams) {
+    let (tid, (bx, _, _)) = (thread_idx(), block_idx());
+    let lane = tid % 32;
+    let warps = PRE_THREADS / 32;
+    let rows = p.batch * p.heads * p.seqlen_q;
+    let mut row = bx * warps + tid / 32;
+    while row < rows {
+        let (i, bh) = (row % p.seqlen_q, row / p.seqlen_q);
+        let (b, h) = ((bh / p.heads) as u64, (bh % p.heads) as u64);
+        let mut acc = 0.0f32;
+        if 8 * lane < p.head_dim {
+            let at = |t: &dmattn_abi::View4| t.ptr + 2 * (b * t.stride[0] + i as u64 * t.stride[1] + h * t.stride[2]) + 16 * lane as u64;
+            let (o, d) = unsafe { (ld_global_nc_v4(at(&p.o)), ld_global_nc_v4(at(&p.dout))) };
+            for j in 0..4 {
+                let (o0, o1) = E::unpack(o[j]);
+                let (d0, d1) = E::unpack(d[j]);
+                acc += o0 * d0 + o1 * d1;
+            }
+        }
+        let sum = warp_sum(acc);
+        if lane == 0 {
+            unsafe { *(p.delta as *mut f32).add(row as usize) = sum };
+        }
+        row += grid_dim_x() * warps;
+    }
+}
+
+/// `dst[i] = src[i]` rounded to `E`, two elements per thread per step, grid-stride.
+#[inline(always)]
+pub unsafe fn convert<E: Elem>(p: &ConvertParams) {
+    let (tid, (bx, _, _)) = (thread_idx(), block_idx());
+    let (src, dst) = (p.src as *const f32, p.dst as *mut u16);
+    let mut i = 2 * (bx as u64 * PRE_THREADS as u64 + tid as u64);
+    let step = 2 * grid_dim_x() as u64 * PRE_THREADS as u64;
+    while i < p.len {
+        let lo = unsafe { *src.add(i as usize) };
+        let hi = if i + 1 < p.len { unsafe { *src.add(i as usize + 1) } } else { 0.0 };
+        let packed = E::pack(lo, hi);
+        unsafe {
+            *dst.add(i as usize) = packed as u16;
+            if i + 1 < p.len {
+                *dst.add(i as usize + 1) = (packed >> 16) as u16;
+            }
+        }
+        i += step;
+    }
+}

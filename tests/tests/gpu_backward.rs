@@ -1,0 +1,158 @@
+//! The fused backward kernel against the f64 CPU reference: every gradient (dq, dk, dv, dbias
+//! under every bias broadcast shape), GQA/MQA, causal, softcap, masks with empty tiles and rows;
+//! and the deterministic mode's bit-identical runs. Skips, saying why, without a CUDA device.
+use dmattn::{DType, Device, Tensor};
+use dmattn_tests::*;
+use proptest::prelude::*;
+use proptest::test_runner::{Config, FileFailurePersistence, TestRunner};
+
+fn tolerance(dtype: DType) -> f64 {
+    match dtype {
+        DType::BF16 => 1e-2,
+        DType::F16 => 5e-3,
+        other => panic!("no GPU tolerance for {other:?}"),
+    }
+}
+
+/// A random output gradient in `dtype`, on the CPU.
+fn dout(case: &Case, seed: u64) -> Tensor {
+    let mut rng = seeded_rng(seed);
+    use rand::Rng;
+    let shape = case.q_shape();
+    let vals: Vec<f64> = (0..shape.iter().product()).map(|_| rng.random::<f64>() * 2.0 - 1.0).collect();
+    Tensor::from_fn(&shape, case.dtype, &Device::Cpu, |i| vals[i]).unwrap()
+}
+
+/// (dq, dk, dv, dbias) of `case` on `device`.
+fn gradients(case: &Case, inputs: &Inputs, dout: &Tensor, deterministic: bool) -> [Option<Vec<f64>>; 4] {
+    let mut call = dmattn::attention(&inputs.q, &inputs.k, &inputs.v).causal(case.causal).softcap(case.softcap).deterministic(deterministic);
+    if let Some(s) = case.scale {
+        call = call.scale(s);
+    }
+    if let Some(m) = &inputs.mask {
+        call = call.mask(m);
+    }
+    if let Some(b) = &inputs.bias {
+        call = call.bias(b);
+    }
+    let fwd = call.forward().unwrap();
+    let g = fwd.backward(&dout.to_device(&inputs.q.device()).unwrap()).unwrap();
+    [Some(g.dq), Some(g.dk), Some(g.dv), g.dbias].map(|t| t.map(|t| t.to_f64_vec().unwrap()))
+}
+
+fn check(case: &Case, gpu: &Device, seed: u64, deterministic: bool) -> Result<(), TestCaseError> {
+    dmattn::set_output_poisoning(true);
+    let inputs = case.inputs(&mut seeded_rng(seed));
+    let dout = dout(case, seed ^ 0x5EED);
+    let want = gradients(case, &inputs, &dout, false);
+    let got = gradients(case, &inputs.to(gpu), &dout, deterministic);
+    for (name, (g, w)) in ["dq", "dk", "dv", "dbias"].iter().zip(got.iter().zip(&want)) {
+        let (Some(g), Some(w)) = (g, w) else {
+            prop_assert!(g.is_none() && w.is_none(), "{name}: present on one side only for {case:?}");
+            continue;
+        };
+        prop_assert!(g.iter().all(|x| x.is_finite()), "{name}: non-finite (unwritten or NaN) for {case:?}");
+        let err = rel_err(g, w);
+        // Gradients are sums of many rounded products: allow twice the forward's tolerance.
+        prop_assert!(err <= 2.0 * tolerance(case.dtype), "{name}: rel err {err:.3e} for {case:?}");
+    }
+    Ok(())
+}
+
+fn pattern() -> impl Strategy<Value = MaskPattern> {
+    prop_oneof![
+        2 => (0usize..4).prop_map(|i| MaskPattern::Random([0.0, 0.3, 0.7, 0.97][i])),
+        3 => (0usize..3).prop_map(|i| MaskPattern::Blocks([0.2, 0.5, 0.8][i])),
+        1 => Just(MaskPattern::EmptyRows(0.6)),
+    ]
+}
+
+fn seqlen() -> impl Strategy<Value = usize> {
+    prop_oneof![3 => 1usize..=200, 1 => prop::sample::select(vec![1, 63, 64, 65, 128, 129, 193])]
+}
+
+fn cases() -> impl Strategy<Value = (Case, u64)> {
+    (
+        (prop::sample::select(vec![DType::BF16, DType::F16]), prop::sample::select(vec![32usize, 64, 96, 128, 192, 256])),
+        (1usize..=2, 1usize..=2, prop::sample::select(vec![1usize, 2, 3])),
+        (seqlen(), seqlen()),
+        (any::<bool>(), prop_oneof![3 => Just(0.0), 1 => Just(20.0)], prop::option::weighted(0.2, 0.05f64..0.5)),
+        (any::<bool>(), any::<bool>(), pattern(), any::<u64>()),
+    )
+        .prop_flat_map(|((dtype, d), (b, hk, group), (sq, sk), (causal, softcap, scale), (has_mask, has_bias, pat, seed))| {
+            let h = hk * group;
+            let shape = move |on: bool| {
+                if on { broadcast_shape(b, h, hk, sq, sk).prop_map(Some).boxed() } else { Just(None).boxed() }
+            };
+            (shape(has_mask), shape(has_bias)).prop_map(move |(mask, bias)| {
+                (Case { mask, mask_pattern: pat, bias, causal, softcap, scale, dtype, ..Case::new(b, sq, sk, h, hk, d) }, seed)
+            })
+        })
+}
+
+fn runner(default_cases: u32) -> TestRunner {
+    let cases = std::env::var("DMATTN_GPU_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(default_cases);
+    TestRunner::new(Config { cases, failure_persistence: Some(Box::new(FileFailurePersistence::Off)), ..Config::default() })
+}
+
+#[test]
+fn backward_matches_reference() {
+    let Some(gpu) = gpu() else { return };
+    if let Err(e) = runner(2000).run(&cases(), |(case, seed)| check(&case, &gpu, seed, false)) {
+        panic!("{e}");
+    }
+}
+
+#[test]
+fn deterministic_backward_matches_reference() {
+    let Some(gpu) = gpu() else { return };
+    if let Err(e) = runner(300).run(&cases(), |(case, seed)| check(&case, &gpu, seed, true)) {
+        panic!("{e}");
+    }
+}
+
+/// Two deterministic runs give bit-identical gradients, on problems large enough that many CTAs
+/// add to the same dQ rows and (broadcast) dbias elements.
+#[test]
+fn deterministic_runs_are_bit_identical() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = fresh_rng("deterministic_runs_are_bit_identical");
+    for case in [
+        Case { bias: Some([1, 1, 300, 700]), mask: Some([2, 1, 300, 700]), mask_pattern: MaskPattern::Blocks(0.7), dtype: DType::BF16, ..Case::new(2, 300, 700, 4, 2, 64) },
+        Case { bias: Some([1, 4, 1, 500]), causal: true, dtype: DType::F16, ..Case::new(2, 500, 500, 4, 4, 128) },
+        Case { bias: Some([2, 1, 200, 200]), softcap: 15.0, dtype: DType::BF16, ..Case::new(2, 200, 200, 6, 2, 256) },
+    ] {
+        let seed = rand::Rng::random(&mut rng);
+        let inputs = case.inputs(&mut seeded_rng(seed)).to(&gpu);
+        let dout = dout(&case, seed);
+        let first = gradients(&case, &inputs, &dout, true);
+        for _ in 0..3 {
+            let again = gradients(&case, &inputs, &dout, true);
+            for (name, (a, b)) in ["dq", "dk", "dv", "dbias"].iter().zip(first.iter().zip(&again)) {
+                let same = match (a, b) {
+                    (Some(a), Some(b)) => a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    (a, b) => a.is_none() && b.is_none(),
+                };
+                assert!(same, "{name} differs between deterministic runs for {case:?}");
+            }
+        }
+    }
+}
+
+/// A mask hiding everything gives exactly zero gradients, no NaN.
+#[test]
+fn all_false_mask_gives_zero_gradients() {
+    let Some(gpu) = gpu() else { return };
+    let case = Case {
+        mask: Some([1, 1, 130, 200]),
+        mask_pattern: MaskPattern::Random(0.0),
+        bias: Some([2, 2, 130, 200]),
+        dtype: DType::BF16,
+        ..Case::new(2, 130, 200, 4, 2, 64)
+    };
+    let inputs = case.inputs(&mut fresh_rng("all_false_mask_gives_zero_gradients")).to(&gpu);
+    dmattn::set_output_poisoning(true);
+    for g in gradients(&case, &inputs, &dout(&case, 7), false).into_iter().flatten() {
+        assert!(g.iter().all(|&x| x == 0.0), "nonzero gradient under an all-false mask");
+    }
+}
