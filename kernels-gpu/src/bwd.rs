@@ -472,8 +472,10 @@ pub unsafe fn backward<
 }
 
 /// Adds the dS tile (in the stage's bias tile) to the f32 dbias accumulator at the bias's
-/// broadcast coordinates: each thread 8 consecutive keys of a row, so neighbouring threads add
-/// to neighbouring addresses. Atomic, or a plain read-add-write under the CTA's turn.
+/// broadcast coordinates. Where the bias is broadcast over the tile's rows or keys, the tile is
+/// first summed over them here, so that each accumulator element gets one addition per tile
+/// from one thread (a plain read-add-write is then race-free within the CTA). Atomic, or the
+/// plain read-add-write under the CTA's turn.
 #[inline(always)]
 unsafe fn add_dbias<E: Elem, const BM: usize, const BN: usize>(
     kb: &KeyBlock,
@@ -486,28 +488,74 @@ unsafe fn add_dbias<E: Elem, const BM: usize, const BN: usize>(
     threads: u32,
 ) {
     let (p, f) = (kb.p, &kb.p.fwd);
-    let chunks = (BN / 8) as u32;
-    for i in 0..(BM * BN / 8).div_ceil(threads as usize) as u32 {
-        let c = tid + i * threads;
-        let (r, chunk) = (c / chunks, c % chunks);
-        if r < rows_valid.min(BM as u32) {
-            let v = unsafe { ld_shared_v4(tile.chunk(r, chunk)) };
-            let row = kb.broadcast_at(&p.dbias_accum, f.bias_head_div, h, row0 + r, 0, 4);
-            for j in 0..4 {
-                let (lo, hi) = E::unpack(v[j]);
-                for e in 0..2 {
-                    let ds = if e == 0 { lo } else { hi };
-                    let col = 8 * chunk + 2 * j as u32 + e;
-                    if col < kb.keys_valid {
-                        let at = row + 4 * (col as u64 * p.dbias_accum.stride[3]);
-                        unsafe {
-                            if deterministic {
-                                st_global_f32(at, ld_global_cg_f32(at) + ds);
-                            } else {
-                                red_add_f32(at, ds);
-                            }
+    let add = |at: u64, v: f32| unsafe {
+        if deterministic {
+            st_global_f32(at, ld_global_cg_f32(at) + v);
+        } else {
+            red_add_f32(at, v);
+        }
+    };
+    let ds = |r: u32, c: u32| E::unpack(unsafe { ld_shared_u16(tile.chunk(r, c / 8) + 2 * (c % 8)) }).0;
+    let (rows, keys) = (rows_valid.min(BM as u32), kb.keys_valid.min(BN as u32));
+    let stride = p.dbias_accum.stride;
+    let row = |r: u32| kb.broadcast_at(&p.dbias_accum, f.bias_head_div, h, row0 + r, 0, 4);
+    match (stride[2] == 0, stride[3] == 0) {
+        (false, false) => {
+            // Element-wise: each thread 8 consecutive keys of a row (neighbouring addresses).
+            let chunks = (BN / 8) as u32;
+            for i in 0..(BM * BN / 8).div_ceil(threads as usize) as u32 {
+                let c = tid + i * threads;
+                let (r, chunk) = (c / chunks, c % chunks);
+                if r < rows {
+                    let v = unsafe { ld_shared_v4(tile.chunk(r, chunk)) };
+                    for j in 0..8u32 {
+                        let (lo, hi) = E::unpack(v[j as usize / 2]);
+                        let col = 8 * chunk + j;
+                        if col < keys {
+                            add(row(r) + 4 * col as u64 * stride[3], if j % 2 == 0 { lo } else { hi });
                         }
                     }
+                }
+            }
+        }
+        (true, false) => {
+            // One bias row for all query rows: column sums.
+            let mut c = tid;
+            while c < keys {
+                let mut sum = 0.0;
+                for r in 0..rows {
+                    sum += ds(r, c);
+                }
+                add(row(0) + 4 * c as u64 * stride[3], sum);
+                c += threads;
+            }
+        }
+        (false, true) => {
+            // One bias value per query row: row sums.
+            let mut r = tid;
+            while r < rows {
+                let mut sum = 0.0;
+                for c in 0..keys {
+                    sum += ds(r, c);
+                }
+                add(row(r), sum);
+                r += threads;
+            }
+        }
+        (true, true) => {
+            // One value for the whole tile: warp 0 sums it.
+            if tid < 32 {
+                let mut sum = 0.0;
+                let mut r = tid;
+                while r < rows {
+                    for c in 0..keys {
+                        sum += ds(r, c);
+                    }
+                    r += 32;
+                }
+                let sum = warp_sum(sum);
+                if tid == 0 {
+                    add(row(0), sum);
                 }
             }
         }

@@ -598,4 +598,23 @@ pub mod naive {
         let dbias = spec.bias.map(|s| reduce(spec, s, &ds_full));
         Grads { dq, dk, dv, dbias }
     }
+
+    /// The backward pass with every term made non-negative (|q|, |k|, |dO|, and
+    /// `P (|dP| + |delta|)` for dS): the size of the sums each gradient is made of. Rounding in
+    /// a low-precision backward is proportional to these, not to the gradient itself, which
+    /// cancellation can make arbitrarily small; tests bound GPU errors by them.
+    pub fn backward_magnitudes(spec: &Spec, data: &Data, fwd: &Fwd, dout: &[f64]) -> Grads {
+        let abs = |v: &[f64]| v.iter().map(|x| x.abs()).collect::<Vec<_>>();
+        let (mut d, o, g) = (data.clone(), abs(&fwd.out), abs(dout));
+        (d.q, d.k, d.v) = (abs(&d.q), abs(&d.k), abs(&d.v));
+        // With |O| and |dO|, delta and dP are sums of magnitudes, and dP + delta bounds
+        // |dP - delta|; backward() subtracts, so flip delta's sign through -|O|.
+        let neg_o: Vec<f64> = o.iter().map(|x| -x).collect();
+        let f = Fwd { out: neg_o, lse: fwd.lse.clone(), raw: fwd.raw.clone(), p: fwd.p.clone(), visible: fwd.visible.clone() };
+        let mut grads = backward(spec, &d, &f, &g);
+        for v in [&mut grads.dq, &mut grads.dk, &mut grads.dv].into_iter().chain(grads.dbias.as_mut()) {
+            v.iter_mut().for_each(|x| *x = x.abs());
+        }
+        grads
+    }
 }
