@@ -145,7 +145,7 @@ pub const BWD_TILES: [BwdTile; 6] = [
     BwdTile { head_dim: 64, block_m: 64, block_n: 64, stages: 2, warps_n: 2, splits: 1 },
     BwdTile { head_dim: 96, block_m: 64, block_n: 64, stages: 2, warps_n: 2, splits: 1 },
     BwdTile { head_dim: 128, block_m: 64, block_n: 64, stages: 2, warps_n: 2, splits: 1 },
-    BwdTile { head_dim: 192, block_m: 64, block_n: 64, stages: 1, warps_n: 2, splits: 1 },
+    BwdTile { head_dim: 192, block_m: 64, block_n: 64, stages: 1, warps_n: 2, splits: 2 },
     BwdTile { head_dim: 256, block_m: 64, block_n: 64, stages: 1, warps_n: 2, splits: 2 },
 ];
 

@@ -17,6 +17,12 @@ struct Args {
     /// Timed repetitions per case (median reported).
     #[arg(long, default_value_t = 20)]
     reps: usize,
+    /// Head dims to run.
+    #[arg(long, value_delimiter = ',', default_value = "64,128")]
+    head_dims: Vec<usize>,
+    /// Sequence lengths to run (default: 1K-16K, or 1K and 8K with --quick).
+    #[arg(long, value_delimiter = ',')]
+    seqlens: Vec<usize>,
 }
 
 /// How keys are hidden in a case.
@@ -125,9 +131,13 @@ fn main() -> dmattn::Result<()> {
     println!("ceilings: bf16 matmul {:.0} TFLOP/s (cuBLAS 8192^3), copy {:.0} GB/s", ceil.matmul_tflops, ceil.copy_gbps);
     let device = Device::Cuda(dev.clone());
     let mut rng = StdRng::seed_from_u64(rand::random());
-    let seqlens: &[usize] = if args.quick { &[1024, 8192] } else { &[1024, 2048, 4096, 8192, 16384] };
+    let seqlens: &[usize] = match (&args.seqlens[..], args.quick) {
+        ([], true) => &[1024, 8192],
+        ([], false) => &[1024, 2048, 4096, 8192, 16384],
+        (given, _) => given,
+    };
     println!("\n| case | d | seqlen | fwd ms | fwd TFLOP/s | % of matmul | bwd ms | bwd/fwd |\n|---|---|---|---|---|---|---|---|");
-    for &d in &[64usize, 128] {
+    for &d in &args.head_dims {
         for &s in seqlens {
             let base = Case { batch: 2, heads: 32, kv_heads: 8, seqlen: s, head_dim: d, causal: false, mask: MaskKind::None, bias: false };
             let variants = [

@@ -234,18 +234,25 @@ pub unsafe fn backward<
     let kb = KeyBlock::new(p, BN as u32, SPLITS as u32, false);
     let m_tiles = f.seqlen_q.div_ceil(BM as u32);
 
-    // A dbias column that CTAs of several batches or kv heads add to (a bias broadcast over
-    // them) is taken in turns in deterministic mode: one turn counter per shared column, the
-    // sharing CTAs in block order.
+    // dbias elements that CTAs of several batches, kv heads or key tiles add to (a bias
+    // broadcast over them) are taken in turns in deterministic mode: one turn counter per slot
+    // of the dimensions not shared, the sharing CTAs in block order (key tile fastest, as in the
+    // grid). Only split 0 adds dbias (every split computes the same dS).
     let bd = p.bias_dims;
-    let (share_b, share_h) = (bd[0] == 1 && f.batch > 1, bd[1] == 1 && p.kv_heads > 1);
-    // Only split 0 adds dbias (every split computes the same dS).
+    let n_blocks = f.seqlen_k.div_ceil(BN as u32);
+    let (sb, sh, sn) = (bd[0] == 1 && f.batch > 1, bd[1] == 1 && p.kv_heads > 1, bd[3] == 1 && n_blocks > 1);
+    // Mixed-radix digits (index, extent): shared dimensions number the turn, the others the slot.
+    let turn_digit = |shared: bool, index: u32, extent: u32| if shared { (index, extent) } else { (0, 1) };
+    let slot_digit = |shared: bool, index: u32, extent: u32| if shared { (0, 1) } else { (index as u64, extent as u64) };
+    let ((tb, _), (th, the), (tn, tne)) =
+        (turn_digit(sb, kb.batch, f.batch), turn_digit(sh, kb.kv_head, p.kv_heads), turn_digit(sn, kb.n_block, n_blocks));
+    let ((xb, _), (xh, xhe), (xn, xne)) =
+        (slot_digit(sb, kb.batch, f.batch), slot_digit(sh, kb.kv_head, p.kv_heads), slot_digit(sn, kb.n_block, n_blocks));
+    let dbias_turn = (tb * the + th) * tne + tn;
+    let slot = (xb * xhe + xh) * xne + xn;
     let dbias_adder = mods.bias && kb.split == 0;
-    let dbias_shared = dbias_adder && (share_b || share_h);
-    let slot = (if share_b { 0 } else { kb.batch as u64 }) * (if share_h { 1 } else { p.kv_heads as u64 })
-        + if share_h { 0 } else { kb.kv_head as u64 };
-    let dbias_lock = p.dbias_turns + 4 * (slot * f.seqlen_k.div_ceil(BN as u32) as u64 + kb.n_block as u64);
-    let dbias_turn = (if share_b { kb.batch } else { 0 }) * (if share_h { p.kv_heads } else { 1 }) + if share_h { kb.kv_head } else { 0 };
+    let dbias_shared = dbias_adder && (sb || sh || sn);
+    let dbias_lock = p.dbias_turns + 4 * slot;
     if deterministic && dbias_shared {
         unsafe { wait_turn(dbias_lock, dbias_turn, tid) };
     }
