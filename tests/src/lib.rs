@@ -109,8 +109,8 @@ impl Case {
         Inputs { q, k, v, mask, bias }
     }
 
-    /// Runs the forward pass of this case on `inputs`.
-    pub fn forward(&self, i: &Inputs) -> dmattn::Result<dmattn::Forward> {
+    /// This case's attention call on `inputs`, configured but not run.
+    pub fn call<'a>(&self, i: &'a Inputs) -> dmattn::Attention<'a> {
         let mut call = attention(&i.q, &i.k, &i.v).causal(self.causal).softcap(self.softcap);
         if let Some(s) = self.scale {
             call = call.scale(s);
@@ -121,7 +121,12 @@ impl Case {
         if let Some(b) = &i.bias {
             call = call.bias(b);
         }
-        call.forward()
+        call
+    }
+
+    /// Runs the forward pass of this case on `inputs`.
+    pub fn forward(&self, i: &Inputs) -> dmattn::Result<dmattn::Forward> {
+        self.call(i).forward()
     }
 }
 
@@ -179,6 +184,48 @@ pub fn gpu() -> Option<Device> {
 pub fn broadcast_shape(b: usize, h: usize, hk: usize, sq: usize, sk: usize) -> impl Strategy<Value = [usize; 4]> {
     (any::<bool>(), prop::sample::select(vec![1, hk, h]), any::<bool>(), prop_oneof![4 => Just(true), 1 => Just(false)])
         .prop_map(move |(fb, hh, fq, fk)| [if fb { b } else { 1 }, hh, if fq { sq } else { 1 }, if fk { sk } else { 1 }])
+}
+
+fn mask_pattern() -> impl Strategy<Value = MaskPattern> {
+    prop_oneof![
+        2 => (0usize..4).prop_map(|i| MaskPattern::Random([0.0, 0.3, 0.7, 0.97][i])),
+        3 => (0usize..3).prop_map(|i| MaskPattern::Blocks([0.2, 0.5, 0.8][i])),
+        1 => Just(MaskPattern::EmptyRows(0.6)),
+    ]
+}
+
+fn gpu_seqlen(max: usize) -> impl Strategy<Value = usize> {
+    prop_oneof![3 => 1usize..=max, 1 => prop::sample::select(vec![1, 63, 64, 65, 127, 128, 129, 192, 257.min(max)])]
+}
+
+/// Random GPU cases over every axis the kernels specialise or branch on (16-bit dtype, head
+/// dim, batch, GQA group, odd lengths up to `max_seqlen`, causal, softcap, scale, mask and bias
+/// broadcasts and patterns), each with a seed for its input values.
+pub fn gpu_cases(max_seqlen: usize) -> impl Strategy<Value = (Case, u64)> {
+    (
+        (prop::sample::select(vec![DType::BF16, DType::F16]), prop::sample::select(vec![32usize, 64, 96, 128, 192, 256])),
+        (1usize..=2, 1usize..=2, prop::sample::select(vec![1usize, 2, 3])),
+        (gpu_seqlen(max_seqlen), gpu_seqlen(max_seqlen)),
+        (any::<bool>(), prop_oneof![3 => Just(0.0), 1 => Just(20.0)], prop::option::weighted(0.2, 0.05f64..0.5)),
+        (any::<bool>(), any::<bool>(), mask_pattern(), any::<u64>()),
+    )
+        .prop_flat_map(|((dtype, d), (b, hk, group), (sq, sk), (causal, softcap, scale), (has_mask, has_bias, pat, seed))| {
+            let h = hk * group;
+            let shape = move |on: bool| {
+                if on { broadcast_shape(b, h, hk, sq, sk).prop_map(Some).boxed() } else { Just(None).boxed() }
+            };
+            (shape(has_mask), shape(has_bias)).prop_map(move |(mask, bias)| {
+                (Case { mask, mask_pattern: pat, bias, causal, softcap, scale, dtype, ..Case::new(b, sq, sk, h, hk, d) }, seed)
+            })
+        })
+}
+
+/// A proptest runner for GPU properties: `DMATTN_GPU_CASES` cases (default `default_cases`),
+/// no failure files written.
+pub fn gpu_runner(default_cases: u32) -> proptest::test_runner::TestRunner {
+    use proptest::test_runner::{Config, FileFailurePersistence, TestRunner};
+    let cases = std::env::var("DMATTN_GPU_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(default_cases);
+    TestRunner::new(Config { cases, failure_persistence: Some(Box::new(FileFailurePersistence::Off)), ..Config::default() })
 }
 
 pub fn seeded_rng(seed: u64) -> StdRng {

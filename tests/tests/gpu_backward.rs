@@ -4,7 +4,6 @@
 use dmattn::{DType, Device, Tensor};
 use dmattn_tests::*;
 use proptest::prelude::*;
-use proptest::test_runner::{Config, FileFailurePersistence, TestRunner};
 
 fn tolerance(dtype: DType) -> f64 {
     match dtype {
@@ -25,17 +24,7 @@ fn dout(case: &Case, seed: u64) -> Tensor {
 
 /// (dq, dk, dv, dbias) of `case` on `device`.
 fn gradients(case: &Case, inputs: &Inputs, dout: &Tensor, deterministic: bool) -> [Option<Vec<f64>>; 4] {
-    let mut call = dmattn::attention(&inputs.q, &inputs.k, &inputs.v).causal(case.causal).softcap(case.softcap).deterministic(deterministic);
-    if let Some(s) = case.scale {
-        call = call.scale(s);
-    }
-    if let Some(m) = &inputs.mask {
-        call = call.mask(m);
-    }
-    if let Some(b) = &inputs.bias {
-        call = call.bias(b);
-    }
-    let fwd = call.forward().unwrap();
+    let fwd = case.call(inputs).deterministic(deterministic).forward().unwrap();
     let g = fwd.backward(&dout.to_device(&inputs.q.device()).unwrap()).unwrap();
     [Some(g.dq), Some(g.dk), Some(g.dv), g.dbias].map(|t| t.map(|t| t.to_f64_vec().unwrap()))
 }
@@ -65,46 +54,11 @@ fn check(case: &Case, gpu: &Device, seed: u64, deterministic: bool) -> Result<()
     Ok(())
 }
 
-fn pattern() -> impl Strategy<Value = MaskPattern> {
-    prop_oneof![
-        2 => (0usize..4).prop_map(|i| MaskPattern::Random([0.0, 0.3, 0.7, 0.97][i])),
-        3 => (0usize..3).prop_map(|i| MaskPattern::Blocks([0.2, 0.5, 0.8][i])),
-        1 => Just(MaskPattern::EmptyRows(0.6)),
-    ]
-}
-
-fn seqlen() -> impl Strategy<Value = usize> {
-    prop_oneof![3 => 1usize..=200, 1 => prop::sample::select(vec![1, 63, 64, 65, 128, 129, 193])]
-}
-
-fn cases() -> impl Strategy<Value = (Case, u64)> {
-    (
-        (prop::sample::select(vec![DType::BF16, DType::F16]), prop::sample::select(vec![32usize, 64, 96, 128, 192, 256])),
-        (1usize..=2, 1usize..=2, prop::sample::select(vec![1usize, 2, 3])),
-        (seqlen(), seqlen()),
-        (any::<bool>(), prop_oneof![3 => Just(0.0), 1 => Just(20.0)], prop::option::weighted(0.2, 0.05f64..0.5)),
-        (any::<bool>(), any::<bool>(), pattern(), any::<u64>()),
-    )
-        .prop_flat_map(|((dtype, d), (b, hk, group), (sq, sk), (causal, softcap, scale), (has_mask, has_bias, pat, seed))| {
-            let h = hk * group;
-            let shape = move |on: bool| {
-                if on { broadcast_shape(b, h, hk, sq, sk).prop_map(Some).boxed() } else { Just(None).boxed() }
-            };
-            (shape(has_mask), shape(has_bias)).prop_map(move |(mask, bias)| {
-                (Case { mask, mask_pattern: pat, bias, causal, softcap, scale, dtype, ..Case::new(b, sq, sk, h, hk, d) }, seed)
-            })
-        })
-}
-
-fn runner(default_cases: u32) -> TestRunner {
-    let cases = std::env::var("DMATTN_GPU_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(default_cases);
-    TestRunner::new(Config { cases, failure_persistence: Some(Box::new(FileFailurePersistence::Off)), ..Config::default() })
-}
 
 #[test]
 fn backward_matches_reference() {
     let Some(gpu) = gpu() else { return };
-    if let Err(e) = runner(2000).run(&cases(), |(case, seed)| check(&case, &gpu, seed, false)) {
+    if let Err(e) = gpu_runner(2000).run(&gpu_cases(200), |(case, seed)| check(&case, &gpu, seed, false)) {
         panic!("{e}");
     }
 }
@@ -112,7 +66,7 @@ fn backward_matches_reference() {
 #[test]
 fn deterministic_backward_matches_reference() {
     let Some(gpu) = gpu() else { return };
-    if let Err(e) = runner(300).run(&cases(), |(case, seed)| check(&case, &gpu, seed, true)) {
+    if let Err(e) = gpu_runner(300).run(&gpu_cases(200), |(case, seed)| check(&case, &gpu, seed, true)) {
         panic!("{e}");
     }
 }

@@ -4,7 +4,6 @@
 use dmattn::{DType, Device, Error, Tensor, attention};
 use dmattn_tests::*;
 use proptest::prelude::*;
-use proptest::test_runner::{Config, FileFailurePersistence};
 
 /// Tolerance on ‖O − ref‖ / ‖ref‖ for the kernels' 16-bit types.
 fn tolerance(dtype: DType) -> f64 {
@@ -32,51 +31,12 @@ fn check(case: &Case, gpu: &Device, inputs: &Inputs) -> Result<(), TestCaseError
     Ok(())
 }
 
-fn pattern() -> impl Strategy<Value = MaskPattern> {
-    prop_oneof![
-        2 => (0usize..4).prop_map(|i| MaskPattern::Random([0.0, 0.3, 0.7, 0.97][i])),
-        3 => (0usize..3).prop_map(|i| MaskPattern::Blocks([0.2, 0.5, 0.8][i])),
-        1 => Just(MaskPattern::EmptyRows(0.6)),
-    ]
-}
-
-fn seqlen() -> impl Strategy<Value = usize> {
-    prop_oneof![3 => 1usize..=300, 1 => prop::sample::select(vec![1, 63, 64, 65, 127, 128, 129, 192, 257])]
-}
-
-/// Random cases over every axis the kernel specialises or branches on, with a seed for the
-/// case's input values.
-fn cases() -> impl Strategy<Value = (Case, u64)> {
-    (
-        (prop::sample::select(vec![DType::BF16, DType::F16]), prop::sample::select(vec![32usize, 64, 96, 128, 192, 256])),
-        (1usize..=2, 1usize..=2, prop::sample::select(vec![1usize, 2, 3])),
-        (seqlen(), seqlen()),
-        (any::<bool>(), prop_oneof![3 => Just(0.0), 1 => Just(20.0)], prop::option::weighted(0.2, 0.05f64..0.5)),
-        (any::<bool>(), any::<bool>(), pattern(), any::<u64>()),
-    )
-        .prop_flat_map(|((dtype, d), (b, hk, group), (sq, sk), (causal, softcap, scale), (has_mask, has_bias, pat, seed))| {
-            let h = hk * group;
-            let shape = move |on: bool| {
-                if on { broadcast_shape(b, h, hk, sq, sk).prop_map(Some).boxed() } else { Just(None).boxed() }
-            };
-            (shape(has_mask), shape(has_bias)).prop_map(move |(mask, bias)| {
-                let case = Case { mask, mask_pattern: pat, bias, causal, softcap, scale, dtype, ..Case::new(b, sq, sk, h, hk, d) };
-                (case, seed)
-            })
-        })
-}
-
-fn gpu_cases() -> u32 {
-    std::env::var("DMATTN_GPU_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(2000)
-}
 
 #[test]
 fn forward_matches_reference() {
     let Some(gpu) = gpu() else { return };
-    let config = Config { cases: gpu_cases(), failure_persistence: Some(Box::new(FileFailurePersistence::Off)), ..Config::default() };
     // Proptest seeds its generator afresh each run; each case's values come from its own seed.
-    let mut runner = proptest::test_runner::TestRunner::new(config);
-    let result = runner.run(&cases(), |(case, seed)| check(&case, &gpu, &case.inputs(&mut seeded_rng(seed))));
+    let result = gpu_runner(2000).run(&gpu_cases(300), |(case, seed)| check(&case, &gpu, &case.inputs(&mut seeded_rng(seed))));
     if let Err(e) = result {
         panic!("{e}");
     }
