@@ -30,12 +30,6 @@ impl Launch {
         Launch { name: name.to_string(), grid, threads, smem_bytes }
     }
 
-    /// The backward kernel. In deterministic mode its CTAs wait on CTAs of lower block index,
-    /// which the hardware schedules first, so any grid size is safe.
-    pub(crate) fn bwd(name: &str, grid: (u32, u32, u32), threads: u32, smem_bytes: u32) -> Self {
-        Self::kernel(name, grid, threads, smem_bytes)
-    }
-
     pub(crate) fn mask_pack(grid: (u32, u32, u32)) -> Self {
         Self::kernel(names::MASK_PACK, grid, MASK_PACK_THREADS, 0)
     }
