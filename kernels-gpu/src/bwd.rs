@@ -19,8 +19,8 @@ use crate::arch::*;
 use crate::elem::Elem;
 use crate::mask::{MapCols, TileCursor, Visibility};
 use crate::scores::{LOG2E, Mods, WarpScores};
-use crate::tile::{Fragments, SmemTile};
-use dmattn_abi::{BwdParams, flags};
+use crate::tile::{Fragments, SmemTile, load_mask_bits_async};
+use dmattn_abi::{BwdParams, bwd_stage_bytes, flags};
 
 /// One pipeline stage: everything that belongs to one (query tile, query head).
 #[derive(Clone, Copy)]
@@ -57,7 +57,7 @@ impl Smem {
     #[inline(always)]
     fn stage(&self, i: u32) -> Stage {
         let (d, bm, bn) = self.shape;
-        let bytes = (2 * bm * d * 2 + bm * bn * 2 + bm * bn / 8 + 2 * bm * 4) as u32;
+        let bytes = bwd_stage_bytes(bm as u32, bn as u32, d as u32);
         let q = SmemTile::new(self.ds.base + self.ds.bytes() + i * bytes, bm, d * 2);
         let dout = SmemTile::new(q.base + q.bytes(), bm, d * 2);
         let bias = SmemTile::new(dout.base + dout.bytes(), bm, bn * 2);
@@ -180,18 +180,10 @@ unsafe fn load_stage<const D: usize, const BM: usize, const BN: usize>(
     }
     if mods.mask {
         let mb = &f.mask_bits;
-        let words = (BN / 64) as u32;
         let head = (h / f.mask_head_div) as u64;
-        let base = mb.ptr + 8 * (kb.batch as u64 * mb.stride[0] + head * mb.stride[1] + (kb.col0 / 64) as u64);
-        for i in 0..(BM * BN / 64).div_ceil(threads as usize) as u32 {
-            let w = tid + i * threads;
-            let (r, word) = (w / words, w % words);
-            if r < BM as u32 {
-                let ok = r < rows;
-                let src = base + 8 * ((row0 + if ok { r } else { 0 }) as u64 * mb.stride[2] + word as u64);
-                unsafe { cp_async_8(st.mask + 8 * w, src, if ok { 8 } else { 0 }) };
-            }
-        }
+        let src = mb.ptr
+            + 8 * (kb.batch as u64 * mb.stride[0] + head * mb.stride[1] + row0 as u64 * mb.stride[2] + (kb.col0 / 64) as u64);
+        unsafe { load_mask_bits_async(st.mask, src, mb.stride[2], BM, BN, rows, tid, threads) };
     }
 }
 
@@ -413,14 +405,7 @@ pub unsafe fn backward<
                         for dt in 0..DQ {
                             for e in 0..2 {
                                 let at = row + 4 * (8 * (c0 + dt as u32) + 2 * t + e as u32) as u64;
-                                let v = dqt[dt][2 * hh + e];
-                                unsafe {
-                                    if deterministic {
-                                        st_global_f32(at, ld_global_cg_f32(at) + v);
-                                    } else {
-                                        red_add_f32(at, v);
-                                    }
-                                }
+                                unsafe { accumulate(at, dqt[dt][2 * hh + e], deterministic) };
                             }
                         }
                     }
@@ -478,6 +463,19 @@ pub unsafe fn backward<
     }
 }
 
+/// Adds `v` to the f32 at `at`: a plain read-add-write in deterministic mode (the caller holds
+/// the element's turn, and no other thread of the CTA touches it), else an atomic.
+#[inline(always)]
+unsafe fn accumulate(at: u64, v: f32, deterministic: bool) {
+    unsafe {
+        if deterministic {
+            st_global_f32(at, ld_global_cg_f32(at) + v);
+        } else {
+            red_add_f32(at, v);
+        }
+    }
+}
+
 /// Adds the dS tile (in the stage's bias tile) to the f32 dbias accumulator at the bias's
 /// broadcast coordinates. Where the bias is broadcast over the tile's rows or keys, the tile is
 /// first summed over them here, so that each accumulator element gets one addition per tile
@@ -495,13 +493,7 @@ unsafe fn add_dbias<E: Elem, const BM: usize, const BN: usize>(
     threads: u32,
 ) {
     let (p, f) = (kb.p, &kb.p.fwd);
-    let add = |at: u64, v: f32| unsafe {
-        if deterministic {
-            st_global_f32(at, ld_global_cg_f32(at) + v);
-        } else {
-            red_add_f32(at, v);
-        }
-    };
+    let add = |at: u64, v: f32| unsafe { accumulate(at, v, deterministic) };
     let ds = |r: u32, c: u32| E::unpack(unsafe { ld_shared_u16(tile.chunk(r, c / 8) + 2 * (c % 8)) }).0;
     let (rows, keys) = (rows_valid.min(BM as u32), kb.keys_valid.min(BN as u32));
     let stride = p.dbias_accum.stride;

@@ -8,7 +8,7 @@ use crate::elem::Elem;
 use crate::mask::{MapRows, Tile, TileCursor};
 use crate::scores::{Mods, WarpScores};
 use crate::softmax::OnlineSoftmax;
-use crate::tile::{Fragments, SmemTile};
+use crate::tile::{Fragments, SmemTile, load_mask_bits_async};
 use dmattn_abi::{FwdParams, flags};
 
 /// The shared-memory tiles of one CTA: Q, K, V (`D` columns), the bias tile and the packed mask
@@ -62,17 +62,8 @@ unsafe fn load_k_side<const D: usize, const BM: usize, const BN: usize>(
         }
     }
     if mods.mask && !tile.full {
-        let words_per_row = (BN / 64) as u32;
-        let (base, q_stride) = (b.mask_bits(), p.mask_bits.stride[2]);
-        for i in 0..(BM * BN / 64).div_ceil(threads as usize) as u32 {
-            let w = tid + i * threads;
-            let (r, word) = (w / words_per_row, w % words_per_row);
-            if r < BM as u32 {
-                let ok = r < b.rows_valid;
-                let src = base + 8 * ((if ok { r } else { 0 }) as u64 * q_stride + (col0 / 64 + word) as u64);
-                unsafe { cp_async_8(sm.mask + 8 * w, src, if ok { 8 } else { 0 }) };
-            }
-        }
+        let src = b.mask_bits() + 8 * (col0 / 64) as u64;
+        unsafe { load_mask_bits_async(sm.mask, src, p.mask_bits.stride[2], BM, BN, b.rows_valid, tid, threads) };
     }
 }
 
