@@ -3,12 +3,8 @@
 use crate::timing::Timer;
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
 use dmattn::CudaDevice;
+use dmattn_bench::results::Ceilings;
 use half::bf16;
-
-pub struct Ceilings {
-    pub matmul_tflops: f64,
-    pub copy_gbps: f64,
-}
 
 pub fn measure(dev: &CudaDevice, timer: &Timer) -> dmattn::Result<Ceilings> {
     let stream = dev.stream();

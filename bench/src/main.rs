@@ -1,168 +1,172 @@
-//! `dmattn-bench`: times dmattn's forward on the GPU against the measured ceilings. Runs where
-//! there is no Rust toolchain (it is packed by `cargo xtask gpu-pack`).
+//! `dmattn-bench`: times dmattn (and the cuBLAS materialising baseline) on the benchmark grid,
+//! next to the GPU's measured ceilings, and writes `cases.json` + `dmattn.json` (SCHEMA.md) for
+//! `bench/peers.py` and `cargo xtask bench`. Runs where there is no Rust toolchain (it is packed
+//! by `cargo xtask gpu-pack`).
 mod ceiling;
+mod data;
 mod timing;
 
-use clap::Parser;
-use dmattn::{DType, Device, Tensor, attention};
-use rand::{Rng, SeedableRng, rngs::StdRng};
+use clap::{Parser, ValueEnum};
+use data::Operands;
+use dmattn::{Device, Error, attention};
+use dmattn_bench::cases::{Case, CaseSet, grid};
+use dmattn_bench::results::{Pass, Record, Results, Status};
+use rand::{SeedableRng, rngs::StdRng};
+use std::path::PathBuf;
+use std::process::ExitCode;
 use timing::Timer;
 
 #[derive(Parser)]
-#[command(about = "Benchmarks dmattn on the GPU")]
+#[command(about = "Benchmarks dmattn on the GPU (cases and result format: bench/SCHEMA.md)")]
 struct Args {
-    /// Fewer sizes and repetitions (under a minute).
+    /// A few sizes per group and fewer repetitions (about two minutes with the peers).
     #[arg(long)]
     quick: bool,
-    /// Timed repetitions per case (median reported).
+    /// Timed repetitions per measurement (median reported).
     #[arg(long, default_value_t = 20)]
     reps: usize,
-    /// Head dims to run.
-    #[arg(long, value_delimiter = ',', default_value = "64,128")]
-    head_dims: Vec<usize>,
-    /// Sequence lengths to run (default: 1K-16K, or 1K and 8K with --quick).
+    /// Case groups to run (default: all).
     #[arg(long, value_delimiter = ',')]
-    seqlens: Vec<usize>,
+    groups: Vec<String>,
+    /// Implementations to time.
+    #[arg(long, value_delimiter = ',', default_value = "dmattn")]
+    impls: Vec<Impl>,
+    /// Run the cases of this cases.json instead of the built-in grid.
+    #[arg(long)]
+    cases: Option<PathBuf>,
+    /// Folder for cases.json and dmattn.json.
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+    /// Only write cases.json (for running the peers alone); needs no GPU.
+    #[arg(long)]
+    cases_only: bool,
 }
 
-/// How keys are hidden in a case.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum MaskKind {
-    None,
-    /// Random 128x128 blocks (FlexAttention's block size), this fraction visible, all or
-    /// nothing per block.
-    Blocks(f64),
+#[derive(Clone, Copy, PartialEq, Debug, ValueEnum)]
+enum Impl {
+    Dmattn,
 }
 
-#[derive(Clone, Copy, Debug)]
-struct Case {
-    batch: usize,
-    heads: usize,
-    kv_heads: usize,
-    seqlen: usize,
-    head_dim: usize,
-    causal: bool,
-    mask: MaskKind,
-    bias: bool,
-}
-
-impl Case {
-    /// Dense-equivalent forward FLOPs (two matmuls), halved under causal as FlashAttention counts.
-    fn flops(&self) -> f64 {
-        let f = 4.0 * (self.batch * self.heads) as f64 * (self.seqlen as f64).powi(2) * self.head_dim as f64;
-        if self.causal { f / 2.0 } else { f }
-    }
-
-    fn label(&self) -> String {
-        let mut s = String::from(if self.causal { "causal" } else { "dense" });
-        if let MaskKind::Blocks(p) = self.mask {
-            s += &format!("+mask{:.0}%", p * 100.0);
-        }
-        if self.bias {
-            s += "+bias";
-        }
-        s
+impl Impl {
+    fn name(self) -> String {
+        self.to_possible_value().unwrap().get_name().to_string()
     }
 }
 
-/// Random inputs (never zeros) on the GPU.
-struct Operands {
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Option<Tensor>,
-    bias: Option<Tensor>,
-}
-
-fn random(shape: &[usize], dtype: DType, dev: &Device, rng: &mut StdRng) -> dmattn::Result<Tensor> {
-    let seed: u64 = rng.random();
-    let t = Tensor::from_fn(shape, dtype, &Device::Cpu, |i| {
-        let x = (i as u64 ^ seed).wrapping_mul(0x9E3779B97F4A7C15);
-        ((x >> 40) as f64 / (1u64 << 24) as f64) - 0.5
-    })?;
-    t.to_device(dev)
-}
-
-fn operands(c: &Case, dev: &Device, rng: &mut StdRng) -> dmattn::Result<Operands> {
-    let dt = DType::BF16;
-    let (q_shape, kv_shape) = ([c.batch, c.seqlen, c.heads, c.head_dim], [c.batch, c.seqlen, c.kv_heads, c.head_dim]);
-    let mask = match c.mask {
-        MaskKind::None => None,
-        MaskKind::Blocks(p) => {
-            const BLOCK: usize = 128;
-            let nb = c.seqlen.div_ceil(BLOCK);
-            let keep: Vec<bool> = (0..c.batch * nb * nb).map(|_| rng.random_bool(p)).collect();
-            let s = c.seqlen;
-            let m = Tensor::from_fn(&[c.batch, 1, s, s], DType::Bool, &Device::Cpu, |i| {
-                let (j, r, b) = (i % s, (i / s) % s, i / (s * s));
-                keep[(b * nb + r / BLOCK) * nb + j / BLOCK] as u8 as f64
-            })?;
-            Some(m.to_device(dev)?)
-        }
-    };
-    let bias = if c.bias { Some(random(&[c.batch, 1, c.seqlen, c.seqlen], dt, dev, rng)?) } else { None };
-    Ok(Operands { q: random(&q_shape, dt, dev, rng)?, k: random(&kv_shape, dt, dev, rng)?, v: random(&kv_shape, dt, dev, rng)?, mask, bias })
-}
-
-fn forward(c: &Case, o: &Operands) -> dmattn::Result<dmattn::Forward> {
-    let mut call = attention(&o.q, &o.k, &o.v).causal(c.causal);
+/// One forward call of `imp` on operand set `set`.
+fn forward(imp: Impl, c: &Case, o: &Operands, set: usize) -> dmattn::Result<dmattn::Forward> {
+    let mut call = attention(&o.q[set], &o.k[set], &o.v[set]).causal(c.causal);
     if let Some(m) = &o.mask {
         call = call.mask(m);
     }
     if let Some(b) = &o.bias {
         call = call.bias(b);
     }
-    call.forward()
+    match imp {
+        Impl::Dmattn => call.forward(),
+    }
 }
 
-fn main() -> dmattn::Result<()> {
-    let args = Args::parse();
-    let dev = match Device::cuda(0) {
-        Ok(Device::Cuda(d)) => d,
-        Ok(Device::Cpu) => unreachable!(),
+fn record(c: &Case, imp: Impl, pass: Pass, timed: &dmattn::Result<f64>) -> Record {
+    let (status, ms, note) = match timed {
+        Ok(ms) => (Status::Ok, Some(*ms), String::new()),
         Err(e) => {
-            eprintln!("dmattn-bench needs a CUDA device: {e}");
-            std::process::exit(2);
+            let status = match e {
+                Error::Driver(d) if d.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => Status::Oom,
+                Error::Unsupported { .. } => Status::Unsupported,
+                _ => Status::Error,
+            };
+            (status, None, e.to_string())
         }
     };
-    let timer = Timer { warmup: 3, reps: if args.quick { 5 } else { args.reps } };
+    Record { case: c.id.clone(), implementation: imp.name(), pass, status, ms, note }
+}
+
+/// The line printed for each measurement: time, and throughput against the ceilings.
+fn describe(c: &Case, r: &Record, computed: f64, ceil_tflops: f64) -> String {
+    let Some(ms) = r.ms else { return format!("{:?}: {}", r.status, r.note) };
+    let flops = if r.pass == Pass::Fwd { c.fwd_flops() } else { c.bwd_flops() };
+    let tf = flops / (ms * 1e-3) / 1e12;
+    let mut s = format!("{ms:9.3} ms {tf:6.0} TF/s dense-eq ({:.0} computed, {:.0}% of matmul)", tf * computed, 100.0 * tf * computed / ceil_tflops);
+    if c.is_decode() {
+        s += &format!(" {:.0} GB/s", c.fwd_bytes() / (ms * 1e-3) / 1e9);
+    }
+    s
+}
+
+fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
+    let cases = match &args.cases {
+        Some(path) => serde_json::from_str::<CaseSet>(&std::fs::read_to_string(path)?)?.cases,
+        None => grid(args.quick, &args.groups),
+    };
+    let timer = Timer { warmup: 3, reps: if args.quick { 7 } else { args.reps } };
+    let set = CaseSet { dtype: "bf16".into(), warmup: timer.warmup, reps: timer.reps, cases };
+    std::fs::create_dir_all(&args.out)?;
+    std::fs::write(args.out.join("cases.json"), serde_json::to_string_pretty(&set)?)?;
+    if args.cases_only {
+        return Ok(());
+    }
+
+    let dev = match Device::cuda(0)? {
+        Device::Cuda(d) => d,
+        Device::Cpu => unreachable!("Device::cuda returns a CUDA device"),
+    };
     let ceil = ceiling::measure(&dev, &timer)?;
     println!("GPU: {}", dev.name());
     println!("ceilings: bf16 matmul {:.0} TFLOP/s (cuBLAS 8192^3), copy {:.0} GB/s", ceil.matmul_tflops, ceil.copy_gbps);
-    let device = Device::Cuda(dev.clone());
-    let mut rng = StdRng::seed_from_u64(rand::random());
-    let seqlens: &[usize] = match (&args.seqlens[..], args.quick) {
-        ([], true) => &[1024, 8192],
-        ([], false) => &[1024, 2048, 4096, 8192, 16384],
-        (given, _) => given,
+    let mut results = Results {
+        tool: "dmattn-bench".into(),
+        gpu: dev.name().into(),
+        date: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        versions: [("dmattn".to_string(), env!("CARGO_PKG_VERSION").to_string())].into(),
+        ceilings: Some(ceil),
+        computed_fraction: Default::default(),
+        results: vec![],
     };
-    println!("\n| case | d | seqlen | fwd ms | fwd TFLOP/s | % of matmul | bwd ms | bwd/fwd |\n|---|---|---|---|---|---|---|---|");
-    for &d in &args.head_dims {
-        for &s in seqlens {
-            let base = Case { batch: 2, heads: 32, kv_heads: 8, seqlen: s, head_dim: d, causal: false, mask: MaskKind::None, bias: false };
-            let variants = [
-                base,
-                Case { causal: true, ..base },
-                Case { mask: MaskKind::Blocks(0.5), ..base },
-                Case { mask: MaskKind::Blocks(0.5), bias: true, ..base },
-            ];
-            for c in variants {
-                // Rotate enough operand sets that they do not all sit in L2.
-                let set_bytes = 2 * c.batch * c.seqlen * (c.heads + 2 * c.kv_heads) * c.head_dim;
-                let sets: Vec<Operands> = (0..(256usize << 20).div_ceil(set_bytes).clamp(1, 4))
-                    .map(|_| operands(&c, &device, &mut rng))
-                    .collect::<dmattn::Result<_>>()?;
-                let ms = timer.median_ms(dev.stream(), |i| forward(&c, &sets[i % sets.len()]).map(|_| ()))?;
-                let tf = c.flops() / (ms * 1e-3) / 1e12;
-                let fwds: Vec<dmattn::Forward> = sets.iter().map(|o| forward(&c, o)).collect::<dmattn::Result<_>>()?;
-                let douts: Vec<Tensor> = sets.iter().map(|o| random(o.q.shape(), DType::BF16, &device, &mut rng)).collect::<dmattn::Result<_>>()?;
-                let bwd = timer.median_ms(dev.stream(), |i| fwds[i % sets.len()].backward(&douts[i % sets.len()]).map(|_| ()))?;
-                println!(
-                    "| {} | {} | {} | {:.3} | {:.0} | {:.0}% | {:.3} | {:.2} |",
-                    c.label(), d, s, ms, tf, 100.0 * tf / ceil.matmul_tflops, bwd, bwd / ms
-                );
+
+    let device = Device::Cuda(dev.clone());
+    let stream = dev.stream();
+    let mut rng = StdRng::seed_from_u64(rand::random());
+    for c in &set.cases {
+        println!("\n{} (b{} h{} hk{} d{} sq{} sk{})", c.id, c.batch, c.heads, c.kv_heads, c.head_dim, c.seqlen_q, c.seqlen_k);
+        let ops = match Operands::new(c, &device, &mut rng) {
+            Ok(o) => o,
+            Err(e) => {
+                println!("  inputs: {e}");
+                let failed = Err(e);
+                results.results.extend(args.impls.iter().map(|&imp| record(c, imp, Pass::Fwd, &failed)));
+                continue;
             }
+        };
+        results.computed_fraction.insert(c.id.clone(), ops.computed_fraction);
+        for &imp in &args.impls {
+            let fwd = timer.median_ms(stream, |i| forward(imp, c, &ops, i % ops.sets()).map(drop));
+            let r = record(c, imp, Pass::Fwd, &fwd);
+            println!("  {:<20} fwd {}", imp.name(), describe(c, &r, ops.computed_fraction, ceil.matmul_tflops));
+            results.results.push(r);
+            if !(c.backward && imp == Impl::Dmattn) {
+                continue;
+            }
+            let bwd = (0..ops.sets()).map(|s| forward(imp, c, &ops, s)).collect::<dmattn::Result<Vec<_>>>().and_then(|fwds| {
+                timer.median_ms(stream, |i| fwds[i % fwds.len()].backward(&ops.dout[i % fwds.len()]).map(drop))
+            });
+            let r = record(c, imp, Pass::Bwd, &bwd);
+            println!("  {:<20} bwd {}", imp.name(), describe(c, &r, ops.computed_fraction, ceil.matmul_tflops));
+            results.results.push(r);
+        }
+        // Written after every case, so that a run cut short still leaves its results.
+        std::fs::write(args.out.join("dmattn.json"), serde_json::to_string_pretty(&results)?)?;
+    }
+    println!("\nwrote {}", args.out.join("dmattn.json").display());
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match run(&Args::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("dmattn-bench: {e}");
+            ExitCode::FAILURE
         }
     }
-    Ok(())
 }

@@ -1,7 +1,10 @@
 //! `cargo xtask <task>`: the project's tasks.
+mod bench;
 mod demo;
 mod pack;
+mod plot;
 mod ptxas;
+mod report;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -34,6 +37,26 @@ enum Task {
         #[arg(long, default_value = ".gpu-pack")]
         out: PathBuf,
     },
+    /// Times dmattn, its cuBLAS baseline and the PyTorch peers on this machine's GPU and writes
+    /// markdown tables and a plot under bench/results/ (case grid and files: bench/SCHEMA.md).
+    Bench {
+        /// A few sizes per group (about two minutes).
+        #[arg(long)]
+        quick: bool,
+        /// Case groups (default: all).
+        #[arg(long, value_delimiter = ',')]
+        groups: Vec<String>,
+        /// Report the run in this folder (cases.json, dmattn.json, peers.json, e.g. from the
+        /// packed `run.sh bench` on a GPU machine) instead of measuring here.
+        #[arg(long)]
+        from: Option<PathBuf>,
+        /// Where the tables, plot and raw files go.
+        #[arg(long, default_value = "bench/results")]
+        results: PathBuf,
+        /// TrueType font for the plot's text (default: DejaVu Sans or Liberation Sans if installed).
+        #[arg(long)]
+        font: Option<PathBuf>,
+    },
 }
 
 /// The workspace root (xtask's parent).
@@ -56,6 +79,7 @@ fn main() -> ExitCode {
         Task::Demo => demo::run(),
         Task::Ptxas { ptxas, arch } => ptxas::run(ptxas, &arch),
         Task::GpuPack { out } => pack::run(&out),
+        Task::Bench { quick, groups, from, results, font } => bench::run(&bench::Options { quick, groups, from, results, font }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

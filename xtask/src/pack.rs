@@ -5,11 +5,14 @@ use std::path::Path;
 use std::process::Stdio;
 
 const RUN_SH: &str = r#"#!/usr/bin/env bash
-# Runs dmattn's packed GPU suite. `run.sh tests` (default), `run.sh bench [args]`, `run.sh all`.
-# Logs go to $OUT when set (the device tool's output folder), else beside this script.
+# Runs dmattn's packed GPU suite. `run.sh tests` (default), `run.sh bench [dmattn-bench args]`,
+# `run.sh all`. Test logs go beside this script; the benchmark's files (cases.json, dmattn.json,
+# peers.json and their logs; bench/SCHEMA.md) go to $OUT when set (the device tool's output
+# folder), else to results/ beside this script: `cargo xtask bench --from <that folder>` reports them.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
-logs=${OUT:-$here/logs}; mkdir -p "$logs"
+logs=$here/logs; mkdir -p "$logs"
+results=${OUT:-$here/results}; mkdir -p "$results"
 what=${1:-tests}; shift || true
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader || true
 status=0
@@ -26,8 +29,15 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   done
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
-  "$here/bin/dmattn-bench" "$@" 2>&1 | tee "$logs/bench.log"
+  "$here/bin/dmattn-bench" --out "$results" "$@" 2>&1 | tee "$results/dmattn-bench.log"
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  # The PyTorch peers on the same cases, where python3 has torch with CUDA.
+  if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    PYTHONUNBUFFERED=1 python3 "$here/peers.py" --cases "$results/cases.json" --out "$results/peers.json" 2>&1 | tee "$results/peers.log"
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  else
+    echo "no PyTorch with CUDA: peers not run"
+  fi
 fi
 exit $status
 "#;
@@ -61,7 +71,8 @@ pub fn run(out: &Path) -> Result<(), String> {
     crate::run(cargo().args(["build", "--release", "-p", "dmattn-bench"]))?;
     std::fs::copy(root().join("target/release/dmattn-bench"), bin.join("dmattn-bench")).map_err(|e| e.to_string())?;
     std::fs::copy(crate::ptxas::built_ptx()?, out.join("dmattn_sm80.ptx")).map_err(|e| e.to_string())?;
+    std::fs::copy(root().join("bench/peers.py"), out.join("peers.py")).map_err(|e| format!("bench/peers.py: {e}"))?;
     std::fs::write(out.join("run.sh"), RUN_SH).map_err(|e| e.to_string())?;
-    println!("packed {tests} test binaries and dmattn-bench into {}: run `bash {}/run.sh [tests|bench|all]` on a GPU machine", out.display(), out.display());
+    println!("packed {tests} test binaries, dmattn-bench and peers.py into {}: run `bash {}/run.sh [tests|bench|all]` on a GPU machine", out.display(), out.display());
     Ok(())
 }
