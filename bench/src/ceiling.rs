@@ -25,7 +25,7 @@ pub fn measure(dev: &CudaDevice, timer: &Timer) -> dmattn::Result<Ceilings> {
         beta: bf16::ZERO,
         ldc: n as i32,
     };
-    let ms = timer.median_ms(stream, |_| Ok(unsafe { blas.gemm(cfg, &da, &db, &mut dc)? }))?;
+    let ms = timer.median_ms(stream, |_| unsafe { blas.gemm(cfg, &da, &db, &mut dc) }.map_err(dmattn::Error::from))?;
     let matmul_tflops = 2.0 * (n as f64).powi(3) / (ms * 1e-3) / 1e12;
 
     let bytes = 1usize << 30;

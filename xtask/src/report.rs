@@ -157,11 +157,10 @@ pub fn behind(run: &Run) -> Vec<(String, Pass, f64, String, f64)> {
     let mut v = Vec::new();
     for c in &run.set.cases {
         for pass in [Pass::Fwd, Pass::Bwd] {
-            if let (Some(d), Some((peer, ms))) = (run.ms(&c.id, DMATTN, pass), run.best_peer(&c.id, pass)) {
-                if d > ms {
+            if let (Some(d), Some((peer, ms))) = (run.ms(&c.id, DMATTN, pass), run.best_peer(&c.id, pass))
+                && d > ms {
                     v.push((c.id.clone(), pass, d, peer, ms));
                 }
-            }
         }
     }
     v.sort_by(|a, b| (b.2 / b.4).total_cmp(&(a.2 / a.4)));
