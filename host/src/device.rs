@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-/// The PTX built from `kernels-gpu` by `build.rs`.
-const PTX_SM80: &str = include_str!(concat!(env!("OUT_DIR"), "/dmattn_sm80.ptx"));
+/// The PTX built from `kernels-gpu` by `build.rs`, deflated.
+const PTX_SM80_DEFLATED: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/dmattn_sm80.ptx.deflate"));
 
 #[derive(Clone)]
 pub enum Device {
@@ -90,7 +90,8 @@ impl CudaDevice {
         // tracking is redundant work.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.default_stream();
-        let module = ctx.load_module(Ptx::from_src(PTX_SM80))?;
+        let ptx = miniz_oxide::inflate::decompress_to_vec(PTX_SM80_DEFLATED).expect("build.rs deflated valid PTX");
+        let module = ctx.load_module(Ptx::from_src(String::from_utf8(ptx).expect("PTX is ASCII")))?;
         let name = ctx.name()?;
         Ok(Self(Arc::new(CudaInner { ctx, stream, module, functions: Mutex::new(HashMap::new()), name })))
     }

@@ -1,0 +1,604 @@
+#!/usr/bin/env python3
+"""Times dmattn's PyTorch peers on the case grid that `dmattn-bench --out DIR` writes.
+
+    python3 bench/peers.py --cases DIR/cases.json --out DIR/peers.json
+        [--impls sdpa-flash,flex,...] [--groups llm,...] [--max-seconds N]
+
+Peers, all on GPU 0:
+- sdpa-flash, sdpa-cudnn, sdpa-efficient, sdpa-math: F.scaled_dot_product_attention pinned to
+  one backend by sdpa_kernel; the mask and bias go in as one attn_mask.
+- flex: flex_attention under torch.compile; the mask is a BlockMask whose mask_mod reads the
+  mask tensor, the bias is a score_mod.
+
+Inputs, masks, causal alignment, timing (CUDA events, warm-up, median, rotated operand sets) and
+both file formats are those of bench/SCHEMA.md. A backward is timed alone: the forward it needs
+runs before the timed calls, each of which is one torch.autograd.grad over q, k, v and, when the
+case has a bias, the bias (dmattn computes dbias, so its peers must too). Every
+(case, impl, pass) tried is reported, failures included, and the output is rewritten after each
+case so that a killed run still leaves its results.
+"""
+
+import argparse
+import functools
+import gc
+import json
+import math
+import os
+import time
+import warnings
+import zlib
+from contextlib import nullcontext
+from dataclasses import dataclass, fields
+from datetime import UTC, datetime
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+
+SDPA_BACKENDS = {
+    "sdpa-flash": SDPBackend.FLASH_ATTENTION,
+    "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
+    "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "sdpa-math": SDPBackend.MATH,
+}
+IMPLS = [*SDPA_BACKENDS, "flex"]
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+
+# flex recompiles for every shape and every new mask_mod/score_mod. Past dynamo's recompile limit
+# it would silently fall back to eager flex_attention, which materializes the scores: a wrong
+# peer. So lift the limits and make hitting one an error rather than a fallback (fullgraph does
+# the same for a graph break). dynamic=False compiles each shape specialized, as a user with fixed
+# shapes gets.
+torch._dynamo.config.recompile_limit = 1 << 16
+torch._dynamo.config.accumulated_recompile_limit = 1 << 16
+torch._dynamo.config.fail_on_recompile_limit_hit = True
+compiled_flex = torch.compile(flex_attention, dynamic=False, fullgraph=True)
+
+ROTATION_BYTES = 256 << 20  # operand sets rotate until they span this much (SCHEMA.md)
+TOPK_CHUNK_ELEMS = 1 << 27  # scores per torch.topk call: bounds topk's scratch on 32K x 32K rows
+NOTE_CHARS = 300
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    group: str
+    batch: int
+    heads: int
+    kv_heads: int
+    seqlen_q: int
+    seqlen_k: int
+    head_dim: int
+    causal: bool
+    mask: dict | None
+    bias: bool
+    mask_heads: int
+    backward: bool
+
+    @classmethod
+    def parse(cls, raw):
+        return cls(**{f.name: raw[f.name] for f in fields(cls)})
+
+    @property
+    def causal_applies(self):
+        """Whether causal hides anything: with one query row, bottom-right causal shows every
+        key, so dropping it gives the same attention and spares peers an explicit mask."""
+        return self.causal and self.seqlen_q > 1
+
+    def passes(self):
+        return ["fwd", "bwd"] if self.backward else ["fwd"]
+
+
+@dataclass
+class Inputs:
+    sets: list  # rotated operand sets: (q, k, v, dout)
+    visible: torch.Tensor | None  # [b, mask_heads, sq, sk] bool, the case's mask without causal
+    bias: torch.Tensor | None  # [b, mask_heads, sq, sk]
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs
+
+
+def make_inputs(case, dtype, device):
+    """The case's operands, N(0, 1), made on the device (the masks are too big for the host)."""
+    mask_shape = (case.batch, case.mask_heads, case.seqlen_q, case.seqlen_k)
+    bias = torch.randn(mask_shape, dtype=dtype, device=device) if case.bias else None
+    visible = make_mask(case, bias, device)
+    q_shape = (case.batch, case.heads, case.seqlen_q, case.head_dim)
+    kv_shape = (case.batch, case.kv_heads, case.seqlen_k, case.head_dim)
+    set_bytes = dtype.itemsize * (math.prod(q_shape) + 2 * math.prod(kv_shape))
+    n_sets = min(max(-(-ROTATION_BYTES // set_bytes), 1), 4)
+    # Only q, k, v (and dout) rotate: mask and bias are shared by all sets, as they are the big
+    # tensors and rotating them could not fit the largest cases.
+    sets = [
+        tuple(torch.randn(s, dtype=dtype, device=device) for s in (q_shape, kv_shape, kv_shape, q_shape))
+        for _ in range(n_sets)
+    ]
+    return Inputs(sets, visible, bias)
+
+
+def make_mask(case, bias, device):
+    """The case's mask as [b, mask_heads, sq, sk] bool (True = visible), or None."""
+    if case.mask is None:
+        return None
+    shape = (case.batch, case.mask_heads, case.seqlen_q, case.seqlen_k)
+    if case.mask["kind"] == "blocks":
+        block = case.mask["block"]
+        tiles = torch.rand(*shape[:2], -(-shape[2] // block), -(-shape[3] // block), device=device)
+        tiles = tiles < case.mask["density"]
+        full = tiles.repeat_interleave(block, 2).repeat_interleave(block, 3)
+        return full[:, :, : shape[2], : shape[3]].contiguous()
+    if case.mask["kind"] == "topk":
+        return topk_mask(shape, case.mask["keep"], bias, device)
+    raise ValueError(f"unknown mask kind {case.mask['kind']!r}")
+
+
+def topk_mask(shape, keep, bias, device):
+    """Each row keeps the `keep` keys of largest bias, or of an independent N(0, 1) score when
+    there is no bias; in row chunks, as topk's scratch on a whole 32K x 32K bias may not fit."""
+    if keep >= shape[3]:
+        return torch.ones(shape, dtype=torch.bool, device=device)
+    visible = torch.zeros(shape, dtype=torch.bool, device=device)
+    rows = max(1, TOPK_CHUNK_ELEMS // (shape[0] * shape[1] * shape[3]))
+    for r0 in range(0, shape[2], rows):
+        r1 = min(r0 + rows, shape[2])
+        if bias is None:
+            score = torch.randn(*shape[:2], r1 - r0, shape[3], device=device)
+        else:
+            score = bias[:, :, r0:r1]
+        idx = score.topk(keep, dim=-1, sorted=False).indices
+        visible[:, :, r0:r1].scatter_(-1, idx, True)
+    return visible
+
+
+def causal_visible(case, device):
+    """[sq, sk] bool: key j visible to query i iff j <= i + sk - sq (bottom-right aligned)."""
+    i = torch.arange(case.seqlen_q, device=device)[:, None]
+    j = torch.arange(case.seqlen_k, device=device)[None, :]
+    return j <= i + (case.seqlen_k - case.seqlen_q)
+
+
+# ---------------------------------------------------------------------------------------------
+# Peers. Each is built once per case (masks converted, untimed); call() gives the attention on
+# (q, k, v) for one try and the extra tensors whose gradients a backward must produce.
+
+
+class Sdpa:
+    def __init__(self, case, inputs, device):
+        self.gqa = case.heads != case.kv_heads
+        self.attn_mask, self.is_causal = sdpa_mask(case, inputs, device)
+        self.note = ""
+        if (
+            self.attn_mask is not None
+            and self.attn_mask.dim() == 4
+            and 1 < self.attn_mask.size(1) < case.heads
+        ):
+            # attn_mask broadcasts over heads but cannot map query head h to mask head
+            # h // group, so it is materialized per query head (and so is its dbias).
+            self.attn_mask = self.attn_mask.repeat_interleave(case.heads // self.attn_mask.size(1), dim=1)
+            self.note = "mask per query head"
+
+    def call(self, repeat_kv, bias_grad):
+        attn_mask, extra = self.attn_mask, []
+        if bias_grad:
+            attn_mask = attn_mask.detach().requires_grad_()
+            extra = [attn_mask]
+        gqa = self.gqa and not repeat_kv
+
+        def attend(q, k, v):
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, is_causal=self.is_causal, enable_gqa=gqa
+            )
+
+        return attend, extra
+
+
+def sdpa_mask(case, inputs, device):
+    """(attn_mask, is_causal) for SDPA: no mask and is_causal where SDPA's top-left causal is the
+    case's bottom-right one; else the bool visibility, or with a bias
+    bias.masked_fill(~visible, -inf)."""
+    visible = inputs.visible
+    if case.causal_applies:
+        if visible is None and inputs.bias is None and case.seqlen_q == case.seqlen_k:
+            return None, True
+        causal = causal_visible(case, device)
+        visible = causal if visible is None else visible & causal
+    if inputs.bias is None:
+        return visible, False
+    if visible is None:
+        return inputs.bias, False
+    return inputs.bias.masked_fill(~visible, -math.inf), False
+
+
+class Flex:
+    def __init__(self, case, inputs, device):
+        self.bias, self.per = inputs.bias, case.heads // case.mask_heads
+        self.block_mask = flex_block_mask(case, inputs.visible, device)
+        self.note = ""
+
+    def call(self, repeat_kv, bias_grad):  # repeat_kv is always False: flex takes GQA natively
+        score_mod, extra = None, []
+        if self.bias is not None:
+            bias, per = self.bias.detach().requires_grad_(bias_grad), self.per
+            extra = [bias] if bias_grad else []
+
+            def score_mod(score, b, h, q_idx, kv_idx):
+                return score + bias[b, h // per, q_idx, kv_idx]
+
+        def attend(q, k, v):
+            return compiled_flex(q, k, v, score_mod=score_mod, block_mask=self.block_mask, enable_gqa=True)
+
+        return attend, extra
+
+
+def mask_mod_for(visible, per, causal_offset):
+    """mask_mod reading `visible` at mask head h // per, ANDed with bottom-right causal
+    (kv_idx <= q_idx + causal_offset) unless causal_offset is None."""
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        causal = None if causal_offset is None else kv_idx <= q_idx + causal_offset
+        if visible is None:
+            return causal
+        keep = visible[b, h // per, q_idx, kv_idx]
+        return keep if causal is None else keep & causal
+
+    return mask_mod
+
+
+def flex_block_mask(case, visible, device):
+    """The BlockMask for the case's mask and causal, or None when nothing is hidden."""
+    offset = case.seqlen_k - case.seqlen_q if case.causal_applies else None
+    if visible is None and offset is None:
+        return None
+    sq, sk = case.seqlen_q, case.seqlen_k
+    b, h = (case.batch, case.mask_heads) if visible is not None else (1, 1)
+    mask_mod = mask_mod_for(visible, case.heads // h, offset)
+    if h in (1, case.heads):  # a block mask of 1 head broadcasts over the query heads
+        return create_block_mask(mask_mod, b, h, sq, sk, device=device)
+    # create_block_mask materializes the whole [B, H, sq, sk] mask, so make it over the mask
+    # heads (group times smaller) and repeat its block lists to the query heads.
+    per_mask_head = create_block_mask(mask_mod_for(visible, 1, offset), b, h, sq, sk, device=device)
+
+    def expand(t):
+        return t.repeat_interleave(case.heads // h, dim=1)
+
+    return BlockMask.from_kv_blocks(
+        expand(per_mask_head.kv_num_blocks),
+        expand(per_mask_head.kv_indices),
+        expand(per_mask_head.full_kv_num_blocks),
+        expand(per_mask_head.full_kv_indices),
+        BLOCK_SIZE=per_mask_head.BLOCK_SIZE,
+        mask_mod=mask_mod,
+        seq_lengths=(sq, sk),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing
+
+
+@dataclass
+class Timer:
+    warmup: int
+    reps: int
+    device: torch.device
+
+    def median_ms(self, step):
+        """Median ms of step(i) over `reps` calls after `warmup` untimed ones; i rotates sets."""
+        for i in range(self.warmup):
+            step(i)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        times = sorted(self.once_ms(step, self.warmup + i) for i in range(self.reps))
+        return times[len(times) // 2]
+
+    def once_ms(self, step, i):
+        if self.device.type != "cuda":  # the hidden --device cpu, to test this script
+            t0 = time.perf_counter()
+            step(i)
+            return (time.perf_counter() - t0) * 1e3
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step(i)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+
+def forward_ms(attend, sets, timer):
+    return timer.median_ms(lambda i: attend(*sets[i % len(sets)][:3]))
+
+
+def backward_ms(attend, extra, sets, timer):
+    graphs = []
+    for q, k, v, dout in sets:
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        graphs.append((attend(q, k, v), (q, k, v, *extra), dout))
+
+    def step(i):
+        out, wrt, dout = graphs[i % len(graphs)]
+        torch.autograd.grad(out, wrt, dout, retain_graph=True)
+
+    return timer.median_ms(step)
+
+
+# ---------------------------------------------------------------------------------------------
+# Failures
+
+
+UNSUPPORTED_MARKERS = (
+    "no available kernel",
+    "no viable backend",
+    "not supported",
+    "does not support",
+    "unsupported",
+    "only supports",
+)
+
+
+def attempt(fn):
+    """(fn(), None), or (None, (status, note)) if it fails."""
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        try:
+            return fn(), None
+        except Exception as exc:  # every failure is a result
+            failure = classify(exc, warned)
+    free_memory()  # outside the except block, once the traceback no longer holds the tensors
+    return None, failure
+
+
+def classify(exc, warned):
+    """(status, note) of a failure; `warned` are the warnings raised meanwhile, in which SDPA
+    gives its reasons for 'No available kernel'."""
+    chain = [exc]
+    while chain[-1].__cause__ is not None:  # compile errors wrap the one that counts
+        chain.append(chain[-1].__cause__)
+    text = "\n".join(str(e) for e in chain).lower()
+    what = summary(chain)
+    if any(isinstance(e, torch.OutOfMemoryError) for e in chain) or "out of memory" in text:
+        return "oom", what
+    if any(isinstance(e, NotImplementedError) for e in chain) or any(m in text for m in UNSUPPORTED_MARKERS):
+        reasons = dict.fromkeys(r for r in map(sdpa_reason, warned) if r)  # dedup, in order
+        return "unsupported", "; ".join([what, *reasons])[:NOTE_CHARS]
+    return "error", f"{type(chain[-1]).__name__}: {what}"
+
+
+def summary(chain):
+    """The line saying what went wrong: where dynamo wraps an error raised while tracing, its
+    'Developer debug context' (its first line is only 'Observed exception'); else the first
+    line of the innermost error."""
+    for exc in chain:
+        for line in str(exc).splitlines():
+            if line.strip().startswith("Developer debug context:"):
+                return line.split(":", 1)[1].strip()[:NOTE_CHARS]
+    return first_line(chain[-1])
+
+
+def sdpa_reason(warning):
+    """A reason SDPA gives for rejecting the pinned backend (a warning from its C++ checks), or
+    None. It also says that every other backend is disabled: those lines are dropped."""
+    text = str(warning.message)
+    if "Triggered internally" not in text:
+        return None
+    text = text.split("(Triggered internally", 1)[0].strip()
+    return None if text.endswith("because:") or "runtime disabled" in text else text
+
+
+def first_line(exc):
+    line = next((s.strip() for s in str(exc).splitlines() if s.strip()), type(exc).__name__)
+    return line[:NOTE_CHARS]
+
+
+def free_memory():
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def join(*notes):
+    return "; ".join(n for n in notes if n)
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+
+
+@dataclass(frozen=True)
+class Try:
+    """One way of running a pass; the later ones are fallbacks for an 'unsupported' earlier one."""
+
+    repeat_kv: bool
+    dbias: bool | None  # None where there is no bias gradient to ask for
+
+    @property
+    def note(self):
+        return join("kv repeated" if self.repeat_kv else "", "no dbias" if self.dbias is False else "")
+
+
+def first_supported(tries, measure):
+    """(status, ms, note, try) of the first try whose measure(try) -> (ms, note) is not
+    'unsupported', or of the last try; a fallback's note keeps why the first try was rejected."""
+    first_reason = None
+    for t in tries:
+        result, failure = attempt(functools.partial(measure, t))
+        if failure is None:
+            ms, note = result
+            return "ok", ms, join(t.note, note, first_reason and f"first try: {first_reason}"), t
+        if failure[0] != "unsupported":
+            break
+        first_reason = first_reason or failure[1]
+    status, reason = failure
+    earlier = first_reason if first_reason != reason else None
+    return status, None, join(t.note, reason, earlier and f"first try: {earlier}"), t
+
+
+def run_impl(impl, case, inputs, timer, report, over_budget, device):
+    """Times and reports every pass of one peer on one case."""
+    if over_budget():
+        for p in case.passes():
+            report.add(case, impl, p, "skipped", note="time budget")
+        return
+    peer = functools.cache(lambda: (Flex if impl == "flex" else Sdpa)(case, inputs, device))
+    group = case.heads // case.kv_heads
+    # flex takes GQA natively; an SDPA backend that rejects enable_gqa gets k/v repeated.
+    layouts = [False, True] if impl != "flex" and group > 1 else [False]
+    dbias = [True, False] if inputs.bias is not None else [None]
+
+    def sets_for(t):
+        if not t.repeat_kv:
+            return inputs.sets
+        return [
+            (q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), do)
+            for q, k, v, do in inputs.sets
+        ]
+
+    def forward(t):
+        attend, _ = peer().call(t.repeat_kv, bias_grad=False)
+        return forward_ms(attend, sets_for(t), timer), peer().note
+
+    def backward(t):
+        attend, extra = peer().call(t.repeat_kv, bias_grad=bool(t.dbias))
+        return backward_ms(attend, extra, sets_for(t), timer), peer().note
+
+    with sdpa_kernel(SDPA_BACKENDS[impl]) if impl != "flex" else nullcontext():
+        fwd_tries = [Try(rep, None) for rep in layouts]
+        status, ms, note, used = first_supported(fwd_tries, forward)
+        report.add(case, impl, "fwd", status, ms, note)
+        if not case.backward:
+            return
+        if status != "ok":
+            report.add(case, impl, "bwd", "skipped", note="forward failed")
+            return
+        if over_budget():
+            report.add(case, impl, "bwd", "skipped", note="time budget")
+            return
+        # dbias before native GQA: dropping dbias changes the work, repeating k/v does not.
+        bwd_tries = [Try(rep, grad) for grad in dbias for rep in layouts[layouts.index(used.repeat_kv) :]]
+        status, ms, note, _ = first_supported(bwd_tries, backward)
+        report.add(case, impl, "bwd", status, ms, note)
+
+
+def run_case(case, impls, dtype, timer, report, over_budget, device):
+    if over_budget():
+        for impl in impls:
+            for p in case.passes():
+                report.add(case, impl, p, "skipped", note="time budget")
+        return
+    # Seeded by the case, so that its data does not depend on which other cases run.
+    torch.manual_seed(zlib.crc32(case.id.encode()))
+    inputs, failure = attempt(lambda: make_inputs(case, dtype, device))
+    for impl in impls:
+        if failure is not None:
+            report.add(case, impl, "fwd", failure[0], note=join("making inputs", failure[1]))
+            if case.backward:
+                report.add(case, impl, "bwd", "skipped", note="forward failed")
+        else:
+            run_impl(impl, case, inputs, timer, report, over_budget, device)
+        free_memory()
+
+
+class Report:
+    """peers.json as it grows; rewritten after each case."""
+
+    def __init__(self, path, device, start):
+        self.path, self.start = path, start
+        self.doc = {
+            "tool": "peers",
+            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else str(device),
+            "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "versions": versions(),
+            "results": [],
+        }
+
+    def add(self, case, impl, pass_, status, ms=None, note=""):
+        self.doc["results"].append(
+            {"case": case.id, "impl": impl, "pass": pass_, "status": status, "ms": ms, "note": note}
+        )
+        shown = f"{ms:.4f} ms" if ms is not None else status
+        elapsed = time.monotonic() - self.start
+        print(
+            f"[{elapsed:7.0f}s] {case.id} {impl} {pass_}: {shown}" + (f" ({note})" if note else ""),
+            flush=True,
+        )
+
+    def write(self):
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.doc, f, indent=1)
+            f.write("\n")
+        os.replace(tmp, self.path)  # a killed run leaves the last whole file, never half of one
+
+
+def versions():
+    found = {"torch": torch.__version__, "cuda": torch.version.cuda}
+    try:
+        import triton
+
+        found["triton"] = triton.__version__
+    except ImportError:
+        pass
+    return {k: v for k, v in found.items() if v}
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", required=True, help="cases.json written by dmattn-bench --out DIR")
+    ap.add_argument("--out", required=True, help="peers.json to write")
+    ap.add_argument(
+        "--impls",
+        type=csv(IMPLS),
+        default=IMPLS,
+        help=f"comma-separated, of {','.join(IMPLS)} (default: all)",
+    )
+    ap.add_argument("--groups", type=csv(), help="comma-separated case groups to run (default: all)")
+    ap.add_argument(
+        "--max-seconds", type=float, default=math.inf, help="past this, the rest is reported skipped"
+    )
+    ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # cpu: tests this script
+    return ap.parse_args()
+
+
+def csv(allowed=None):
+    def parse(text):
+        items = [s for s in text.split(",") if s]
+        bad = [s for s in items if allowed is not None and s not in allowed]
+        if bad:
+            raise argparse.ArgumentTypeError(f"unknown {', '.join(bad)} (choose from {', '.join(allowed)})")
+        return items
+
+    return parse
+
+
+def main():
+    args = parse_args()
+    start = time.monotonic()
+    device = torch.device("cuda", 0) if args.device == "cuda" else torch.device(args.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    with open(args.cases) as f:
+        grid = json.load(f)
+    cases = [Case.parse(c) for c in grid["cases"]]
+    if args.groups is not None:
+        cases = [c for c in cases if c.group in args.groups]
+    timer = Timer(grid["warmup"], grid["reps"], device)
+    report = Report(args.out, device, start)
+    print(
+        f"{report.doc['gpu']}, {report.doc['versions']}: {len(cases)} cases x {','.join(args.impls)}",
+        flush=True,
+    )
+
+    def over_budget():
+        return time.monotonic() - start > args.max_seconds
+
+    report.write()
+    for case in cases:
+        run_case(case, args.impls, DTYPES[grid["dtype"]], timer, report, over_budget, device)
+        report.write()
+        free_memory()
+
+
+if __name__ == "__main__":
+    main()
