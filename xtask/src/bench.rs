@@ -10,21 +10,20 @@ use std::process::Command;
 pub struct Options {
     pub quick: bool,
     pub groups: Vec<String>,
-    pub from: Option<PathBuf>,
+    pub from: Vec<PathBuf>,
     pub results: PathBuf,
     pub font: Option<PathBuf>,
 }
 
 pub fn run(o: &Options) -> Result<(), String> {
-    let dir = match &o.from {
-        Some(d) => d.clone(),
-        None => {
-            let d = root().join("target/bench-run");
-            measure(&d, o)?;
-            d
-        }
+    let dirs = if o.from.is_empty() {
+        let d = root().join("target/bench-run");
+        measure(&d, o)?;
+        vec![d]
+    } else {
+        o.from.clone()
     };
-    write_report(&dir, &root().join(&o.results), o.font.as_deref())
+    write_report(&dirs, &root().join(&o.results), o.font.as_deref())
 }
 
 /// Whether `python3` has PyTorch with a CUDA device.
@@ -59,14 +58,18 @@ fn measure(dir: &Path, o: &Options) -> Result<(), String> {
     Ok(())
 }
 
-fn write_report(dir: &Path, results: &Path, font: Option<&Path>) -> Result<(), String> {
-    let run = Run::load(dir)?;
-    let raw = results.join("raw");
-    std::fs::create_dir_all(&raw).map_err(|e| format!("{}: {e}", raw.display()))?;
-    for name in ["cases.json", "dmattn.json", "peers.json"] {
-        let src = dir.join(name);
-        if src.exists() {
-            std::fs::copy(&src, raw.join(name)).map_err(|e| format!("{}: {e}", src.display()))?;
+fn write_report(dirs: &[PathBuf], results: &Path, font: Option<&Path>) -> Result<(), String> {
+    let run = Run::load(dirs)?;
+    // The raw files beside the report, one folder per run folder.
+    let _ = std::fs::remove_dir_all(results.join("raw"));
+    for (i, dir) in dirs.iter().enumerate() {
+        let raw = results.join("raw").join(format!("run{}", i + 1));
+        std::fs::create_dir_all(&raw).map_err(|e| format!("{}: {e}", raw.display()))?;
+        for name in ["cases.json", "dmattn.json", "peers.json", "dmattn-bench.log", "peers.log"] {
+            let src = dir.join(name);
+            if src.exists() {
+                std::fs::copy(&src, raw.join(name)).map_err(|e| format!("{}: {e}", src.display()))?;
+            }
         }
     }
     const PLOT: &str = "time-vs-seqlen.png";

@@ -46,10 +46,11 @@ enum Task {
         /// Case groups (default: all).
         #[arg(long, value_delimiter = ',')]
         groups: Vec<String>,
-        /// Report the run in this folder (cases.json, dmattn.json, peers.json, e.g. from the
-        /// packed `run.sh bench` on a GPU machine) instead of measuring here.
-        #[arg(long)]
-        from: Option<PathBuf>,
+        /// Report the run in these folders (cases.json, dmattn.json, peers.json, e.g. from the
+        /// packed `run.sh bench` on a GPU machine; several when a grid was split across runs)
+        /// instead of measuring here.
+        #[arg(long, value_delimiter = ',')]
+        from: Vec<PathBuf>,
         /// Where the tables, plot and raw files go.
         #[arg(long, default_value = "bench/results")]
         results: PathBuf,

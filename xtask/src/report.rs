@@ -3,7 +3,7 @@
 use dmattn_bench::cases::{Case, CaseSet};
 use dmattn_bench::results::{Pass, Record, Results, Status};
 use std::fmt::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Column order: dmattn, our baseline, then the peers users would pick first.
 pub const ORDER: [&str; 7] = ["dmattn", "cublas-materialized", "flex", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "sdpa-math"];
@@ -23,7 +23,7 @@ fn read<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, String> {
 impl Run {
     /// Reads `dir`: cases.json and dmattn.json must be there; peers.json is optional (no
     /// PyTorch on the machine), and its absence is said in the report.
-    pub fn load(dir: &Path) -> Result<Run, String> {
+    fn load_one(dir: &Path) -> Result<Run, String> {
         let set = read(&dir.join("cases.json"))?;
         let mut tools = vec![read(&dir.join("dmattn.json"))?];
         let peers = dir.join("peers.json");
@@ -31,6 +31,27 @@ impl Run {
             tools.push(read(&peers)?);
         }
         Ok(Run { set, tools })
+    }
+
+    /// Reads one or more run folders (a grid split across runs, e.g. to stay inside a time
+    /// limit) as one run; metadata comes from the first folder.
+    pub fn load(dirs: &[PathBuf]) -> Result<Run, String> {
+        let mut runs = dirs.iter().map(|d| Run::load_one(d));
+        let mut run = runs.next().ok_or("no run folder given")??;
+        for other in runs {
+            let other = other?;
+            run.set.cases.extend(other.set.cases);
+            for (i, t) in other.tools.into_iter().enumerate() {
+                match run.tools.get_mut(i) {
+                    Some(mine) => {
+                        mine.results.extend(t.results);
+                        mine.computed_fraction.extend(t.computed_fraction);
+                    }
+                    None => run.tools.push(t),
+                }
+            }
+        }
+        Ok(run)
     }
 
     pub fn record(&self, case: &str, imp: &str, pass: Pass) -> Option<&Record> {
