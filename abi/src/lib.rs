@@ -137,7 +137,6 @@ impl BwdTile {
     }
 }
 
-/// The shipped backward tiles (none spills under ptxas for sm_80 or sm_90).
 /// Bytes of one backward pipeline stage: Q, dO, bias, packed mask, lse and delta of one query
 /// tile (the kernel lays the stage out in this order).
 pub const fn bwd_stage_bytes(block_m: u32, block_n: u32, head_dim: u32) -> u32 {
@@ -145,6 +144,7 @@ pub const fn bwd_stage_bytes(block_m: u32, block_n: u32, head_dim: u32) -> u32 {
     2 * m * d * 2 + m * n * 2 + m * n / 8 + 2 * m * 4
 }
 
+/// The shipped backward tiles (none spills under ptxas for sm_80 or sm_90).
 pub const BWD_TILES: [BwdTile; 6] = [
     BwdTile { head_dim: 32, block_m: 64, block_n: 64, stages: 2, warps_n: 2, splits: 1 },
     BwdTile { head_dim: 64, block_m: 64, block_n: 64, stages: 2, warps_n: 2, splits: 1 },
