@@ -18,7 +18,7 @@ impl View4 {
     }
 }
 
-/// Flags of [`FwdParams::flags`].
+/// Flags of [`FwdParams::flags`] (and of [`SoftmaxRowsParams::flags`], which reads `CAUSAL`).
 pub mod flags {
     /// Bottom-right aligned causal mask: key `j` is visible to query `i` iff `j <= i + sk - sq`.
     pub const CAUSAL: u32 = 1;
@@ -105,6 +105,40 @@ pub struct ConvertParams {
     pub dst: u64,
     pub len: u64,
 }
+
+/// The row softmax of the materialising (unfused) path, between its two cuBLAS products. `s`
+/// holds the unscaled scores `QKᵀ` in q's element type, `[b, h, sq, sk]` contiguous; per row the
+/// kernel forms `softcap(scale · s) + bias`, hides what the mask (bool bytes, 0 = hidden) and
+/// the causal rule ([`flags::CAUSAL`]) hide, and overwrites the row with its probabilities P
+/// (0 where hidden, all 0 on a row with nothing visible), writing the row's natural-log LSE
+/// (f32 `[b, h, sq]`, -inf on such a row) as the fused forward does. Mask and bias are
+/// broadcast through zero strides, as in [`FwdParams`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SoftmaxRowsParams {
+    pub s: u64,
+    pub lse: u64,
+    /// Absent without a mask.
+    pub mask: View4,
+    /// Absent without a bias.
+    pub bias: View4,
+    pub heads: u32,
+    /// Mask/bias head index = query head / this (as in [`FwdParams`]).
+    pub mask_head_div: u32,
+    pub bias_head_div: u32,
+    pub seqlen_q: u32,
+    pub seqlen_k: u32,
+    /// The softmax scale (natural, not folded with log2(e)).
+    pub scale: f32,
+    /// Softcap `c` of `c * tanh(s / c)`; 0 disables it.
+    pub softcap: f32,
+    pub flags: u32,
+}
+
+/// Threads per block of the row softmax: one CTA per row of scores.
+pub const SOFTMAX_ROWS_THREADS: u32 = 256;
+/// Its dynamic shared memory: one (max, sum) pair of f32 per warp for the block reduction.
+pub const SOFTMAX_ROWS_SMEM_BYTES: u32 = 8 * (SOFTMAX_ROWS_THREADS / 32);
 
 /// Tile shape of the backward kernel: a CTA owns `block_n` keys of one kv head and walks the
 /// query tiles (`block_m` rows) and the query heads of its group; `4 * warps_n` warps, split
@@ -309,4 +343,6 @@ pub mod names {
     pub const BWD_PRE_PREFIX: &str = "dmattn_bwd_pre_";
     pub const CONVERT_PREFIX: &str = "dmattn_convert_";
     pub const FWD_PREFIX: &str = "dmattn_fwd_";
+    /// `dmattn_softmax_rows_<elem>`: the materialising path's row softmax.
+    pub const SOFTMAX_ROWS_PREFIX: &str = "dmattn_softmax_rows_";
 }

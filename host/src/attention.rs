@@ -1,7 +1,7 @@
 //! The public entry point: a builder that validates one attention call and runs it on the
 //! inputs' device.
 use crate::cuda;
-use crate::device::Device;
+use crate::device::{CudaDevice, Device};
 use crate::error::{Error, Result};
 use crate::problem::{Inputs, Problem};
 use crate::tensor::Tensor;
@@ -75,6 +75,25 @@ impl<'a> Attention<'a> {
     /// (natural log, f32; f64 for f64 inputs). A query row with no visible key gets O = 0 and
     /// LSE = -inf.
     pub fn forward(self) -> Result<Forward> {
+        self.run(cuda::forward)
+    }
+
+    /// The unfused path: materialises S and P, O(batch·heads·sq·sk) memory; for baselines and
+    /// large-shape cross-checks. On the GPU, S = QKᵀ and O = PV are cuBLAS products and the
+    /// softmax (scale, softcap, bias, mask, causal) runs as its own kernel in between, with S and
+    /// P stored in q's dtype as a framework without a fused kernel stores them: each logit is
+    /// then rounded to that dtype (half an ulp of `scale · q·k`, 2^-8 relative for bf16), where
+    /// [`Attention::forward`] keeps it in f32. The results have `forward`'s shapes and meaning
+    /// (LSE included) and `.backward()` works on them (it runs the fused backward). Any head_dim
+    /// and any q/k/v layout with unit head_dim stride and non-overlapping rows is taken. An S too
+    /// large for the device's memory is a typed error. On the CPU this is the CPU forward, which
+    /// materialises already.
+    pub fn forward_materialized(self) -> Result<Forward> {
+        self.run(cuda::forward_materialized)
+    }
+
+    /// Validates the call and runs it on the inputs' device: the CPU backend, or `on_cuda`.
+    fn run(self, on_cuda: fn(&CudaDevice, Problem, Saved) -> Result<Forward>) -> Result<Forward> {
         let problem = Problem::new(&self.inputs)?;
         let i = &self.inputs;
         let saved = Saved {
@@ -90,13 +109,14 @@ impl<'a> Attention<'a> {
                 let (out, lse) = cpu::forward(&problem, &saved)?;
                 Ok(Forward { out, lse, problem, saved })
             }
-            Device::Cuda(dev) => cuda::forward(&dev, problem, saved),
+            Device::Cuda(dev) => on_cuda(&dev, problem, saved),
         }
     }
 }
 
 /// What the backward pass needs from the forward: the inputs (shared, not copied) and, on the
-/// GPU, the prepared mask.
+/// GPU, the prepared mask (the fused forward prepares it; after the materialising forward the
+/// backward prepares it itself).
 #[derive(Clone)]
 pub(crate) struct Saved {
     pub q: Tensor,

@@ -1,11 +1,12 @@
 //! Where tensors live and kernels run: the CPU, or one CUDA device with its stream and the
 //! loaded kernel module.
 use crate::error::{Error, Result};
+use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, sys};
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// The PTX built from `kernels-gpu` by `build.rs`, deflated.
 const PTX_SM80_DEFLATED: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/dmattn_sm80.ptx.deflate"));
@@ -68,6 +69,8 @@ pub(crate) struct CudaInner {
     module: Arc<CudaModule>,
     /// Functions by name, with the dynamic shared memory they were cleared for.
     functions: Mutex<HashMap<String, (CudaFunction, u32)>>,
+    /// cuBLAS on `stream`, created on first use (the materialising path's products).
+    blas: OnceLock<CudaBlas>,
     name: String,
 }
 
@@ -93,7 +96,7 @@ impl CudaDevice {
         let ptx = miniz_oxide::inflate::decompress_to_vec(PTX_SM80_DEFLATED).expect("build.rs deflated valid PTX");
         let module = ctx.load_module(Ptx::from_src(String::from_utf8(ptx).expect("PTX is ASCII")))?;
         let name = ctx.name()?;
-        Ok(Self(Arc::new(CudaInner { ctx, stream, module, functions: Mutex::new(HashMap::new()), name })))
+        Ok(Self(Arc::new(CudaInner { ctx, stream, module, functions: Mutex::new(HashMap::new()), blas: OnceLock::new(), name })))
     }
 
     pub fn name(&self) -> &str {
@@ -111,6 +114,21 @@ impl CudaDevice {
     /// Waits for all queued work; surfaces asynchronous kernel errors.
     pub fn synchronize(&self) -> Result<()> {
         Ok(self.0.stream.synchronize()?)
+    }
+
+    /// cuBLAS, its work ordered on [`CudaDevice::stream`]; a typed error, not a panic, where the
+    /// library is not installed.
+    pub(crate) fn blas(&self) -> Result<&CudaBlas> {
+        if let Some(blas) = self.0.blas.get() {
+            return Ok(blas);
+        }
+        // cudarc loads libcublas lazily and panics if it is absent: ask first.
+        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+            let what = "the materialising path without libcublas.so (cuBLAS is not installed)".into();
+            return Err(Error::Unsupported { what, backend: "CUDA" });
+        }
+        let blas = CudaBlas::new(self.0.stream.clone())?;
+        Ok(self.0.blas.get_or_init(|| blas))
     }
 
     /// The kernel `name`, cleared to use `smem_bytes` of dynamic shared memory (above 48 KB a

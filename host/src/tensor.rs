@@ -157,7 +157,7 @@ impl Tensor {
         Ok(Tensor { storage: self.storage.clone(), dtype: self.dtype, layout })
     }
 
-    fn storage_len(&self) -> usize {
+    pub(crate) fn storage_len(&self) -> usize {
         let bytes = match &self.storage {
             Storage::Cpu(b) => b.len(),
             Storage::Cuda(b, _) => b.len(),

@@ -154,6 +154,31 @@ pub unsafe fn st_global_v4(addr: u64, v: [u32; 4]) {
     };
 }
 
+/// Coherent global loads and 16-bit stores, for data the kernel itself overwrites (the
+/// non-coherent path must not see memory written during the kernel).
+#[inline(always)]
+pub unsafe fn ld_global_v4(addr: u64) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    unsafe {
+        asm!("ld.global.v4.b32 {{{0}, {1}, {2}, {3}}}, [{4}];",
+            out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, in(reg64) addr,
+            options(pure, readonly, nostack))
+    };
+    [a, b, c, d]
+}
+
+#[inline(always)]
+pub unsafe fn ld_global_u16(addr: u64) -> u32 {
+    let v: u32;
+    unsafe { asm!("ld.global.u16 {0}, [{1}];", out(reg32) v, in(reg64) addr, options(pure, readonly, nostack)) };
+    v
+}
+
+#[inline(always)]
+pub unsafe fn st_global_u16(addr: u64, v: u32) {
+    unsafe { asm!("st.global.u16 [{0}], {1};", in(reg64) addr, in(reg32) v, options(nostack)) };
+}
+
 /// Read-only global loads through the non-coherent cache (inputs the kernel never writes).
 #[inline(always)]
 pub unsafe fn ld_global_nc_u8(addr: u64) -> u32 {

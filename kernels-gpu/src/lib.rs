@@ -2,8 +2,8 @@
 //! composed from a few modules: PTX primitives (`arch`), element types and their MMA (`elem`),
 //! shared-memory tiles (`tile`), the mask logic every kernel shares (`mask`), the online softmax
 //! (`softmax`), score start values and logits (`scores`), and the kernels themselves (`fwd`,
-//! `bwd`, `bwd_pre`, `mask_pack`). Entry points are instantiated
-//! here from the tile table in `dmattn-abi`.
+//! `bwd`, `bwd_pre`, `mask_pack`, and `softmax_rows` for the unfused path). Entry points are
+//! instantiated here from the tile table in `dmattn-abi`.
 #![no_std]
 #![feature(abi_ptx, stdarch_nvptx, asm_experimental_arch)]
 
@@ -17,9 +17,13 @@ mod mask;
 mod mask_pack;
 mod scores;
 mod softmax;
+mod softmax_rows;
 mod tile;
 
-use dmattn_abi::{BwdParams, BwdPreParams, BwdTile, ConvertParams, FwdParams, FwdTile, FwdVariants, MaskPackParams, bwd_tile, fwd_variants};
+use dmattn_abi::{
+    BwdParams, BwdPreParams, BwdTile, ConvertParams, FwdParams, FwdTile, FwdVariants, MaskPackParams, SoftmaxRowsParams, bwd_tile,
+    fwd_variants,
+};
 use elem::{Bf16, F16};
 
 #[panic_handler]
@@ -114,8 +118,10 @@ bwd_kernels! {
     F16, 256: dmattn_bwd_f16_d256, dmattn_bwd_f16_d256_mods;
 }
 
-macro_rules! pre_kernels {
-    ($($elem:ty: $delta:ident, $convert:ident;)*) => {$(
+/// Per element type: the backward's delta and conversion passes, and the materialising path's
+/// row softmax (`dmattn_softmax_rows_<elem>`).
+macro_rules! elem_kernels {
+    ($($elem:ty: $delta:ident, $convert:ident, $softmax_rows:ident;)*) => {$(
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $delta(p: BwdPreParams) {
             unsafe { bwd_pre::delta::<$elem>(&p) }
@@ -124,10 +130,14 @@ macro_rules! pre_kernels {
         pub unsafe extern "ptx-kernel" fn $convert(p: ConvertParams) {
             unsafe { bwd_pre::convert::<$elem>(&p) }
         }
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $softmax_rows(p: SoftmaxRowsParams) {
+            unsafe { softmax_rows::softmax_rows::<$elem>(&p) }
+        }
     )*};
 }
 
-pre_kernels! {
-    Bf16: dmattn_bwd_pre_bf16, dmattn_convert_bf16;
-    F16: dmattn_bwd_pre_f16, dmattn_convert_f16;
+elem_kernels! {
+    Bf16: dmattn_bwd_pre_bf16, dmattn_convert_bf16, dmattn_softmax_rows_bf16;
+    F16: dmattn_bwd_pre_f16, dmattn_convert_f16, dmattn_softmax_rows_f16;
 }

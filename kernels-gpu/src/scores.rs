@@ -12,7 +12,7 @@ pub const LOG2E: f32 = core::f32::consts::LOG2_E;
 /// `tanh(x) = 1 - 2 / (e^2x + 1)`: MUFU exp2 and rcp, accurate to ~1e-7 absolute where
 /// `tanh.approx` would be ~5e-4 relative.
 #[inline(always)]
-fn tanh(x: f32) -> f32 {
+pub fn tanh(x: f32) -> f32 {
     1.0 - 2.0 * rcp(exp2(2.0 * LOG2E * x) + 1.0)
 }
 

@@ -126,7 +126,46 @@ impl Case {
 
     /// Runs the forward pass of this case on `inputs`.
     pub fn forward(&self, i: &Inputs) -> dmattn::Result<dmattn::Forward> {
-        self.call(i).forward()
+        self.forward_by(i, ForwardPath::Fused)
+    }
+
+    /// Runs this case's forward pass on `inputs` through `path`.
+    pub fn forward_by(&self, i: &Inputs, path: ForwardPath) -> dmattn::Result<dmattn::Forward> {
+        path.run(self.call(i))
+    }
+}
+
+/// The API's two forward passes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ForwardPath {
+    /// [`dmattn::Attention::forward`].
+    Fused,
+    /// [`dmattn::Attention::forward_materialized`].
+    Materialized,
+}
+
+impl ForwardPath {
+    pub fn run(self, call: dmattn::Attention) -> dmattn::Result<dmattn::Forward> {
+        match self {
+            ForwardPath::Fused => call.forward(),
+            ForwardPath::Materialized => call.forward_materialized(),
+        }
+    }
+
+    /// How far this path's logits may stray beyond the fused path's, for `dtype` inputs whose
+    /// naive forward is `fwd`. The materialising path stores S = QKᵀ in the element type, as a
+    /// framework does, rounding each logit by up to half an ulp of `scale · q·k`: `u · max |raw|`
+    /// over the visible scores (`u` = 2^-8 for bf16, 2^-11 for f16). An LSE moves by at most
+    /// that, a probability by a factor within `exp(±2 u max|raw|)`. The fused path keeps S in f32.
+    pub fn logit_error(self, dtype: DType, fwd: &naive::Fwd) -> f64 {
+        let u = match (self, dtype) {
+            (ForwardPath::Fused, _) => return 0.0,
+            (ForwardPath::Materialized, DType::BF16) => 2f64.powi(-8),
+            (ForwardPath::Materialized, DType::F16) => 2f64.powi(-11),
+            (_, other) => panic!("no GPU rounding model for {other:?}"),
+        };
+        let visible = fwd.raw.iter().zip(&fwd.visible).filter(|(_, v)| **v);
+        u * visible.map(|(r, _)| r.abs()).fold(0.0, f64::max)
     }
 }
 
@@ -180,6 +219,92 @@ pub fn gpu() -> Option<Device> {
     }
 }
 
+/// Tolerance of the GPU paths' 16-bit types: on ‖O − ref‖ / ‖ref‖, and on gradient errors
+/// against the size of the sums they are made of.
+pub fn gpu_tolerance(dtype: DType) -> f64 {
+    match dtype {
+        DType::BF16 => 1e-2,
+        DType::F16 => 5e-3,
+        other => panic!("no GPU tolerance for {other:?}"),
+    }
+}
+
+/// Runs `case` on the CPU reference and, through `path`, on `gpu` from the same inputs, and
+/// compares: O finite (poisoned outputs show unwritten elements) and within [`gpu_tolerance`]
+/// by [`rel_err`], LSE within 1e-3 of the largest finite |LSE| and -inf exactly where the
+/// reference's is; each bound widened by what the path's rounding adds
+/// ([`ForwardPath::logit_error`]: twice it for O, once for LSE).
+pub fn check_gpu_forward(case: &Case, path: ForwardPath, gpu: &Device, inputs: &Inputs) -> Result<(), TestCaseError> {
+    dmattn::set_output_poisoning(true);
+    let want = case.forward(inputs).map_err(|e| TestCaseError::fail(format!("reference: {e}")))?;
+    let on_gpu = inputs.to(gpu);
+    let got = case.forward_by(&on_gpu, path).map_err(|e| TestCaseError::fail(format!("gpu ({path:?}): {e}")))?;
+    // (The naive forward only where the bound needs it.)
+    let extra = if path == ForwardPath::Fused {
+        0.0
+    } else {
+        path.logit_error(case.dtype, &naive::forward(&naive::Spec::of(case), &naive::Data::of(inputs)))
+    };
+    let (o, o_ref) = (got.out.to_f64_vec().unwrap(), want.out.to_f64_vec().unwrap());
+    prop_assert!(o.iter().all(|x| x.is_finite()), "{path:?}: non-finite output (unwritten or NaN) for {case:?}");
+    let err = rel_err(&o, &o_ref);
+    let tol = gpu_tolerance(case.dtype) + 2.0 * extra;
+    prop_assert!(err <= tol, "{path:?}: out rel err {err:.3e} > {tol:.3e} for {case:?}");
+    let (lse, lse_ref) = (got.lse.to_f64_vec().unwrap(), want.lse.to_f64_vec().unwrap());
+    let scale = lse_ref.iter().filter(|x| x.is_finite()).fold(1.0f64, |m, x| m.max(x.abs()));
+    let lse_err = max_abs_err_inf(&lse, &lse_ref);
+    let tol = 1e-3 * scale + extra;
+    prop_assert!(lse_err <= tol, "{path:?}: lse max err {lse_err:.3e} > {tol:.3e} for {case:?}");
+    Ok(())
+}
+
+/// A random output gradient for `case` (in its dtype, on the CPU).
+pub fn gpu_dout(case: &Case, seed: u64) -> Tensor {
+    let mut rng = seeded_rng(seed);
+    let shape = case.q_shape();
+    let vals: Vec<f64> = (0..shape.iter().product()).map(|_| rng.random::<f64>() * 2.0 - 1.0).collect();
+    Tensor::from_fn(&shape, case.dtype, &Device::Cpu, |i| vals[i]).unwrap()
+}
+
+/// (dq, dk, dv, dbias) of `case` on the inputs' device, the forward run through `path`.
+pub fn gradients(case: &Case, path: ForwardPath, inputs: &Inputs, dout: &Tensor, deterministic: bool) -> [Option<Vec<f64>>; 4] {
+    let fwd = path.run(case.call(inputs).deterministic(deterministic)).unwrap();
+    let g = fwd.backward(&dout.to_device(&inputs.q.device()).unwrap()).unwrap();
+    [Some(g.dq), Some(g.dk), Some(g.dv), g.dbias].map(|t| t.map(|t| t.to_f64_vec().unwrap()))
+}
+
+/// The backward pass of `case` on `gpu` (after a forward through `path`) against the CPU
+/// reference's, on inputs and an output gradient drawn from `seed`: every gradient finite,
+/// present exactly where the reference's is, and within [`gpu_tolerance`] (widened by twice the
+/// path's [`ForwardPath::logit_error`]) of the size of the sums it is made of.
+pub fn check_gpu_backward(case: &Case, path: ForwardPath, gpu: &Device, seed: u64, deterministic: bool) -> Result<(), TestCaseError> {
+    dmattn::set_output_poisoning(true);
+    let inputs = case.inputs(&mut seeded_rng(seed));
+    let dout = gpu_dout(case, seed ^ 0x5EED);
+    let want = gradients(case, ForwardPath::Fused, &inputs, &dout, false);
+    let got = gradients(case, path, &inputs.to(gpu), &dout, deterministic);
+    // Errors are measured against the size of the sums each gradient is made of (see
+    // `naive::backward_magnitudes`): cancellation can make a gradient far smaller than the
+    // rounding a 16-bit backward (dS and P rounded, delta from the rounded O) necessarily makes.
+    let (spec, data) = (naive::Spec::of(case), naive::Data::of(&inputs));
+    let nf = naive::forward(&spec, &data);
+    let mags = naive::backward_magnitudes(&spec, &data, &nf, &dout.to_f64_vec().unwrap());
+    let mags = [Some(mags.dq), Some(mags.dk), Some(mags.dv), mags.dbias];
+    // The backward recomputes P from the forward's LSE: what the path's rounding moved it by.
+    let tol = gpu_tolerance(case.dtype) + 2.0 * path.logit_error(case.dtype, &nf);
+    for (name, ((g, w), m)) in ["dq", "dk", "dv", "dbias"].iter().zip(got.iter().zip(&want).zip(&mags)) {
+        let (Some(g), Some(w), Some(m)) = (g, w, m) else {
+            prop_assert!(g.is_none() && w.is_none(), "{name}: present on one side only for {case:?}");
+            continue;
+        };
+        prop_assert!(g.iter().all(|x| x.is_finite()), "{name}: non-finite (unwritten or NaN) for {case:?}");
+        let norm = |v: &mut dyn Iterator<Item = f64>| v.map(|x| x * x).sum::<f64>().sqrt();
+        let (err, size) = (norm(&mut g.iter().zip(w).map(|(a, b)| a - b)), norm(&mut m.iter().copied()));
+        prop_assert!(err <= tol * size, "{name}: error {:.3e} of magnitude {size:.3e} ({:.3e}) for {case:?}", err, err / size);
+    }
+    Ok(())
+}
+
 /// Proptest strategy: a broadcast shape for a mask or bias of `case`.
 pub fn broadcast_shape(b: usize, h: usize, hk: usize, sq: usize, sk: usize) -> impl Strategy<Value = [usize; 4]> {
     (any::<bool>(), prop::sample::select(vec![1, hk, h]), any::<bool>(), prop_oneof![4 => Just(true), 1 => Just(false)])
@@ -226,6 +351,15 @@ pub fn gpu_runner(default_cases: u32) -> proptest::test_runner::TestRunner {
     use proptest::test_runner::{Config, FileFailurePersistence, TestRunner};
     let cases = std::env::var("DMATTN_GPU_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(default_cases);
     TestRunner::new(Config { cases, failure_persistence: Some(Box::new(FileFailurePersistence::Off)), ..Config::default() })
+}
+
+/// Checks `property` on [`gpu_cases`]`(max_seqlen)` with a [`gpu_runner`]`(default_cases)`,
+/// panicking with proptest's report (the minimal failing case) if it fails.
+pub fn gpu_property(default_cases: u32, max_seqlen: usize, property: impl Fn((Case, u64)) -> Result<(), TestCaseError>) {
+    // Proptest seeds its generator afresh each run; each case's values come from its own seed.
+    if let Err(e) = gpu_runner(default_cases).run(&gpu_cases(max_seqlen), property) {
+        panic!("{e}");
+    }
 }
 
 pub fn seeded_rng(seed: u64) -> StdRng {

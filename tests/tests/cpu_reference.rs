@@ -7,7 +7,7 @@
 //! summation order while any semantic error (a wrong broadcast, causal offset, softcap or scale)
 //! is O(1e-2) or more.
 use dmattn::{DType, Device, Tensor, attention, set_output_poisoning};
-use dmattn_tests::{Case, Inputs, MaskPattern, check_backward, check_forward, fresh_rng, naive, random_dout, rel_err};
+use dmattn_tests::{Case, ForwardPath, Inputs, MaskPattern, check_backward, check_forward, fresh_rng, naive, random_dout, rel_err};
 use rand::Rng;
 use rand::rngs::StdRng;
 
@@ -351,23 +351,36 @@ fn output_shapes_and_dtypes() {
     assert!(rel_err(&db.to_f64_vec().unwrap(), want.dbias.as_ref().unwrap()) < 1e-6, "{c:?}: f32 dbias");
 }
 
-/// The same call twice gives bit-identical results (the CPU backend is parallel).
-#[test]
-fn deterministic() {
+/// Out, lse, dq, dk, dv and dbias of a masked, biased, causal, softcapped GQA call, the forward
+/// through `path`, run twice on the same inputs; asserts the two runs are bit-identical.
+fn twice_bit_identical(test: &str, paths: [ForwardPath; 2]) {
     set_output_poisoning(true);
-    let mut rng = fresh_rng("deterministic");
+    let mut rng = fresh_rng(test);
     let c = Case { mask: Some([2, 2, 33, 47]), bias: Some([1, 4, 33, 47]), causal: true, softcap: 4.0, ..case(2, 33, 47, 4, 2, 16) };
     let inputs = c.inputs(&mut rng);
     let dout = cpu_f64(&random_dout(&c, &mut rng), &c.q_shape());
-    let run = || {
-        let f = c.forward(&inputs).unwrap();
+    let run = |path: ForwardPath| {
+        let f = c.forward_by(&inputs, path).unwrap();
         let g = f.backward(&dout).unwrap();
         [f.out, f.lse, g.dq, g.dk, g.dv, g.dbias.unwrap()].map(|t| t.to_f64_vec().unwrap())
     };
-    let (a, b) = (run(), run());
+    let (a, b) = (run(paths[0]), run(paths[1]));
     for (n, (x, y)) in a.iter().zip(&b).enumerate() {
-        assert!(x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits()), "{c:?}: output {n} (out, lse, dq, dk, dv, dbias) differs between runs");
+        assert!(x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits()), "{c:?}: output {n} (out, lse, dq, dk, dv, dbias) differs between {paths:?}");
     }
+}
+
+/// The same call twice gives bit-identical results (the CPU backend is parallel).
+#[test]
+fn deterministic() {
+    twice_bit_identical("deterministic", [ForwardPath::Fused; 2]);
+}
+
+/// On the CPU the materialising forward is the CPU forward (which materialises already): the
+/// same results bit for bit, backward included.
+#[test]
+fn materialized_is_the_cpu_forward() {
+    twice_bit_identical("materialized_is_the_cpu_forward", [ForwardPath::Fused, ForwardPath::Materialized]);
 }
 
 /// Larger problems with every feature at once (a check on indexing beyond tiny sizes).

@@ -2,7 +2,7 @@
 //! naming the argument (and, for shapes and dtypes, reporting what it got), never with a panic.
 //! Each bad call differs from a valid baseline (checked to succeed) in one thing.
 use dmattn::{DType, Device, Error, Tensor, attention, set_output_poisoning};
-use dmattn_tests::fresh_rng;
+use dmattn_tests::{ForwardPath, fresh_rng};
 use rand::Rng;
 use rand::rngs::StdRng;
 use std::cell::RefCell;
@@ -103,6 +103,10 @@ impl Call {
     }
 
     fn run(&self, m: &Maker) -> dmattn::Result<dmattn::Forward> {
+        self.run_by(m, ForwardPath::Fused)
+    }
+
+    fn run_by(&self, m: &Maker, path: ForwardPath) -> dmattn::Result<dmattn::Forward> {
         let (q, k, v) = (m.t(&self.q.0, self.q.1), m.t(&self.k.0, self.k.1), m.t(&self.v.0, self.v.1));
         let mask = self.mask.as_ref().map(|(s, dt)| m.t(s, *dt));
         let bias = self.bias.as_ref().map(|(s, dt)| m.t(s, *dt));
@@ -116,7 +120,7 @@ impl Call {
         if let Some(t) = &bias {
             a = a.bias(t);
         }
-        a.forward()
+        path.run(a)
     }
 }
 
@@ -226,7 +230,12 @@ fn bad_forward_inputs() {
     let n = cases.len();
     eprintln!("bad_forward_inputs: {n} bad calls");
     let m = &m;
-    run_checks(cases.into_iter().map(|(name, c, e)| (name, Box::new(move || matches(c.run(m), &e)) as Box<dyn Fn() -> Result<(), String>>)).collect());
+    // Both forward passes validate alike.
+    let check = move |c: &Call, e: &Expect| {
+        matches(c.run(m), e)?;
+        matches(c.run_by(m, ForwardPath::Materialized), e).map_err(|why| format!("forward_materialized: {why}"))
+    };
+    run_checks(cases.into_iter().map(|(name, c, e)| (name, Box::new(move || check(&c, &e)) as Box<dyn Fn() -> Result<(), String>>)).collect());
 }
 
 /// Bad inputs with several faults are still rejected (with one of the faults), never a panic.

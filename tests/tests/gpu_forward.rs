@@ -1,54 +1,24 @@
 //! The tensor-core forward kernel against the f64 CPU reference: property tests over dtypes,
 //! head dims, causal, mask/bias broadcasts, GQA/MQA, odd lengths, strided inputs and masks with
-//! empty tiles and rows. Skips, saying why, where there is no CUDA device.
+//! empty tiles and rows (strided inputs and all-false masks through the materialising path too).
+//! Skips, saying why, where there is no CUDA device.
 use dmattn::{DType, Device, Error, Tensor, attention};
 use dmattn_tests::*;
-use proptest::prelude::*;
-
-/// Tolerance on ‖O − ref‖ / ‖ref‖ for the kernels' 16-bit types.
-fn tolerance(dtype: DType) -> f64 {
-    match dtype {
-        DType::BF16 => 1e-2,
-        DType::F16 => 5e-3,
-        other => panic!("no GPU tolerance for {other:?}"),
-    }
-}
-
-/// Runs `case` on the CPU reference and on `gpu` from the same inputs and compares.
-fn check(case: &Case, gpu: &Device, inputs: &Inputs) -> Result<(), TestCaseError> {
-    dmattn::set_output_poisoning(true);
-    let want = case.forward(inputs).map_err(|e| TestCaseError::fail(format!("reference: {e}")))?;
-    let on_gpu = inputs.to(gpu);
-    let got = case.forward(&on_gpu).map_err(|e| TestCaseError::fail(format!("gpu: {e}")))?;
-    let (o, o_ref) = (got.out.to_f64_vec().unwrap(), want.out.to_f64_vec().unwrap());
-    prop_assert!(o.iter().all(|x| x.is_finite()), "non-finite output (unwritten or NaN) for {case:?}");
-    let err = rel_err(&o, &o_ref);
-    prop_assert!(err <= tolerance(case.dtype), "out rel err {err:.3e} for {case:?}");
-    let (lse, lse_ref) = (got.lse.to_f64_vec().unwrap(), want.lse.to_f64_vec().unwrap());
-    let scale = lse_ref.iter().filter(|x| x.is_finite()).fold(1.0f64, |m, x| m.max(x.abs()));
-    let lse_err = max_abs_err_inf(&lse, &lse_ref);
-    prop_assert!(lse_err <= 1e-3 * scale, "lse max err {lse_err:.3e} for {case:?}");
-    Ok(())
-}
-
 
 #[test]
 fn forward_matches_reference() {
     let Some(gpu) = gpu() else { return };
-    // Proptest seeds its generator afresh each run; each case's values come from its own seed.
-    let result = gpu_runner(2000).run(&gpu_cases(300), |(case, seed)| check(&case, &gpu, &case.inputs(&mut seeded_rng(seed))));
-    if let Err(e) = result {
-        panic!("{e}");
-    }
+    gpu_property(2000, 300, |(case, seed)| check_gpu_forward(&case, ForwardPath::Fused, &gpu, &case.inputs(&mut seeded_rng(seed))));
 }
 
 /// q, k, v as views into one packed `[b, s, 3, h, d]` buffer (a fused QKV projection's output):
-/// non-contiguous sequence and head strides.
+/// non-contiguous sequence and head strides, read in place by both forward paths.
 #[test]
 fn strided_qkv_views() {
     let Some(gpu) = gpu() else { return };
     let mut rng = fresh_rng("strided_qkv_views");
-    for &(dtype, d, s, h) in &[(DType::BF16, 64, 150, 3), (DType::F16, 128, 77, 2), (DType::BF16, 96, 200, 1)] {
+    let paths = [ForwardPath::Fused, ForwardPath::Materialized];
+    for (&(dtype, d, s, h), path) in [(DType::BF16, 64, 150, 3), (DType::F16, 128, 77, 2), (DType::BF16, 96, 200, 1)].iter().flat_map(|c| paths.map(|p| (c, p))) {
         let case = Case { dtype, causal: true, ..Case::new(2, s, s, h, h, d) };
         // [b, s, 3h, d] holds q, k, v side by side in each row.
         let packed = Case { dtype, ..Case::new(2, s, s, 3 * h, 3 * h, d) }.inputs(&mut rng).q;
@@ -58,9 +28,9 @@ fn strided_qkv_views() {
         let cpu_inputs = Inputs { q: view(&packed, 0), k: view(&packed, 1), v: view(&packed, 2), mask: None, bias: None };
         let gpu_inputs = Inputs { q: view(&on_gpu, 0), k: view(&on_gpu, 1), v: view(&on_gpu, 2), mask: None, bias: None };
         let want = case.forward(&cpu_inputs).unwrap().out.to_f64_vec().unwrap();
-        let got = case.forward(&gpu_inputs).unwrap().out.to_f64_vec().unwrap();
+        let got = case.forward_by(&gpu_inputs, path).unwrap().out.to_f64_vec().unwrap();
         let err = rel_err(&got, &want);
-        assert!(err <= tolerance(dtype), "strided qkv: rel err {err:.3e} for {case:?}");
+        assert!(err <= gpu_tolerance(dtype), "strided qkv ({path:?}): rel err {err:.3e} for {case:?}");
     }
 }
 
@@ -80,7 +50,7 @@ fn long_sparse_keys() {
             ..Case::new(1, 130, sk, 2, 1, 64)
         };
         let inputs = case.inputs(&mut rng);
-        check(&case, &gpu, &inputs).unwrap();
+        check_gpu_forward(&case, ForwardPath::Fused, &gpu, &inputs).unwrap();
     }
 }
 
@@ -92,9 +62,11 @@ fn all_false_mask() {
     let case = Case { mask: Some([2, 1, 1, 300]), mask_pattern: MaskPattern::Random(0.0), dtype: DType::F16, ..Case::new(2, 200, 300, 4, 2, 128) };
     let inputs = case.inputs(&mut rng).to(&gpu);
     dmattn::set_output_poisoning(true);
-    let fwd = case.forward(&inputs).unwrap();
-    assert!(fwd.out.to_f64_vec().unwrap().iter().all(|&x| x == 0.0));
-    assert!(fwd.lse.to_f64_vec().unwrap().iter().all(|&x| x == f64::NEG_INFINITY));
+    for path in [ForwardPath::Fused, ForwardPath::Materialized] {
+        let fwd = case.forward_by(&inputs, path).unwrap();
+        assert!(fwd.out.to_f64_vec().unwrap().iter().all(|&x| x == 0.0), "{path:?}: O is not all 0");
+        assert!(fwd.lse.to_f64_vec().unwrap().iter().all(|&x| x == f64::NEG_INFINITY), "{path:?}: LSE is not all -inf");
+    }
 }
 
 /// What the kernels cannot take is refused with a typed error naming the argument.

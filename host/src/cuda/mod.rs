@@ -1,6 +1,10 @@
 //! The CUDA backend: checks what the kernels need beyond the shared validation, prepares the
-//! mask (block classes and packed bits, read by forward and backward alike) and launches.
+//! mask (block classes and packed bits, read by forward and backward alike) and launches. The
+//! unfused forward on cuBLAS is in `materialized`.
 mod launch;
+mod materialized;
+
+pub(crate) use materialized::forward as forward_materialized;
 
 use crate::attention::{Forward, Gradients, Saved};
 use crate::cpu::lse_shape;
@@ -57,6 +61,11 @@ fn broadcast_view(t: &Tensor) -> View4 {
 /// Query head → mask/bias head divisor for a broadcast operand with `n` heads.
 fn head_div(d: &Dims, n: usize) -> u32 {
     if n == d.kv_heads && n != d.heads { d.kv_group() as u32 } else { 1 }
+}
+
+/// A mask or bias as a kernel reads it: its broadcast view and its head divisor.
+fn broadcast_operand(d: &Dims, t: &Tensor) -> (View4, u32) {
+    (broadcast_view(t), head_div(d, t.shape()[1]))
 }
 
 /// A mask prepared once per forward and reused by its backward: 64x64 block classes (the
@@ -178,8 +187,7 @@ fn fwd_params(p: &Problem, saved: &Saved, out: &Tensor, lse: &Tensor, mask: Opti
         params.mask_head_div = m.head_div;
     }
     if let Some(bias) = &saved.bias {
-        params.bias = broadcast_view(bias);
-        params.bias_head_div = head_div(&d, bias.shape()[1]);
+        (params.bias, params.bias_head_div) = broadcast_operand(&d, bias);
         if bias_vectorizable(bias, &params.bias) {
             params.flags |= flags::BIAS_VEC;
         }
@@ -258,7 +266,13 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, determini
     let dk = Tensor::empty(saved.k.shape(), p.dtype, &device)?;
     let dv = Tensor::empty(saved.v.shape(), p.dtype, &device)?;
 
-    let mut fwd_p = fwd_params(p, saved, &fwd.out, &fwd.lse, saved.gpu.as_ref())?;
+    // The fused forward prepared the mask; after the materialising forward it is prepared here.
+    let prepared = match (&saved.gpu, &saved.mask) {
+        (Some(prepared), _) => Some(prepared.clone()),
+        (None, Some(mask)) => Some(prepare_mask(dev, p, mask)?),
+        (None, None) => None,
+    };
+    let mut fwd_p = fwd_params(p, saved, &fwd.out, &fwd.lse, prepared.as_ref())?;
     if deterministic {
         fwd_p.flags |= flags::DETERMINISTIC;
     }
