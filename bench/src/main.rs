@@ -29,7 +29,7 @@ struct Args {
     #[arg(long, value_delimiter = ',')]
     groups: Vec<String>,
     /// Implementations to time.
-    #[arg(long, value_delimiter = ',', default_value = "dmattn")]
+    #[arg(long, value_delimiter = ',', default_value = "dmattn,cublas-materialized")]
     impls: Vec<Impl>,
     /// Run the cases of this cases.json instead of the built-in grid.
     #[arg(long)]
@@ -45,6 +45,8 @@ struct Args {
 #[derive(Clone, Copy, PartialEq, Debug, ValueEnum)]
 enum Impl {
     Dmattn,
+    /// dmattn's unfused baseline: S = QKᵀ and PV on cuBLAS, S materialised (forward only).
+    CublasMaterialized,
 }
 
 impl Impl {
@@ -64,6 +66,7 @@ fn forward(imp: Impl, c: &Case, o: &Operands, set: usize) -> dmattn::Result<dmat
     }
     match imp {
         Impl::Dmattn => call.forward(),
+        Impl::CublasMaterialized => call.forward_materialized(),
     }
 }
 
