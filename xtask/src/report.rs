@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 /// Column order: dmattn, our baseline, then the peers users would pick first.
 pub const ORDER: [&str; 7] = ["dmattn", "cublas-materialized", "flex", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "sdpa-math"];
 const DMATTN: &str = "dmattn";
+/// How peers.py notes a backward run without the bias gradient.
+const NO_DBIAS: &str = "no dbias";
 
 /// One benchmark run: its cases and every tool's results.
 pub struct Run {
@@ -74,11 +76,13 @@ impl Run {
         &self.tools[0]
     }
 
-    /// The fastest other implementation on (case, pass), with its time.
+    /// The fastest other implementation on (case, pass) that did the same work, with its time:
+    /// a backward that could not produce the bias gradient ("no dbias") does not count.
     pub fn best_peer(&self, case: &str, pass: Pass) -> Option<(String, f64)> {
         self.impls()
             .into_iter()
             .filter(|i| i != DMATTN)
+            .filter(|i| self.record(case, i, pass).is_some_and(|r| !r.note.contains(NO_DBIAS)))
             .filter_map(|i| self.ms(case, &i, pass).map(|ms| (i, ms)))
             .min_by(|a, b| a.1.total_cmp(&b.1))
     }
@@ -148,15 +152,29 @@ fn table(run: &Run, group: &str, pass: Pass, out: &mut String, notes: &mut Vec<S
         let _ = write!(out, "| {} | {dm_cell} | {rate_cell} |", row_label(c));
         for p in &peers {
             let rec = run.record(&c.id, p, pass);
+            // A result that came with a caveat (K/V repeated for GQA, no bias gradient) is
+            // marked and its note listed under the table.
+            let mark = match rec.filter(|r| r.status == Status::Ok && !r.note.is_empty()) {
+                Some(r) => {
+                    let line = format!("{p} †: {}", r.note.chars().take(160).collect::<String>().replace('|', "/"));
+                    if !notes.iter().any(|n| n.starts_with(&line[..line.len().min(p.len() + 40)])) {
+                        notes.push(line);
+                    }
+                    "†"
+                }
+                None => "",
+            };
             let cell = match (run.ms(&c.id, p, pass), dm) {
-                (Some(ms), Some(d)) => format!("{ms:.3} ({:.2}×)", ms / d),
-                (Some(ms), None) => format!("{ms:.3}"),
+                (Some(ms), Some(d)) => format!("{ms:.3}{mark} ({:.2}×)", ms / d),
+                (Some(ms), None) => format!("{ms:.3}{mark}"),
                 (None, _) => {
                     if let Some(r) = rec.filter(|r| !r.note.is_empty()) {
                         let mut note: String = r.note.lines().next().unwrap_or("").chars().take(160).collect();
                         note = note.replace('|', "/");
+                        // One line per kind of failure: notes differ in figures (free memory, sizes).
+                        let kind: String = note.chars().take(48).collect();
                         let line = format!("{p} {}: {note}", status_word(rec));
-                        if !notes.contains(&line) {
+                        if !notes.iter().any(|n| n.starts_with(&format!("{p} {}: {kind}", status_word(rec)))) {
                             notes.push(line);
                         }
                     }
@@ -206,7 +224,9 @@ pub fn markdown(run: &Run, plot_file: Option<&str>) -> String {
 TF/s dense-eq counts every pair causal masking leaves (FlashAttention's convention; backward = 2.5× forward); \
 computed counts only the 64×64 score tiles holding a visible score (what a block-sparse kernel must do). \
 Decode rows give the bytes of q, k, v, mask, bias and out over the time. `cublas-materialized` is dmattn's \
-unfused baseline (S = QKᵀ on cuBLAS, masked softmax, PV on cuBLAS). Failures are listed, not dropped.\n";
+unfused baseline (S = QKᵀ on cuBLAS, masked softmax, PV on cuBLAS). Failures are listed, not dropped; \
+† marks a peer result with a caveat (listed under its group), and a backward without the bias gradient is never \
+counted as the best peer.\n";
     if let Some(p) = plot_file {
         let _ = writeln!(out, "\n![time vs sequence length]({p})");
     }
@@ -226,7 +246,7 @@ unfused baseline (S = QKᵀ on cuBLAS, masked softmax, PV on cuBLAS). Failures a
         table(run, group, Pass::Fwd, &mut out, &mut notes);
         table(run, group, Pass::Bwd, &mut out, &mut notes);
         if !notes.is_empty() {
-            out += "\nFailures:\n";
+            out += "\nFailures and caveats (†):\n";
             notes.iter().for_each(|n| {
                 let _ = writeln!(out, "- {n}");
             });
