@@ -59,6 +59,32 @@ pub struct FwdParams {
     /// Softcap `c` of `c * tanh(s / c)`; 0 disables it.
     pub softcap: f32,
     pub flags: u32,
+    /// Split-KV for grids too small to fill the GPU (short queries, long keys); 0 or 1 = off.
+    /// Split `s` (grid z = `batch * splits + s`) covers key tiles `s * split_tiles..` up to
+    /// `split_tiles` of them and writes its normalised partial O and LSE at `o` and `lse`
+    /// shifted by `s` times `o_split_stride` / `lse_split_stride` elements; [`CombineParams`]
+    /// merges them.
+    pub splits: u32,
+    pub split_tiles: u32,
+    pub o_split_stride: u64,
+    pub lse_split_stride: u64,
+}
+
+/// Merges split-KV partial results: per query row, LSE = log Σ exp(LSE_s) and
+/// O = Σ exp(LSE_s - LSE) O_s. Partials are contiguous: O `[splits, b, sq, h, d]` (q's element
+/// type), LSE f32 `[splits, b, h, sq]`; the outputs are `o` (strided) and `lse` `[b, h, sq]`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CombineParams {
+    pub o_part: u64,
+    pub lse_part: u64,
+    pub o: View4,
+    pub lse: u64,
+    pub splits: u32,
+    pub batch: u32,
+    pub heads: u32,
+    pub seqlen_q: u32,
+    pub head_dim: u32,
 }
 
 /// Backward kernel parameters: the forward's operands and outputs, the output gradient, and
@@ -342,6 +368,7 @@ pub mod names {
     pub const BWD_PREFIX: &str = "dmattn_bwd_";
     pub const BWD_PRE_PREFIX: &str = "dmattn_bwd_pre_";
     pub const CONVERT_PREFIX: &str = "dmattn_convert_";
+    pub const COMBINE_PREFIX: &str = "dmattn_fwd_combine_";
     pub const FWD_PREFIX: &str = "dmattn_fwd_";
     /// `dmattn_softmax_rows_<elem>`: the materialising path's row softmax.
     pub const SOFTMAX_ROWS_PREFIX: &str = "dmattn_softmax_rows_";

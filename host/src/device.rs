@@ -72,6 +72,8 @@ pub(crate) struct CudaInner {
     /// cuBLAS on `stream`, created on first use (the materialising path's products).
     blas: OnceLock<CudaBlas>,
     name: String,
+    /// Streaming multiprocessors: how many CTAs fill the GPU.
+    pub(crate) sms: u32,
 }
 
 impl CudaDevice {
@@ -96,7 +98,8 @@ impl CudaDevice {
         let ptx = miniz_oxide::inflate::decompress_to_vec(PTX_SM80_DEFLATED).expect("build.rs deflated valid PTX");
         let module = ctx.load_module(Ptx::from_src(String::from_utf8(ptx).expect("PTX is ASCII")))?;
         let name = ctx.name()?;
-        Ok(Self(Arc::new(CudaInner { ctx, stream, module, functions: Mutex::new(HashMap::new()), blas: OnceLock::new(), name })))
+        let sms = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
+        Ok(Self(Arc::new(CudaInner { ctx, stream, module, functions: Mutex::new(HashMap::new()), blas: OnceLock::new(), name, sms })))
     }
 
     pub fn name(&self) -> &str {
@@ -135,11 +138,10 @@ impl CudaDevice {
     /// kernel must opt in).
     pub(crate) fn function(&self, name: &str, smem_bytes: u32) -> Result<CudaFunction> {
         let mut functions = self.0.functions.lock().unwrap();
-        if let Some((f, cleared)) = functions.get(name) {
-            if *cleared >= smem_bytes {
+        if let Some((f, cleared)) = functions.get(name)
+            && *cleared >= smem_bytes {
                 return Ok(f.clone());
             }
-        }
         let f = self.0.module.load_function(name)?;
         f.set_attribute(
             sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

@@ -14,6 +14,9 @@ pub struct BlockInfo<'a> {
     pub p: &'a FwdParams,
     batch: u64,
     head: u32,
+    /// Splits of the key sequence (0 or 1: none, or not compiled in) and this CTA's.
+    splits: u32,
+    split: u32,
     pub m_block: u32,
     /// First query row of the tile.
     pub row0: u32,
@@ -24,22 +27,32 @@ pub struct BlockInfo<'a> {
 
 impl<'a> BlockInfo<'a> {
     /// For the CTA running this code; `hide` routes the block indices through [`opaque`].
+    /// `SPLIT` compiles split-KV in (the modifier variant; the lean one has no registers left).
     #[inline(always)]
-    pub fn new(p: &'a FwdParams, block_m: u32, hide: bool) -> Self {
+    pub fn new<const SPLIT: bool>(p: &'a FwdParams, block_m: u32, hide: bool) -> Self {
         let (bx, head, batch) = block_idx();
         let (bx, head, batch) = if hide { (opaque(bx), opaque(head), opaque(batch)) } else { (bx, head, batch) };
         // Heaviest query tiles (the last ones, under causal) start first.
         let m_block = grid_dim_x() - 1 - bx;
         let row0 = m_block * block_m;
+        let (batch, split) = if SPLIT && p.splits > 1 { (batch / p.splits, batch % p.splits) } else { (batch, 0) };
         Self {
             p,
             batch: batch as u64,
             head,
+            splits: if SPLIT { p.splits } else { 0 },
+            split,
             m_block,
             row0,
             rows_valid: p.seqlen_q - row0,
             vis: Visibility { seqlen_q: p.seqlen_q, seqlen_k: p.seqlen_k, causal: p.flags & flags::CAUSAL != 0 },
         }
+    }
+
+    /// Whether this CTA is one split of its row tile's keys.
+    #[inline(always)]
+    fn split_on(&self) -> bool {
+        self.splits > 1
     }
 
     #[inline(always)]
@@ -63,7 +76,20 @@ impl<'a> BlockInfo<'a> {
     #[inline(always)]
     pub fn o(&self) -> u64 {
         let o = &self.p.o;
-        o.ptr + 2 * (self.batch * o.stride[0] + self.head as u64 * o.stride[2] + self.row0 as u64 * o.stride[1])
+        let split = self.split as u64 * self.p.o_split_stride;
+        o.ptr + 2 * (split + self.batch * o.stride[0] + self.head as u64 * o.stride[2] + self.row0 as u64 * o.stride[1])
+    }
+
+    /// The key tiles this CTA covers, `begin..end` given the causal/length limit `end`: all of
+    /// them, or its split's share.
+    #[inline(always)]
+    pub fn key_tiles(&self, end: u32) -> (u32, u32) {
+        if self.split_on() {
+            let begin = self.split * self.p.split_tiles;
+            (begin, end.min(begin + self.p.split_tiles))
+        } else {
+            (0, end)
+        }
     }
 
     /// Byte address of key 0 of this head's kv head in k.
@@ -104,6 +130,7 @@ impl<'a> BlockInfo<'a> {
     /// Index of the LSE of the tile's row `r`.
     #[inline(always)]
     pub fn lse_index(&self, r: u32) -> u64 {
-        (self.batch * self.p.heads as u64 + self.head as u64) * self.p.seqlen_q as u64 + (self.row0 + r) as u64
+        let split = self.split as u64 * self.p.lse_split_stride;
+        split + (self.batch * self.p.heads as u64 + self.head as u64) * self.p.seqlen_q as u64 + (self.row0 + r) as u64
     }
 }

@@ -5,7 +5,7 @@
 use crate::arch::*;
 use crate::block_info::BlockInfo;
 use crate::elem::Elem;
-use crate::mask::{MapRows, Tile, TileCursor};
+use crate::mask::{MapRows, Tile, TileCursor, TileLine};
 use crate::scores::{Mods, WarpScores};
 use crate::softmax::OnlineSoftmax;
 use crate::tile::{Fragments, SmemTile, load_mask_bits_async};
@@ -99,9 +99,10 @@ pub unsafe fn forward<
     let mut cursor = TileCursor::new();
     let tid = thread_idx();
 
-    let b = BlockInfo::new(p, BM as u32, false);
+    let b = BlockInfo::new::<MODS>(p, BM as u32, false);
     let map = MapRows::<BM, BN>::new(&p.block_map, b.block_map(), b.m_block, &b.vis);
-    if let Some(mut tile) = cursor.next(0, tid % 32, &map) {
+    let (first, end) = b.key_tiles(map.end());
+    if let Some(mut tile) = cursor.next(first, tid % 32, &map.until(end)) {
         let q_row = 2 * p.q.stride[1];
         unsafe { sm.q.load_async(b.q(), q_row, b.rows_valid, (D * 2) as u32, tid, threads) };
         unsafe { load_k_side::<D, BM, BN>(&b, &sm, mods, tile, tid, threads) };
@@ -110,7 +111,7 @@ pub unsafe fn forward<
             // Everything per-thread or per-CTA is rebuilt from opaque indices each iteration
             // (see `block_info`), so none of it is held in registers across the loop.
             let tid = opaque(tid);
-            let b = BlockInfo::new(p, BM as u32, true);
+            let b = BlockInfo::new::<MODS>(p, BM as u32, true);
             let lane = tid % 32;
             let (g, t) = (lane / 4, lane % 4);
             let warp_row0 = (tid / 32) * (MT as u32) * 16;
@@ -154,7 +155,8 @@ pub unsafe fn forward<
             cp_async_wait_all();
             sync_threads();
             let map = MapRows::<BM, BN>::new(&p.block_map, b.block_map(), b.m_block, &b.vis);
-            let next = cursor.next(tile.n + 1, lane, &map);
+            let (_, end) = b.key_tiles(map.end());
+            let next = cursor.next(tile.n + 1, lane, &map.until(end));
             if let Some(next) = next {
                 unsafe { load_k_side::<D, BM, BN>(&b, &sm, mods, next, tid, threads) };
                 cp_async_commit();
@@ -196,7 +198,7 @@ pub unsafe fn forward<
     // Opaque indices again, or LLVM merges these addresses with the prologue's identical ones
     // and holds them across the whole loop.
     let tid = opaque(tid);
-    let b = BlockInfo::new(p, BM as u32, true);
+    let b = BlockInfo::new::<MODS>(p, BM as u32, true);
     let lane = tid % 32;
     let (g, t) = (lane / 4, lane % 4);
     let warp_row0 = (tid / 32) * (MT as u32) * 16;

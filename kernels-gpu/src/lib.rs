@@ -2,7 +2,7 @@
 //! composed from a few modules: PTX primitives (`arch`), element types and their MMA (`elem`),
 //! shared-memory tiles (`tile`), the mask logic every kernel shares (`mask`), the online softmax
 //! (`softmax`), score start values and logits (`scores`), and the kernels themselves (`fwd`,
-//! `bwd`, `bwd_pre`, `mask_pack`, and `softmax_rows` for the unfused path). Entry points are
+//! `bwd`, `bwd_pre`, `mask_pack`, `combine` for split-KV, and `softmax_rows` for the unfused path). Entry points are
 //! instantiated here from the tile table in `dmattn-abi`.
 #![no_std]
 #![feature(abi_ptx, stdarch_nvptx, asm_experimental_arch)]
@@ -11,6 +11,7 @@ mod arch;
 mod block_info;
 mod bwd;
 mod bwd_pre;
+mod combine;
 mod elem;
 mod fwd;
 mod mask;
@@ -21,7 +22,7 @@ mod softmax_rows;
 mod tile;
 
 use dmattn_abi::{
-    BwdParams, BwdPreParams, BwdTile, ConvertParams, FwdParams, FwdTile, FwdVariants, MaskPackParams, SoftmaxRowsParams, bwd_tile,
+    BwdParams, BwdPreParams, BwdTile, CombineParams, ConvertParams, FwdParams, FwdTile, FwdVariants, MaskPackParams, SoftmaxRowsParams, bwd_tile,
     fwd_variants,
 };
 use elem::{Bf16, F16};
@@ -118,10 +119,10 @@ bwd_kernels! {
     F16, 256: dmattn_bwd_f16_d256, dmattn_bwd_f16_d256_mods;
 }
 
-/// Per element type: the backward's delta and conversion passes, and the materialising path's
-/// row softmax (`dmattn_softmax_rows_<elem>`).
+/// Per element type: the backward's delta and conversion passes, the split-KV combine, and the
+/// materialising path's row softmax (`dmattn_softmax_rows_<elem>`).
 macro_rules! elem_kernels {
-    ($($elem:ty: $delta:ident, $convert:ident, $softmax_rows:ident;)*) => {$(
+    ($($elem:ty: $delta:ident, $convert:ident, $combine:ident, $softmax_rows:ident;)*) => {$(
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $delta(p: BwdPreParams) {
             unsafe { bwd_pre::delta::<$elem>(&p) }
@@ -131,6 +132,10 @@ macro_rules! elem_kernels {
             unsafe { bwd_pre::convert::<$elem>(&p) }
         }
         #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $combine(p: CombineParams) {
+            unsafe { combine::combine::<$elem>(&p) }
+        }
+        #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $softmax_rows(p: SoftmaxRowsParams) {
             unsafe { softmax_rows::softmax_rows::<$elem>(&p) }
         }
@@ -138,6 +143,6 @@ macro_rules! elem_kernels {
 }
 
 elem_kernels! {
-    Bf16: dmattn_bwd_pre_bf16, dmattn_convert_bf16, dmattn_softmax_rows_bf16;
-    F16: dmattn_bwd_pre_f16, dmattn_convert_f16, dmattn_softmax_rows_f16;
+    Bf16: dmattn_bwd_pre_bf16, dmattn_convert_bf16, dmattn_fwd_combine_bf16, dmattn_softmax_rows_bf16;
+    F16: dmattn_bwd_pre_f16, dmattn_convert_f16, dmattn_fwd_combine_f16, dmattn_softmax_rows_f16;
 }

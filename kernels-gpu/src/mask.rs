@@ -144,6 +144,12 @@ impl<const BM: usize, const BN: usize> MapRows<BM, BN> {
         }
     }
 
+    /// The same line with its candidates cut at `end` (a split-KV share).
+    #[inline(always)]
+    pub fn until(self, end: u32) -> Self {
+        Self { end, ..self }
+    }
+
 }
 
 /// OR / AND of the classes in a rectangle of map blocks: rows `q0..q0 + rows` (row stride

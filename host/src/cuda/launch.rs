@@ -3,7 +3,7 @@
 use crate::device::CudaDevice;
 use crate::error::Result;
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
-use dmattn_abi::{BwdParams, BwdPreParams, ConvertParams, FwdParams, MASK_PACK_THREADS, MaskPackParams, SoftmaxRowsParams, names};
+use dmattn_abi::{BwdParams, BwdPreParams, CombineParams, ConvertParams, FwdParams, MASK_PACK_THREADS, MaskPackParams, SoftmaxRowsParams, names};
 
 /// A kernel parameter struct from `dmattn-abi`, passed by value as the kernel's only argument.
 #[repr(transparent)]
@@ -17,6 +17,7 @@ unsafe impl DeviceRepr for ByValue<MaskPackParams> {}
 unsafe impl DeviceRepr for ByValue<BwdParams> {}
 unsafe impl DeviceRepr for ByValue<BwdPreParams> {}
 unsafe impl DeviceRepr for ByValue<ConvertParams> {}
+unsafe impl DeviceRepr for ByValue<CombineParams> {}
 unsafe impl DeviceRepr for ByValue<SoftmaxRowsParams> {}
 
 pub(crate) struct Launch {

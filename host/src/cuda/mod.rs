@@ -15,7 +15,7 @@ use crate::problem::{Dims, Problem};
 use crate::tensor::Tensor;
 use cudarc::driver::CudaSlice;
 use dmattn_abi::{
-    BLOCK_MAP_K, BLOCK_MAP_Q, BwdParams, BwdPreParams, ConvertParams, DeviceElem, FwdParams, MaskPackParams, PRE_THREADS,
+    BLOCK_MAP_K, BLOCK_MAP_Q, BwdParams, BwdPreParams, CombineParams, ConvertParams, DeviceElem, FwdParams, MaskPackParams, PRE_THREADS,
     View4, bwd_tile, flags, fwd_variants,
 };
 use launch::{Launch, launch};
@@ -40,12 +40,12 @@ fn qkv_view(t: &Tensor, arg: &'static str) -> Result<View4> {
     }
     // Size-1 dimensions are never stepped over, so their strides do not matter.
     for (dim, name) in [(0, "batch"), (1, "sequence"), (2, "head")] {
-        if t.shape()[dim] > 1 && s[dim] % 8 != 0 {
+        if t.shape()[dim] > 1 && !s[dim].is_multiple_of(8) {
             return Err(layout_err(format!("{name} stride {} is not a multiple of 8 elements (16 bytes)", s[dim])));
         }
     }
     let ptr = t.device_ptr().expect("CUDA tensor");
-    if ptr % 16 != 0 {
+    if !ptr.is_multiple_of(16) {
         return Err(layout_err("the first element is not 16-byte aligned".into()));
     }
     let stride = |d: usize| if t.shape()[d] == 1 { 0 } else { s[d] as u64 };
@@ -123,7 +123,7 @@ fn prepare_mask(dev: &CudaDevice, p: &Problem, mask: &Tensor) -> Result<Prepared
 
 /// The bias can be copied in 16-byte rows (unit key stride, 8-element aligned rows and base).
 fn bias_vectorizable(bias: &Tensor, view: &View4) -> bool {
-    bias.shape()[3] > 1 && bias.strides()[3] == 1 && view.ptr % 16 == 0 && view.stride[..3].iter().all(|s| s % 8 == 0)
+    bias.shape()[3] > 1 && bias.strides()[3] == 1 && view.ptr.is_multiple_of(16) && view.stride[..3].iter().all(|s| s % 8 == 0)
 }
 
 fn check_limits(d: &Dims, block_m: u32) -> Result<()> {
@@ -152,11 +152,10 @@ fn unsupported_head_dim(head_dim: usize) -> Error {
 /// Checks shared by forward and backward: element type, bias dtype.
 fn check_operands(p: &Problem, saved: &Saved) -> Result<DeviceElem> {
     let elem = device_elem("q", p.dtype)?;
-    if let Some(bias) = &saved.bias {
-        if bias.dtype() != p.dtype {
+    if let Some(bias) = &saved.bias
+        && bias.dtype() != p.dtype {
             return Err(Error::DType { arg: "bias", expected: format!("{:?} (the dtype of q)", p.dtype), got: bias.dtype() });
         }
-    }
     Ok(elem)
 }
 
@@ -195,22 +194,65 @@ fn fwd_params(p: &Problem, saved: &Saved, out: &Tensor, lse: &Tensor, mask: Opti
     Ok(params)
 }
 
+/// Key splits for a forward whose grid would leave the GPU mostly idle (few query tiles, long
+/// keys: decoding): enough splits for two CTAs per SM, at least two key tiles each. Returns
+/// (splits, key tiles per split); (1, _) is no split.
+fn key_splits(dev: &CudaDevice, d: &Dims, block_m: u32, block_n: u32) -> (u32, u32) {
+    let ctas = d.seqlen_q.div_ceil(block_m as usize) * d.heads * d.batch;
+    let k_tiles = d.seqlen_k.div_ceil(block_n as usize);
+    let target = (2 * dev.0.sms as usize).div_ceil(ctas).min(k_tiles / 2).min(128).min(65535 / d.batch);
+    if target < 2 {
+        return (1, k_tiles as u32);
+    }
+    let per_split = k_tiles.div_ceil(target);
+    (k_tiles.div_ceil(per_split) as u32, per_split as u32)
+}
+
 pub(crate) fn forward(dev: &CudaDevice, p: Problem, mut saved: Saved) -> Result<Forward> {
     let d = p.dims;
     let elem = check_operands(&p, &saved)?;
     let variants = fwd_variants(d.head_dim as u32).ok_or_else(|| unsupported_head_dim(d.head_dim))?;
-    let (tile, mods) = match (has_mods(&p), variants.plain) {
+    // Split-KV runs in the modifier variant only (see `key_splits`).
+    let (splits, split_tiles) = key_splits(dev, &d, variants.mods.block_m, variants.mods.block_n);
+    let (tile, mods) = match (has_mods(&p) || splits > 1, variants.plain) {
         (false, Some(plain)) => (plain, false),
         _ => (variants.mods, true),
     };
     check_limits(&d, tile.block_m)?;
-    let out = Tensor::empty(saved.q.shape(), p.dtype, &saved.q.device())?;
-    let lse = Tensor::empty(&lse_shape(&p), DType::F32, &saved.q.device())?;
+    let device = saved.q.device();
+    let out = Tensor::empty(saved.q.shape(), p.dtype, &device)?;
+    let lse = Tensor::empty(&lse_shape(&p), DType::F32, &device)?;
     let prepared = saved.mask.as_ref().map(|m| prepare_mask(dev, &p, m)).transpose()?;
-    let params = fwd_params(&p, &saved, &out, &lse, prepared.as_ref())?;
     let name = kernel_name(dmattn_abi::names::FWD_PREFIX, elem, d.head_dim, mods);
-    let grid = (d.seqlen_q.div_ceil(tile.block_m as usize) as u32, d.heads as u32, d.batch as u32);
-    launch(dev, &Launch::kernel(&name, grid, tile.threads(), tile.smem_bytes()), params)?;
+    let grid = (d.seqlen_q.div_ceil(tile.block_m as usize) as u32, d.heads as u32, d.batch as u32 * splits);
+    let launch_fwd = |params| launch(dev, &Launch::kernel(&name, grid, tile.threads(), tile.smem_bytes()), params);
+    if splits == 1 {
+        launch_fwd(fwd_params(&p, &saved, &out, &lse, prepared.as_ref())?)?;
+    } else {
+        // Each split writes a normalised partial O and LSE; the combine pass merges them.
+        let (b, sq, h, hd) = (d.batch, d.seqlen_q, d.heads, d.head_dim);
+        let o_part = Tensor::empty(&[splits as usize * b, sq, h, hd], p.dtype, &device)?;
+        let lse_part = Tensor::empty(&[splits as usize * b, h, sq], DType::F32, &device)?;
+        let mut params = fwd_params(&p, &saved, &o_part, &lse_part, prepared.as_ref())?;
+        (params.splits, params.split_tiles) = (splits, split_tiles);
+        (params.o_split_stride, params.lse_split_stride) = ((b * sq * h * hd) as u64, (b * h * sq) as u64);
+        launch_fwd(params)?;
+        let combine = CombineParams {
+            o_part: o_part.device_ptr().expect("CUDA tensor"),
+            lse_part: lse_part.device_ptr().expect("CUDA tensor"),
+            o: qkv_view(&out, "out")?,
+            lse: lse.device_ptr().expect("CUDA tensor"),
+            splits,
+            batch: b as u32,
+            heads: h as u32,
+            seqlen_q: sq as u32,
+            head_dim: hd as u32,
+        };
+        let rows = b * sq * h;
+        let blocks = rows.div_ceil((PRE_THREADS / 32) as usize).clamp(1, 4096) as u32;
+        let name = format!("{}{}", dmattn_abi::names::COMBINE_PREFIX, elem.name());
+        launch(dev, &Launch::kernel(&name, (blocks, 1, 1), PRE_THREADS, 0), combine)?;
+    }
     saved.gpu = prepared;
     Ok(Forward { out, lse, problem: p, saved })
 }
