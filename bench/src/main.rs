@@ -125,6 +125,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         ceilings: Some(ceil),
         computed_fraction: Default::default(),
         results: vec![],
+        runs: vec![],
     };
 
     let device = Device::Cuda(dev.clone());

@@ -49,4 +49,7 @@ pub struct Results {
     #[serde(default)]
     pub computed_fraction: BTreeMap<String, f64>,
     pub results: Vec<Record>,
+    /// Dates of later runs merged into this one (`cargo xtask bench --from A,B`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub runs: Vec<String>,
 }

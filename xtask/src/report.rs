@@ -36,18 +36,27 @@ impl Run {
     }
 
     /// Reads one or more run folders (a grid split across runs, e.g. to stay inside a time
-    /// limit) as one run; metadata comes from the first folder.
+    /// limit, or cases re-measured after a change) as one run: a later folder's result for a
+    /// (case, implementation, pass) replaces an earlier one. Metadata comes from the first
+    /// folder; [`Run::dates`] lists every run's.
     pub fn load(dirs: &[PathBuf]) -> Result<Run, String> {
         let mut runs = dirs.iter().map(|d| Run::load_one(d));
         let mut run = runs.next().ok_or("no run folder given")??;
         for other in runs {
             let other = other?;
-            run.set.cases.extend(other.set.cases);
+            for c in other.set.cases {
+                if !run.set.cases.iter().any(|mine| mine.id == c.id) {
+                    run.set.cases.push(c);
+                }
+            }
             for (i, t) in other.tools.into_iter().enumerate() {
                 match run.tools.get_mut(i) {
                     Some(mine) => {
+                        let replaced = |r: &Record| t.results.iter().any(|n| n.case == r.case && n.implementation == r.implementation && n.pass == r.pass);
+                        mine.results.retain(|r| !replaced(r));
                         mine.results.extend(t.results);
                         mine.computed_fraction.extend(t.computed_fraction);
+                        mine.runs.push(t.date);
                     }
                     None => run.tools.push(t),
                 }
@@ -210,6 +219,9 @@ pub fn behind(run: &Run) -> Vec<(String, Pass, f64, String, f64)> {
 pub fn markdown(run: &Run, plot_file: Option<&str>) -> String {
     let dm = run.dmattn();
     let mut out = format!("# dmattn benchmarks\n\nGPU: **{}** · {} · dtype {} · CUDA events, {} warm-up calls, median of {} timed calls, operands rotated over sets that do not fit in L2, N(0, 1) data.\n", dm.gpu, dm.date, run.set.dtype, run.set.warmup, run.set.reps);
+    for (tool, later) in run.tools.iter().map(|t| (&t.tool, &t.runs)).filter(|(_, r)| !r.is_empty()) {
+        let _ = writeln!(out, "Some {tool} rows were re-measured in later runs on the same GPU ({}): they replace the first run's.", later.join(", "));
+    }
     if let Some(c) = dm.ceilings {
         let _ = writeln!(out, "Ceilings measured in the same run: cuBLAS bf16 matmul **{:.0} TFLOP/s** (8192³), device copy **{:.0} GB/s** (read + write).", c.matmul_tflops, c.copy_gbps);
     }
@@ -266,7 +278,16 @@ mod tests {
     }
 
     fn results(tool: &str, results: Vec<Record>) -> Results {
-        Results { tool: tool.into(), gpu: "G".into(), date: "2026-11-22T00:00:00Z".into(), versions: Default::default(), ceilings: None, computed_fraction: Default::default(), results }
+        Results {
+            tool: tool.into(),
+            gpu: "G".into(),
+            date: "2026-11-22T00:00:00Z".into(),
+            versions: Default::default(),
+            ceilings: None,
+            computed_fraction: Default::default(),
+            results,
+            runs: vec![],
+        }
     }
 
     #[test]
