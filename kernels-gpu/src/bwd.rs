@@ -436,12 +436,14 @@ pub unsafe fn backward<
     }
 
     // Epilogue: dK and dV through the K and V tiles (every warp is past its last read of them)
-    // to coalesced stores.
+    // to coalesced stores. A CTA whose key tile no query sees never waited for its K/V copies:
+    // they must land before the tiles are overwritten, or they overwrite the zero dK/dV.
     let tid = opaque(tid);
     let kb = KeyBlock::new(p, BN as u32, SPLITS as u32, true);
     let lane = tid % 32;
     let (g, t) = (lane / 4, lane % 4);
     let (wm, wn) = ((tid / 32) % 4, tid / 128);
+    cp_async_wait_all();
     sync_threads();
     let at = sm.k.chunk(g, 0) + 4 * t;
     for hh in 0..2 {
