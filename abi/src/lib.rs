@@ -81,10 +81,23 @@ pub struct CombineParams {
     pub o: View4,
     pub lse: u64,
     pub splits: u32,
+    pub rows: QueryRows,
+}
+
+/// The query rows a warp-per-row pass walks (`batch * heads * seqlen_q` of `head_dim`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct QueryRows {
     pub batch: u32,
     pub heads: u32,
     pub seqlen_q: u32,
     pub head_dim: u32,
+}
+
+impl QueryRows {
+    pub const fn count(&self) -> u32 {
+        self.batch * self.heads * self.seqlen_q
+    }
 }
 
 /// Backward kernel parameters: the forward's operands and outputs, the output gradient, and
@@ -117,10 +130,7 @@ pub struct BwdPreParams {
     pub o: View4,
     pub dout: View4,
     pub delta: u64,
-    pub batch: u32,
-    pub heads: u32,
-    pub seqlen_q: u32,
-    pub head_dim: u32,
+    pub rows: QueryRows,
 }
 
 /// f32 → 16-bit conversion of an accumulated gradient, `len` contiguous elements.

@@ -2,22 +2,30 @@
 //! kernel, and the f32 → 16-bit conversion of the accumulated dQ and dBias after it.
 use crate::arch::*;
 use crate::elem::Elem;
-use dmattn_abi::{BwdPreParams, ConvertParams, PRE_THREADS};
+use dmattn_abi::{BwdPreParams, ConvertParams, PRE_THREADS, QueryRows};
 
-/// One warp per query row, each lane 8 elements of the row (head dims up to 256); grid-stride
-/// over the `batch * heads * seqlen_q` rows.
+/// Runs `f(row, lane)` for every row of `rows` with one warp per row, grid-stride; a lane owns
+/// 8 elements (16 bytes) of the row, so head dims up to 256 fit one warp.
+#[inline(always)]
+pub fn for_each_row(rows: &QueryRows, mut f: impl FnMut(u32, u32)) {
+    let (tid, (bx, _, _)) = (thread_idx(), block_idx());
+    let warps = PRE_THREADS / 32;
+    let mut row = bx * warps + tid / 32;
+    while row < rows.count() {
+        f(row, tid % 32);
+        row += grid_dim_x() * warps;
+    }
+}
+
+/// delta = rowsum(dO * O) for every `[b, h, sq]` row.
 #[inline(always)]
 pub unsafe fn delta<E: Elem>(p: &BwdPreParams) {
-    let (tid, (bx, _, _)) = (thread_idx(), block_idx());
-    let lane = tid % 32;
-    let warps = PRE_THREADS / 32;
-    let rows = p.batch * p.heads * p.seqlen_q;
-    let mut row = bx * warps + tid / 32;
-    while row < rows {
-        let (i, bh) = (row % p.seqlen_q, row / p.seqlen_q);
-        let (b, h) = ((bh / p.heads) as u64, (bh % p.heads) as u64);
+    let r = &p.rows;
+    for_each_row(r, |row, lane| {
+        let (i, bh) = (row % r.seqlen_q, row / r.seqlen_q);
+        let (b, h) = ((bh / r.heads) as u64, (bh % r.heads) as u64);
         let mut acc = 0.0f32;
-        if 8 * lane < p.head_dim {
+        if 8 * lane < r.head_dim {
             let at = |t: &dmattn_abi::View4| t.ptr + 2 * (b * t.stride[0] + i as u64 * t.stride[1] + h * t.stride[2]) + 16 * lane as u64;
             let (o, d) = unsafe { (ld_global_nc_v4(at(&p.o)), ld_global_nc_v4(at(&p.dout))) };
             for j in 0..4 {
@@ -30,8 +38,7 @@ pub unsafe fn delta<E: Elem>(p: &BwdPreParams) {
         if lane == 0 {
             unsafe { *(p.delta as *mut f32).add(row as usize) = sum };
         }
-        row += grid_dim_x() * warps;
-    }
+    });
 }
 
 /// `dst[i] = src[i]` rounded to `E`, two elements per thread per step, grid-stride.

@@ -16,7 +16,7 @@ use crate::tensor::Tensor;
 use cudarc::driver::CudaSlice;
 use dmattn_abi::{
     BLOCK_MAP_K, BLOCK_MAP_Q, BwdParams, BwdPreParams, CombineParams, ConvertParams, DeviceElem, FwdParams, MaskPackParams, PRE_THREADS,
-    View4, bwd_tile, flags, fwd_variants,
+    QueryRows, View4, bwd_tile, flags, fwd_variants,
 };
 use launch::{Launch, launch};
 use std::sync::Arc;
@@ -208,6 +208,15 @@ fn key_splits(dev: &CudaDevice, d: &Dims, block_m: u32, block_n: u32) -> (u32, u
     (k_tiles.div_ceil(per_split) as u32, per_split as u32)
 }
 
+fn query_rows(d: &Dims) -> QueryRows {
+    QueryRows { batch: d.batch as u32, heads: d.heads as u32, seqlen_q: d.seqlen_q as u32, head_dim: d.head_dim as u32 }
+}
+
+/// Blocks of a warp-per-row pass over the query rows (grid-stride beyond 4096).
+fn row_blocks(d: &Dims) -> u32 {
+    (d.batch * d.heads * d.seqlen_q).div_ceil((PRE_THREADS / 32) as usize).clamp(1, 4096) as u32
+}
+
 pub(crate) fn forward(dev: &CudaDevice, p: Problem, mut saved: Saved) -> Result<Forward> {
     let d = p.dims;
     let elem = check_operands(&p, &saved)?;
@@ -243,13 +252,9 @@ pub(crate) fn forward(dev: &CudaDevice, p: Problem, mut saved: Saved) -> Result<
             o: qkv_view(&out, "out")?,
             lse: lse.device_ptr().expect("CUDA tensor"),
             splits,
-            batch: b as u32,
-            heads: h as u32,
-            seqlen_q: sq as u32,
-            head_dim: hd as u32,
+            rows: query_rows(&d),
         };
-        let rows = b * sq * h;
-        let blocks = rows.div_ceil((PRE_THREADS / 32) as usize).clamp(1, 4096) as u32;
+        let blocks = row_blocks(&d);
         let name = format!("{}{}", dmattn_abi::names::COMBINE_PREFIX, elem.name());
         launch(dev, &Launch::kernel(&name, (blocks, 1, 1), PRE_THREADS, 0), combine)?;
     }
@@ -288,13 +293,9 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, determini
         o: qkv_view(&fwd.out, "out")?,
         dout: dout_view,
         delta,
-        batch: d.batch as u32,
-        heads: d.heads as u32,
-        seqlen_q: d.seqlen_q as u32,
-        head_dim: d.head_dim as u32,
+        rows: query_rows(&d),
     };
-    let rows = d.batch * d.heads * d.seqlen_q;
-    let blocks = rows.div_ceil((PRE_THREADS / 32) as usize).min(65535) as u32;
+    let blocks = row_blocks(&d);
     let pre_name = format!("{}{}", dmattn_abi::names::BWD_PRE_PREFIX, elem.name());
     launch(dev, &Launch::kernel(&pre_name, (blocks, 1, 1), PRE_THREADS, 0), pre)?;
 
