@@ -31,6 +31,13 @@ pub struct Record {
     pub note: String,
 }
 
+impl Record {
+    /// Whether this is the result of (case, implementation, pass).
+    pub fn is_for(&self, case: &str, implementation: &str, pass: Pass) -> bool {
+        self.case == case && self.implementation == implementation && self.pass == pass
+    }
+}
+
 #[derive(Serialize, Deserialize, Clone, Copy, Debug)]
 pub struct Ceilings {
     pub matmul_tflops: f64,

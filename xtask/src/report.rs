@@ -52,7 +52,7 @@ impl Run {
             for (i, t) in other.tools.into_iter().enumerate() {
                 match run.tools.get_mut(i) {
                     Some(mine) => {
-                        let replaced = |r: &Record| t.results.iter().any(|n| n.case == r.case && n.implementation == r.implementation && n.pass == r.pass);
+                        let replaced = |r: &Record| t.results.iter().any(|n| r.is_for(&n.case, &n.implementation, n.pass));
                         mine.results.retain(|r| !replaced(r));
                         mine.results.extend(t.results);
                         mine.computed_fraction.extend(t.computed_fraction);
@@ -66,7 +66,7 @@ impl Run {
     }
 
     pub fn record(&self, case: &str, imp: &str, pass: Pass) -> Option<&Record> {
-        self.tools.iter().flat_map(|t| &t.results).find(|r| r.case == case && r.implementation == imp && r.pass == pass)
+        self.tools.iter().flat_map(|t| &t.results).find(|r| r.is_for(case, imp, pass))
     }
 
     pub fn ms(&self, case: &str, imp: &str, pass: Pass) -> Option<f64> {
@@ -120,6 +120,17 @@ fn status_word(r: Option<&Record>) -> String {
     }
 }
 
+/// Adds `imp`'s `note` (first line) under `label` to the notes below a table, once per kind:
+/// notes of one kind differ only in figures (free memory, sizes) past their start.
+fn note_once(notes: &mut Vec<String>, imp: &str, label: &str, note: &str) {
+    let note = note.lines().next().unwrap_or("").chars().take(160).collect::<String>().replace('|', "/");
+    let head = format!("{imp} {label}: ");
+    let kind = format!("{head}{}", note.chars().take(48).collect::<String>());
+    if !notes.iter().any(|n| n.starts_with(&kind)) {
+        notes.push(format!("{head}{note}"));
+    }
+}
+
 fn table(run: &Run, group: &str, pass: Pass, out: &mut String, notes: &mut Vec<String>) {
     let cases: Vec<&Case> = run.set.cases.iter().filter(|c| c.group == group && (pass == Pass::Fwd || c.backward)).collect();
     if cases.is_empty() {
@@ -162,13 +173,10 @@ fn table(run: &Run, group: &str, pass: Pass, out: &mut String, notes: &mut Vec<S
         for p in &peers {
             let rec = run.record(&c.id, p, pass);
             // A result that came with a caveat (K/V repeated for GQA, no bias gradient) is
-            // marked and its note listed under the table.
+            // marked, and caveats and failures are listed under the table.
             let mark = match rec.filter(|r| r.status == Status::Ok && !r.note.is_empty()) {
                 Some(r) => {
-                    let line = format!("{p} †: {}", r.note.chars().take(160).collect::<String>().replace('|', "/"));
-                    if !notes.iter().any(|n| n.starts_with(&line[..line.len().min(p.len() + 40)])) {
-                        notes.push(line);
-                    }
+                    note_once(notes, p, "†", &r.note);
                     "†"
                 }
                 None => "",
@@ -178,14 +186,7 @@ fn table(run: &Run, group: &str, pass: Pass, out: &mut String, notes: &mut Vec<S
                 (Some(ms), None) => format!("{ms:.3}{mark}"),
                 (None, _) => {
                     if let Some(r) = rec.filter(|r| !r.note.is_empty()) {
-                        let mut note: String = r.note.lines().next().unwrap_or("").chars().take(160).collect();
-                        note = note.replace('|', "/");
-                        // One line per kind of failure: notes differ in figures (free memory, sizes).
-                        let kind: String = note.chars().take(48).collect();
-                        let line = format!("{p} {}: {note}", status_word(rec));
-                        if !notes.iter().any(|n| n.starts_with(&format!("{p} {}: {kind}", status_word(rec)))) {
-                            notes.push(line);
-                        }
+                        note_once(notes, p, &status_word(rec), &r.note);
                     }
                     status_word(rec)
                 }
@@ -206,9 +207,10 @@ pub fn behind(run: &Run) -> Vec<(String, Pass, f64, String, f64)> {
     for c in &run.set.cases {
         for pass in [Pass::Fwd, Pass::Bwd] {
             if let (Some(d), Some((peer, ms))) = (run.ms(&c.id, DMATTN, pass), run.best_peer(&c.id, pass))
-                && d > ms {
-                    v.push((c.id.clone(), pass, d, peer, ms));
-                }
+                && d > ms
+            {
+                v.push((c.id.clone(), pass, d, peer, ms));
+            }
         }
     }
     v.sort_by(|a, b| (b.2 / b.4).total_cmp(&(a.2 / a.4)));
