@@ -139,9 +139,10 @@ impl CudaDevice {
     pub(crate) fn function(&self, name: &str, smem_bytes: u32) -> Result<CudaFunction> {
         let mut functions = self.0.functions.lock().unwrap();
         if let Some((f, cleared)) = functions.get(name)
-            && *cleared >= smem_bytes {
-                return Ok(f.clone());
-            }
+            && *cleared >= smem_bytes
+        {
+            return Ok(f.clone());
+        }
         let f = self.0.module.load_function(name)?;
         f.set_attribute(
             sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

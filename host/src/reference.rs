@@ -37,9 +37,10 @@ fn row_scores(p: &Problem, ops: &Operands, b: usize, h: usize, i: usize) -> Vec<
                 return None;
             }
             if let (Some(shape), Some(mask)) = (&p.mask, &ops.mask)
-                && !mask[broadcast_index(shape, d, b, h, i, j)] {
-                    return None;
-                }
+                && !mask[broadcast_index(shape, d, b, h, i, j)]
+            {
+                return None;
+            }
             let k = &ops.k[((b * d.seqlen_k + j) * d.kv_heads + kvh) * d.head_dim..][..d.head_dim];
             let raw = p.scale * q.iter().zip(k).map(|(a, b)| a * b).sum::<f64>();
             let capped = if p.softcap > 0.0 { p.softcap * (raw / p.softcap).tanh() } else { raw };

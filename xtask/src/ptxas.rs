@@ -52,10 +52,12 @@ fn parse(report: &str) -> Vec<(String, u32, u32, u32, u32)> {
         } else if line.contains("bytes stack frame") && name.is_some() {
             let n = nums(line);
             frame = (n[0], n[1], n[2]);
-        } else if line.contains("Used") && line.contains("registers")
-            && let Some(n) = name.take() {
-                rows.push((n, nums(line.split("Used").nth(1).unwrap())[0], frame.0, frame.1, frame.2));
-            }
+        } else if line.contains("Used")
+            && line.contains("registers")
+            && let Some(n) = name.take()
+        {
+            rows.push((n, nums(line.split("Used").nth(1).unwrap())[0], frame.0, frame.1, frame.2));
+        }
     }
     rows
 }

@@ -153,9 +153,10 @@ fn unsupported_head_dim(head_dim: usize) -> Error {
 fn check_operands(p: &Problem, saved: &Saved) -> Result<DeviceElem> {
     let elem = device_elem("q", p.dtype)?;
     if let Some(bias) = &saved.bias
-        && bias.dtype() != p.dtype {
-            return Err(Error::DType { arg: "bias", expected: format!("{:?} (the dtype of q)", p.dtype), got: bias.dtype() });
-        }
+        && bias.dtype() != p.dtype
+    {
+        return Err(Error::DType { arg: "bias", expected: format!("{:?} (the dtype of q)", p.dtype), got: bias.dtype() });
+    }
     Ok(elem)
 }
 
