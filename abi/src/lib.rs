@@ -302,10 +302,15 @@ impl FwdTile {
     pub const fn m_tiles_per_warp(&self) -> u32 {
         self.block_m / (16 * self.warps)
     }
-    /// Dynamic shared memory: Q, K, V tiles, then the bias and packed-mask tiles of one key block.
+    /// Dynamic shared memory: Q, K, V tiles, the bias and packed-mask tiles of one key block,
+    /// then the online softmax's running state.
     pub const fn smem_bytes(&self) -> u32 {
         let qkv = (self.block_m + 2 * self.block_n) * self.head_dim * 2;
-        qkv + self.bias_tile_bytes() + self.mask_tile_bytes()
+        qkv + self.bias_tile_bytes() + self.mask_tile_bytes() + self.softmax_state_bytes()
+    }
+    /// A running max and sum (f32) per thread per row it holds: two rows per 16-row MMA tile.
+    pub const fn softmax_state_bytes(&self) -> u32 {
+        self.threads() * self.m_tiles_per_warp() * 2 * 2 * 4
     }
     pub const fn bias_tile_bytes(&self) -> u32 {
         self.block_m * self.block_n * 2
@@ -330,17 +335,17 @@ const fn tile(head_dim: u32, block_m: u32, block_n: u32, warps: u32) -> FwdTile 
 }
 
 /// The shipped forward tiles. Shapes are chosen per head dim so that no variant spills under
-/// ptxas for sm_80 or sm_90 (`cargo xtask ptxas` checks); the lean variant of d256 spilled by a
-/// few bytes and is not shipped (the modifier variant serves plain calls there). 32 query rows
-/// per warp halve the shared-memory reads per MMA against 16; d128 affords it in the lean
-/// variant only (255 registers, no spills), d96 and the modifier variants spill with it.
+/// ptxas for sm_80 or sm_90 (`cargo xtask ptxas` checks; the GPU test `no_kernel_spills_on_this_gpu`
+/// checks the driver's own compilation). 32 query rows per warp halve the shared-memory reads per
+/// MMA against 16; up to d128 both variants afford it (d128: 253-255 and 249-255 registers),
+/// d192 and d256 do not.
 pub const FWD_TILES: [FwdVariants; 6] = [
     FwdVariants { plain: Some(tile(32, 128, 64, 4)), mods: tile(32, 128, 64, 4) },
     FwdVariants { plain: Some(tile(64, 128, 64, 4)), mods: tile(64, 128, 64, 4) },
-    FwdVariants { plain: Some(tile(96, 128, 64, 8)), mods: tile(96, 128, 64, 8) },
-    FwdVariants { plain: Some(tile(128, 128, 64, 4)), mods: tile(128, 128, 64, 8) },
+    FwdVariants { plain: Some(tile(96, 128, 64, 4)), mods: tile(96, 128, 64, 4) },
+    FwdVariants { plain: Some(tile(128, 128, 64, 4)), mods: tile(128, 128, 64, 4) },
     FwdVariants { plain: Some(tile(192, 64, 64, 4)), mods: tile(192, 64, 64, 4) },
-    FwdVariants { plain: None, mods: tile(256, 128, 64, 8) },
+    FwdVariants { plain: Some(tile(256, 128, 64, 8)), mods: tile(256, 128, 64, 8) },
 ];
 
 /// The kernels shipped for a head dimension.

@@ -117,6 +117,10 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let ceil = ceiling::measure(&dev, &timer)?;
     println!("GPU: {}", dev.name());
     println!("ceilings: bf16 matmul {:.0} TFLOP/s (cuBLAS 8192^3), copy {:.0} GB/s", ceil.matmul_tflops, ceil.copy_gbps);
+    // Timings of a kernel the driver spilled are not the kernel's: say so up front.
+    let kernels = dev.kernel_resources()?;
+    let spilled: Vec<String> = kernels.iter().filter(|k| k.local_bytes > 0).map(|k| format!("{} ({} B)", k.name, k.local_bytes)).collect();
+    println!("kernels: {} compiled by the driver, {} using local memory {spilled:?}", kernels.len(), spilled.len());
     let mut results = Results {
         tool: "dmattn-bench".into(),
         gpu: dev.name().into(),

@@ -11,6 +11,15 @@ use std::sync::{Arc, Mutex, OnceLock};
 /// The PTX built from `kernels-gpu` by `build.rs`, deflated.
 const PTX_SM80_DEFLATED: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/dmattn_sm80.ptx.deflate"));
 
+/// What one compiled kernel holds per thread.
+#[derive(Clone, Debug)]
+pub struct KernelResources {
+    pub name: String,
+    pub registers: u32,
+    /// Local memory per thread: register spills and stack (0 for a kernel that fits).
+    pub local_bytes: u32,
+}
+
 #[derive(Clone)]
 pub enum Device {
     Cpu,
@@ -67,6 +76,8 @@ pub(crate) struct CudaInner {
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) stream: Arc<CudaStream>,
     module: Arc<CudaModule>,
+    /// The module's kernel names, in PTX order.
+    kernels: Vec<String>,
     /// Functions by name, with the dynamic shared memory they were cleared for.
     functions: Mutex<HashMap<String, (CudaFunction, u32)>>,
     /// cuBLAS on `stream`, created on first use (the materialising path's products).
@@ -96,10 +107,13 @@ impl CudaDevice {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.default_stream();
         let ptx = miniz_oxide::inflate::decompress_to_vec(PTX_SM80_DEFLATED).expect("build.rs deflated valid PTX");
-        let module = ctx.load_module(Ptx::from_src(String::from_utf8(ptx).expect("PTX is ASCII")))?;
+        let ptx = String::from_utf8(ptx).expect("PTX is ASCII");
+        let kernels = ptx.lines().filter_map(|l| l.strip_prefix(".visible .entry ")).map(|l| l.trim_end_matches('(').to_string()).collect();
+        let module = ctx.load_module(Ptx::from_src(ptx))?;
         let name = ctx.name()?;
         let sms = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
-        Ok(Self(Arc::new(CudaInner { ctx, stream, module, functions: Mutex::new(HashMap::new()), blas: OnceLock::new(), name, sms })))
+        let functions = Mutex::new(HashMap::new());
+        Ok(Self(Arc::new(CudaInner { ctx, stream, module, kernels, functions, blas: OnceLock::new(), name, sms })))
     }
 
     pub fn name(&self) -> &str {
@@ -132,6 +146,24 @@ impl CudaDevice {
         }
         let blas = CudaBlas::new(self.0.stream.clone())?;
         Ok(self.0.blas.get_or_init(|| blas))
+    }
+
+    /// Every kernel of dmattn's module as the driver compiled it for this GPU. The driver's own
+    /// ptxas assembles the PTX at load, so this, not an offline `ptxas -v`, says whether a
+    /// shipped kernel spills here.
+    pub fn kernel_resources(&self) -> Result<Vec<KernelResources>> {
+        self.0
+            .kernels
+            .iter()
+            .map(|name| {
+                let f = self.0.module.load_function(name)?;
+                Ok(KernelResources {
+                    name: name.clone(),
+                    registers: f.num_regs()? as u32,
+                    local_bytes: f.local_size_bytes()? as u32,
+                })
+            })
+            .collect()
     }
 
     /// The kernel `name`, cleared to use `smem_bytes` of dynamic shared memory (above 48 KB a

@@ -30,7 +30,7 @@ mod reference;
 mod tensor;
 
 pub use attention::{Attention, Forward, Gradients, attention};
-pub use device::{CudaDevice, Device};
+pub use device::{CudaDevice, Device, KernelResources};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use problem::Dims;

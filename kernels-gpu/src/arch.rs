@@ -262,6 +262,14 @@ pub fn exp2(x: f32) -> f32 {
     r
 }
 
+/// `a * b + c`, rounded once (`core` has no `mul_add` without `std`).
+#[inline(always)]
+pub fn fma(a: f32, b: f32, c: f32) -> f32 {
+    let r: f32;
+    unsafe { asm!("fma.rn.f32 {0}, {1}, {2}, {3};", out(reg32) r, in(reg32) a, in(reg32) b, in(reg32) c, options(pure, nomem, nostack)) };
+    r
+}
+
 /// log2(x) (MUFU).
 #[inline(always)]
 pub fn log2(x: f32) -> f32 {
@@ -286,6 +294,13 @@ pub fn opaque(x: u32) -> u32 {
     let r: u32;
     unsafe { asm!("mov.b32 {0}, {1};", out(reg32) r, in(reg32) x, options(nomem, nostack)) };
     r
+}
+
+/// `a / b` for a divisor the host guarantees non-zero (head-group sizes, split counts): no
+/// division-by-zero panic branch, whose call site costs registers in the kernels' main loops.
+#[inline(always)]
+pub fn div(a: u32, b: u32) -> u32 {
+    a.checked_div(b).unwrap_or(0)
 }
 
 /// Fire-and-forget atomic add to global f32.

@@ -5,7 +5,7 @@
 //! would otherwise hoist every address out of the loop and hold it in a register across it (a
 //! dozen 64-bit values, enough to push a 4-warp tile into spills), while recomputing them costs a
 //! few integer multiply-adds per iteration.
-use crate::arch::{block_idx, grid_dim_x, opaque};
+use crate::arch::{block_idx, div, grid_dim_x, opaque};
 use crate::mask::Visibility;
 use dmattn_abi::{FwdParams, flags};
 
@@ -57,12 +57,12 @@ impl<'a> BlockInfo<'a> {
 
     #[inline(always)]
     fn kv_head(&self) -> u64 {
-        (self.head / self.p.kv_group) as u64
+        div(self.head, self.p.kv_group) as u64
     }
 
     #[inline(always)]
     fn mask_head(&self) -> u64 {
-        (self.head / self.p.mask_head_div) as u64
+        div(self.head, self.p.mask_head_div) as u64
     }
 
     /// Byte address of row 0 of the query tile in q (rows `2 * q.stride[1]` bytes apart).
@@ -109,7 +109,7 @@ impl<'a> BlockInfo<'a> {
     #[inline(always)]
     pub fn bias(&self) -> u64 {
         let b = &self.p.bias;
-        let head = (self.head / self.p.bias_head_div) as u64;
+        let head = div(self.head, self.p.bias_head_div) as u64;
         b.ptr + 2 * (self.batch * b.stride[0] + head * b.stride[1] + self.row0 as u64 * b.stride[2])
     }
 

@@ -12,8 +12,9 @@ use crate::tile::{Fragments, SmemTile, load_mask_bits_async};
 use dmattn_abi::{FwdParams, flags};
 
 /// The shared-memory tiles of one CTA: Q, K, V (`D` columns), the bias tile and the packed mask
-/// tile of the current key block. The packed tile is row-major, `BN / 64` words a row, unswizzled:
-/// a warp reads 8 rows x 4 half-words of one word column, 64 distinct bytes.
+/// tile of the current key block, and the online softmax's state. The packed tile is row-major,
+/// `BN / 64` words a row, unswizzled: a warp reads 8 rows x 4 half-words of one word column, 64
+/// distinct bytes.
 #[derive(Clone, Copy)]
 struct Smem {
     q: SmemTile,
@@ -21,6 +22,7 @@ struct Smem {
     v: SmemTile,
     bias: SmemTile,
     mask: u32,
+    softmax: u32,
 }
 
 impl Smem {
@@ -30,7 +32,8 @@ impl Smem {
         let k = SmemTile::new(q.base + q.bytes(), bn, d * 2);
         let v = SmemTile::new(k.base + k.bytes(), bn, d * 2);
         let bias = SmemTile::new(v.base + v.bytes(), bm, bn * 2);
-        Self { q, k, v, bias, mask: bias.base + bias.bytes() }
+        let mask = bias.base + bias.bytes();
+        Self { q, k, v, bias, mask, softmax: mask + (bm * bn / 8) as u32 }
     }
 }
 
@@ -67,6 +70,13 @@ unsafe fn load_k_side<const D: usize, const BM: usize, const BN: usize>(
     }
 }
 
+/// The next key tile to visit from `n`: the mask's block map decides in the modifier variant;
+/// the lean one never has a mask, so it visits every tile, full, and holds no cursor state.
+#[inline(always)]
+fn next_tile<const MODS: bool>(cursor: &mut TileCursor, n: u32, lane: u32, line: &impl TileLine) -> Option<Tile> {
+    if MODS { cursor.next(n, lane, line) } else { (n < line.end()).then_some(Tile { n, full: true }) }
+}
+
 /// Const parameters: head dim `D`, tile `BM x BN`, `THREADS` per CTA, and the per-warp fragment
 /// counts derived from them (`MT = BM / (16 * warps)` row tiles, `NT = BN / 8` key n-tiles,
 /// `KT = D / 16` k-steps, `DT = D / 8` output n-tiles), spelled out because arrays cannot be
@@ -95,14 +105,14 @@ pub unsafe fn forward<
     let mods = Mods::of::<MODS>(p);
 
     let mut o = [[[0f32; 4]; DT]; MT];
-    let mut softmax = OnlineSoftmax::<MT>::new();
+    OnlineSoftmax::<MT>::at(sm.softmax, thread_idx(), threads).reset();
     let mut cursor = TileCursor::new();
     let tid = thread_idx();
 
     let b = BlockInfo::new::<MODS>(p, BM as u32, false);
     let map = MapRows::<BM, BN>::new(&p.block_map, b.block_map(), b.m_block, &b.vis);
     let (first, end) = b.key_tiles(map.end());
-    if let Some(mut tile) = cursor.next(first, tid % 32, &map.until(end)) {
+    if let Some(mut tile) = next_tile::<MODS>(&mut cursor, first, tid % 32, &map.until(end)) {
         let q_row = 2 * p.q.stride[1];
         unsafe { sm.q.load_async(b.q(), q_row, b.rows_valid, (D * 2) as u32, tid, threads) };
         unsafe { load_k_side::<D, BM, BN>(&b, &sm, mods, tile, tid, threads) };
@@ -149,24 +159,32 @@ pub unsafe fn forward<
                 }
             }
 
-            warp.to_logits::<E, MT, NT>(&mut s, &mods);
+            // Base-2 logits are `scale * s`: the scale folds into the softmax's exponent, except
+            // under a softcap, which needs the logits first.
+            let scale = if mods.softcap > 0.0 {
+                warp.to_logits::<E, MT, NT>(&mut s, &mods);
+                1.0
+            } else {
+                mods.scale_log2
+            };
 
             // V has landed; everyone is done with this K/bias/mask: fetch the next tile's.
             cp_async_wait_all();
             sync_threads();
             let map = MapRows::<BM, BN>::new(&p.block_map, b.block_map(), b.m_block, &b.vis);
             let (_, end) = b.key_tiles(map.end());
-            let next = cursor.next(tile.n + 1, lane, &map.until(end));
+            let next = next_tile::<MODS>(&mut cursor, tile.n + 1, lane, &map.until(end));
             if let Some(next) = next {
                 unsafe { load_k_side::<D, BM, BN>(&b, &sm, mods, next, tid, threads) };
                 cp_async_commit();
             }
 
-            let correction = softmax.update(&mut s);
-            for mt in 0..MT {
-                for dt in 0..DT {
-                    for i in 0..4 {
-                        o[mt][dt][i] *= correction[mt][i / 2];
+            if let Some(correction) = OnlineSoftmax::<MT>::at(sm.softmax, tid, threads).update(&mut s, scale) {
+                for mt in 0..MT {
+                    for dt in 0..DT {
+                        for i in 0..4 {
+                            o[mt][dt][i] *= correction[mt][i / 2];
+                        }
                     }
                 }
             }
@@ -202,7 +220,7 @@ pub unsafe fn forward<
     let lane = tid % 32;
     let (g, t) = (lane / 4, lane % 4);
     let warp_row0 = (tid / 32) * (MT as u32) * 16;
-    let (inv, lse) = softmax.finish();
+    let (inv, lse) = OnlineSoftmax::<MT>::at(sm.softmax, tid, threads).finish();
     let o_at = sm.q.chunk(g, 0) + 4 * t;
     for mt in 0..MT {
         for h in 0..2 {

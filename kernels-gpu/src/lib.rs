@@ -73,13 +73,13 @@ fwd_kernels! {
     Bf16, 96: dmattn_fwd_bf16_d96_mods, dmattn_fwd_bf16_d96;
     Bf16, 128: dmattn_fwd_bf16_d128_mods, dmattn_fwd_bf16_d128;
     Bf16, 192: dmattn_fwd_bf16_d192_mods, dmattn_fwd_bf16_d192;
-    Bf16, 256: dmattn_fwd_bf16_d256_mods;
+    Bf16, 256: dmattn_fwd_bf16_d256_mods, dmattn_fwd_bf16_d256;
     F16, 32: dmattn_fwd_f16_d32_mods, dmattn_fwd_f16_d32;
     F16, 64: dmattn_fwd_f16_d64_mods, dmattn_fwd_f16_d64;
     F16, 96: dmattn_fwd_f16_d96_mods, dmattn_fwd_f16_d96;
     F16, 128: dmattn_fwd_f16_d128_mods, dmattn_fwd_f16_d128;
     F16, 192: dmattn_fwd_f16_d192_mods, dmattn_fwd_f16_d192;
-    F16, 256: dmattn_fwd_f16_d256_mods;
+    F16, 256: dmattn_fwd_f16_d256_mods, dmattn_fwd_f16_d256;
 }
 
 /// Backward entry points per (element type, head dim), `dmattn_bwd_<elem>_d<dim>[_mods]`, and

@@ -84,7 +84,7 @@ impl WarpScores {
         if !(check || fold) {
             return;
         }
-        let inv_scale = LOG2E / mods.scale_log2;
+        let inv_scale = LOG2E * rcp(mods.scale_log2);
         let t = self.lane % 4;
         for mt in 0..MT {
             for h in 0..2 {
@@ -125,7 +125,7 @@ impl WarpScores {
     #[inline(always)]
     pub fn logits<E: Elem>(&self, acc: [f32; 2], dr: u32, nt: u32, mods: &Mods) -> ([f32; 2], [f32; 2]) {
         if mods.softcap > 0.0 {
-            let pre = mods.scale_log2 / LOG2E / mods.softcap;
+            let pre = mods.scale_log2 * rcp(LOG2E * mods.softcap);
             let bias = if mods.bias { self.bias::<E>(dr, nt) } else { (0.0, 0.0) };
             let (mut x, mut dcap) = ([0.0; 2], [0.0; 2]);
             for e in 0..2 {

@@ -1,12 +1,24 @@
 //! Online softmax over the rows a thread holds in MMA accumulator layout: `MT` row tiles of 16,
 //! each thread owning rows `g` and `g + 8` (`g = lane / 4`) and sharing them with its quad.
-use crate::arch::{exp2, log2, shfl_xor};
+//!
+//! The running max and sum live in shared memory, not registers: they are touched once per key
+//! tile, and the 4 x `MT` registers they would hold across the main loop are what tipped the
+//! 32-rows-per-warp forward tiles into spills.
+use crate::arch::{ballot, exp2, fma, ld_shared_u32, log2, rcp, shfl_xor, st_shared_u32};
 
-/// Running max (base-2 logits) and partial sum of the thread's two rows in each row tile.
+/// One thread's running state: value `j` (max of row `2 mt + h` at `j = 2 (2 mt + h)`, its
+/// sum at `j + 1`) at `base + j * stride`, so a warp's accesses hit 32 distinct banks.
+#[derive(Clone, Copy)]
 pub struct OnlineSoftmax<const MT: usize> {
-    pub max: [[f32; 2]; MT],
-    pub sum: [[f32; 2]; MT],
+    base: u32,
+    stride: u32,
 }
+
+/// How far (base 2) a row's running max may lag the tile's before the output is rescaled. Until
+/// then the stale max is kept, probabilities stay at most 2^8 (exact enough in f32 sums and in
+/// the 16-bit P operand), and the O accumulators need no multiply: after the first few key
+/// tiles a new tile rarely raises a row's max that far.
+const RESCALE_THRESHOLD: f32 = 8.0;
 
 #[inline(always)]
 fn quad_max(v: f32) -> f32 {
@@ -21,40 +33,74 @@ fn quad_sum(v: f32) -> f32 {
 }
 
 impl<const MT: usize> OnlineSoftmax<MT> {
+    /// Bytes of state per thread.
+    pub const THREAD_BYTES: u32 = (MT * 2 * 2 * 4) as u32;
+
+    /// Thread `tid`'s state in the region at `region` shared by `threads` threads.
     #[inline(always)]
-    pub fn new() -> Self {
-        Self { max: [[f32::NEG_INFINITY; 2]; MT], sum: [[0.0; 2]; MT] }
+    pub fn at(region: u32, tid: u32, threads: u32) -> Self {
+        Self { base: region + 4 * tid, stride: 4 * threads }
     }
 
-    /// Folds a tile of base-2 logits `s` (masked scores are -inf) into the running state, turns
-    /// `s` into unnormalised probabilities and returns the factor each row's output must be
-    /// scaled by. A row with no visible score so far keeps max -inf and gets probabilities 0.
     #[inline(always)]
-    pub fn update<const NT: usize>(&mut self, s: &mut [[[f32; 4]; NT]; MT]) -> [[f32; 2]; MT] {
-        let mut correction = [[0.0; 2]; MT];
+    fn load(&self, j: usize) -> f32 {
+        f32::from_bits(unsafe { ld_shared_u32(self.base + j as u32 * self.stride) })
+    }
+
+    #[inline(always)]
+    fn store(&self, j: usize, v: f32) {
+        unsafe { st_shared_u32(self.base + j as u32 * self.stride, v.to_bits()) }
+    }
+
+    /// The state before the first key tile: max -inf, sum 0.
+    #[inline(always)]
+    pub fn reset(&self) {
+        for r in 0..2 * MT {
+            self.store(2 * r, f32::NEG_INFINITY);
+            self.store(2 * r + 1, 0.0);
+        }
+    }
+
+    /// Folds a tile of scores `s` into the running state: base-2 logits are `scale * s`
+    /// (masked scores are -inf). Turns `s` into unnormalised probabilities and returns, where
+    /// some row of the warp took a new max, the factor each row's output must be scaled by
+    /// (warp-uniform: `None` means no output row changes). A row with no visible score so far
+    /// keeps max -inf and gets probabilities 0.
+    #[inline(always)]
+    pub fn update<const NT: usize>(&self, s: &mut [[[f32; 4]; NT]; MT], scale: f32) -> Option<[[f32; 2]; MT]> {
+        let mut correction = [[1.0; 2]; MT];
+        let mut rescale = false;
         for mt in 0..MT {
             for h in 0..2 {
+                let j = 2 * (2 * mt + h);
+                let max = self.load(j);
                 let mut tile_max = f32::NEG_INFINITY;
                 for nt in 0..NT {
                     tile_max = tile_max.max(s[mt][nt][2 * h]).max(s[mt][nt][2 * h + 1]);
                 }
-                let new_max = self.max[mt][h].max(quad_max(tile_max));
+                // `scale > 0`: the max of the scaled scores is the scaled max.
+                let tile_max = quad_max(tile_max) * scale;
+                let mut sum = self.load(j + 1);
+                let new_max = if tile_max > max + RESCALE_THRESHOLD { tile_max } else { max };
+                if new_max != max {
+                    rescale = true;
+                    correction[mt][h] = exp2(max - new_max);
+                    sum *= correction[mt][h];
+                    self.store(j, new_max);
+                }
                 // Subtracting -inf would give NaN; a row with nothing visible uses 0 instead.
                 let base = if new_max == f32::NEG_INFINITY { 0.0 } else { new_max };
-                correction[mt][h] = exp2(self.max[mt][h] - base);
-                let mut sum = 0.0;
                 for nt in 0..NT {
                     for e in 0..2 {
-                        let p = exp2(s[mt][nt][2 * h + e] - base);
+                        let p = exp2(fma(s[mt][nt][2 * h + e], scale, -base));
                         s[mt][nt][2 * h + e] = p;
                         sum += p;
                     }
                 }
-                self.sum[mt][h] = self.sum[mt][h] * correction[mt][h] + sum;
-                self.max[mt][h] = new_max;
+                self.store(j + 1, sum);
             }
         }
-        correction
+        (ballot(rescale) != 0).then_some(correction)
     }
 
     /// Per row: the factor that normalises the output (0 for a row with nothing visible) and the
@@ -65,10 +111,11 @@ impl<const MT: usize> OnlineSoftmax<MT> {
         let mut lse = [[f32::NEG_INFINITY; 2]; MT];
         for mt in 0..MT {
             for h in 0..2 {
-                let sum = quad_sum(self.sum[mt][h]);
+                let j = 2 * (2 * mt + h);
+                let sum = quad_sum(self.load(j + 1));
                 if sum > 0.0 {
-                    inv[mt][h] = 1.0 / sum;
-                    lse[mt][h] = (self.max[mt][h] + log2(sum)) * core::f32::consts::LN_2;
+                    inv[mt][h] = rcp(sum);
+                    lse[mt][h] = (self.load(j) + log2(sum)) * core::f32::consts::LN_2;
                 }
             }
         }

@@ -49,3 +49,21 @@ fn each_kernel_once() {
     }
     *STEP.lock().unwrap() = "done";
 }
+
+/// Every shipped kernel, as this GPU's driver compiled it, keeps everything in registers: no
+/// local memory (spills or stack). The offline `cargo xtask ptxas` check uses another ptxas than
+/// the driver's, and allocations near 255 registers differ between versions.
+#[test]
+fn no_kernel_spills_on_this_gpu() {
+    let Some(Device::Cuda(gpu)) = gpu() else { return };
+    let kernels = gpu.kernel_resources().unwrap();
+    assert!(kernels.len() > 50, "only {} kernels found in the module", kernels.len());
+    let mut spilled = Vec::new();
+    for k in &kernels {
+        say(&format!("{:<34} {:>3} registers, {:>3} local bytes", k.name, k.registers, k.local_bytes));
+        if k.local_bytes > 0 {
+            spilled.push(format!("{} ({} B)", k.name, k.local_bytes));
+        }
+    }
+    assert!(spilled.is_empty(), "kernels using local memory on {}: {}", gpu.name(), spilled.join(", "));
+}
