@@ -200,12 +200,17 @@ impl BwdTile {
     pub const fn stage_bytes(&self) -> u32 {
         bwd_stage_bytes(self.block_m, self.block_n, self.head_dim)
     }
-    /// K, V, then P and dS, then the stages.
+    /// K, V, then P and dS, then the stages, then each warp's dQ staging slice.
     pub const fn smem_bytes(&self) -> u32 {
         let (m, n, d) = (self.block_m, self.block_n, self.head_dim);
-        2 * n * d * 2 + 2 * m * n * 2 + self.stages * self.stage_bytes()
+        2 * n * d * 2 + 2 * m * n * 2 + self.stages * self.stage_bytes() + self.threads() / 32 * BWD_DQ_STAGE_BYTES
     }
 }
+
+/// n8 tiles of dQ a backward warp stages in shared memory at once on their way to the f32
+/// accumulator, and the bytes of its slice (16 rows x 8 f32 columns per tile).
+pub const BWD_DQ_STAGE_TILES: u32 = 2;
+pub const BWD_DQ_STAGE_BYTES: u32 = BWD_DQ_STAGE_TILES * 16 * 8 * 4;
 
 /// Bytes of one backward pipeline stage: Q, dO, bias, packed mask, lse and delta of one query
 /// tile (the kernel lays the stage out in this order).

@@ -125,6 +125,17 @@ pub unsafe fn st_shared_u32(addr: u32, v: u32) {
 }
 
 #[inline(always)]
+pub unsafe fn st_shared_v2(addr: u32, v: [u32; 2]) {
+    unsafe { asm!("st.shared.v2.b32 [{0}], {{{1}, {2}}};", in(reg32) addr, in(reg32) v[0], in(reg32) v[1], options(nostack)) };
+}
+
+/// Orders the warp's shared-memory accesses around it (and reconverges the warp).
+#[inline(always)]
+pub fn sync_warp() {
+    unsafe { asm!("bar.warp.sync 0xffffffff;", options(nostack)) };
+}
+
+#[inline(always)]
 pub unsafe fn st_shared_u16(addr: u32, v: u32) {
     unsafe { asm!("st.shared.u16 [{0}], {1};", in(reg32) addr, in(reg32) v, options(nostack)) };
 }

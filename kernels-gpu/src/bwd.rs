@@ -20,7 +20,7 @@ use crate::elem::Elem;
 use crate::mask::{MapCols, TileCursor, Visibility};
 use crate::scores::{LOG2E, Mods, WarpScores};
 use crate::tile::{Fragments, SmemTile, load_mask_bits_async};
-use dmattn_abi::{BwdParams, bwd_stage_bytes, flags};
+use dmattn_abi::{BWD_DQ_STAGE_BYTES, BWD_DQ_STAGE_TILES, BwdParams, bwd_stage_bytes, flags};
 
 /// One pipeline stage: everything that belongs to one (query tile, query head).
 #[derive(Clone, Copy)]
@@ -40,16 +40,24 @@ struct Smem {
     p: SmemTile,
     ds: SmemTile,
     shape: (usize, usize, usize),
+    stages: u32,
 }
 
 impl Smem {
     #[inline(always)]
-    fn new(d: usize, bm: usize, bn: usize) -> Self {
+    fn new(d: usize, bm: usize, bn: usize, stages: usize) -> Self {
         let k = SmemTile::new(smem_base(), bn, d * 2);
         let v = SmemTile::new(k.base + k.bytes(), bn, d * 2);
         let p = SmemTile::new(v.base + v.bytes(), bm, bn * 2);
         let ds = SmemTile::new(p.base + p.bytes(), bm, bn * 2);
-        Smem { k, v, p, ds, shape: (d, bm, bn) }
+        Smem { k, v, p, ds, shape: (d, bm, bn), stages: stages as u32 }
+    }
+
+    /// Warp `w`'s dQ staging slice, after the stages.
+    #[inline(always)]
+    fn dq_stage(&self, w: u32) -> u32 {
+        let (d, bm, bn) = self.shape;
+        self.ds.base + self.ds.bytes() + self.stages * bwd_stage_bytes(bm as u32, bn as u32, d as u32) + w * BWD_DQ_STAGE_BYTES
     }
 
     /// Pipeline stage `i` (computed, not indexed: a runtime index into an array of tiles would
@@ -218,7 +226,7 @@ pub unsafe fn backward<
     }
     let f = &p.fwd;
     let threads = 128 * WN as u32;
-    let sm = Smem::new(D, BM, BN);
+    let sm = Smem::new(D, BM, BN, STAGES);
     let mods = Mods::of::<MODS>(f);
     let deterministic = f.flags & flags::DETERMINISTIC != 0;
     let group = f.kv_group;
@@ -398,18 +406,10 @@ pub unsafe fn backward<
                         E::mma(&mut dqt[2 * dq + 1], &a, bk[2], bk[3]);
                     }
                 }
-                for hh in 0..2 {
-                    let r = 16 * wm + 8 * hh as u32 + g;
-                    if r < rows_valid {
-                        let row = kb.q_row(&p.dq_accum, h, row0 + r, 4);
-                        for dt in 0..DQ {
-                            for e in 0..2 {
-                                let at = row + 4 * (8 * (c0 + dt as u32) + 2 * t + e as u32) as u64;
-                                unsafe { accumulate(at, dqt[dt][2 * hh + e], deterministic) };
-                            }
-                        }
-                    }
-                }
+                let rows = kb.q_row(&p.dq_accum, h, row0 + 16 * wm, 4) + 32 * c0 as u64;
+                let row_bytes = 4 * p.dq_accum.stride[1];
+                let warp_rows = rows_valid.saturating_sub(16 * wm);
+                unsafe { add_dq(&dqt, sm.dq_stage(tid / 32), rows, row_bytes, warp_rows, lane, deterministic) };
             }
             if deterministic {
                 unsafe { pass_turn(turn, kb.n_block + 1, tid) };
@@ -465,6 +465,40 @@ pub unsafe fn backward<
     }
 }
 
+/// Adds a warp's dQ block (16 rows x `8 DQ` columns in the MMA accumulator layout) to the f32
+/// accumulator whose row 0, column 0 is at `rows`, rows `row_bytes` apart, `rows_valid` of them
+/// inside the sequence. The tiles pass through the warp's staging slice, `BWD_DQ_STAGE_TILES` at
+/// a time as 16 x 8 row-major blocks, so that each addition instruction covers 4 rows x 8
+/// consecutive columns: whole 32-byte sectors, where the accumulator layout's 8 rows x 4
+/// scattered columns used half of each sector (the backward was bound by L2 throughput).
+#[inline(always)]
+unsafe fn add_dq<const DQ: usize>(dqt: &[[f32; 4]; DQ], stage: u32, rows: u64, row_bytes: u64, rows_valid: u32, lane: u32, deterministic: bool) {
+    const TILES: usize = BWD_DQ_STAGE_TILES as usize;
+    const { assert!(DQ % TILES == 0) };
+    let (g, t) = (lane / 4, lane % 4);
+    for chunk in 0..DQ / TILES {
+        for j in 0..TILES {
+            let v = &dqt[chunk * TILES + j];
+            for hh in 0..2 {
+                let at = stage + 512 * j as u32 + 4 * (8 * (8 * hh as u32 + g) + 2 * t);
+                unsafe { st_shared_v2(at, [v[2 * hh].to_bits(), v[2 * hh + 1].to_bits()]) };
+            }
+        }
+        sync_warp();
+        for j in 0..TILES {
+            for i in 0..4u32 {
+                let r = 4 * i + lane / 8;
+                let v = f32::from_bits(unsafe { ld_shared_u32(stage + 512 * j as u32 + 128 * i + 4 * lane) });
+                if r < rows_valid {
+                    let col = 8 * (chunk * TILES + j) as u64 + (lane % 8) as u64;
+                    unsafe { accumulate(rows + r as u64 * row_bytes + 4 * col, v, deterministic) };
+                }
+            }
+        }
+        sync_warp();
+    }
+}
+
 /// Adds `v` to the f32 at `at`: a plain read-add-write in deterministic mode (the caller holds
 /// the element's turn, and no other thread of the CTA touches it), else an atomic.
 #[inline(always)]
@@ -502,20 +536,13 @@ unsafe fn add_dbias<E: Elem, const BM: usize, const BN: usize>(
     let row = |r: u32| kb.broadcast_at(&p.dbias_accum, f.bias_head_div, h, row0 + r, 0, 4);
     match (stride[2] == 0, stride[3] == 0) {
         (false, false) => {
-            // Element-wise: each thread 8 consecutive keys of a row (neighbouring addresses).
-            let chunks = (BN / 8) as u32;
-            for i in 0..(BM * BN / 8).div_ceil(threads as usize) as u32 {
-                let c = tid + i * threads;
-                let (r, chunk) = (c / chunks, c % chunks);
-                if r < rows {
-                    let v = unsafe { ld_shared_v4(tile.chunk(r, chunk)) };
-                    for j in 0..8u32 {
-                        let (lo, hi) = E::unpack(v[j as usize / 2]);
-                        let col = 8 * chunk + j;
-                        if col < keys {
-                            add(row(r) + 4 * col as u64 * stride[3], if j % 2 == 0 { lo } else { hi });
-                        }
-                    }
+            // Element-wise: consecutive threads take consecutive keys of a row, so that each
+            // warp-wide addition covers whole 32-byte sectors.
+            for i in 0..(BM * BN).div_ceil(threads as usize) as u32 {
+                let e = tid + i * threads;
+                let (r, c) = (e / BN as u32, e % BN as u32);
+                if r < rows && c < keys {
+                    add(row(r) + 4 * c as u64 * stride[3], ds(r, c));
                 }
             }
         }
