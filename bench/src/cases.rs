@@ -116,16 +116,17 @@ fn flash_dma(group: &str, seqlen_q: usize, seqlen_k: usize, keep: usize) -> Case
 }
 
 /// LLM-shaped cases: batch 2, 32 heads, 8 kv heads (GQA), dim 128.
-fn llm(seqlen: usize) -> Vec<Case> {
+/// LLM shapes: dense, causal, a 50 % random 128-block mask, and that mask with a bias.
+fn llm(group: &str, head_dim: usize, seqlen: usize) -> Vec<Case> {
     let base = Case {
         id: String::new(),
-        group: "llm".into(),
+        group: group.into(),
         batch: 2,
         heads: 32,
         kv_heads: 8,
         seqlen_q: seqlen,
         seqlen_k: seqlen,
-        head_dim: 128,
+        head_dim,
         causal: false,
         mask: None,
         bias: false,
@@ -143,7 +144,7 @@ fn llm(seqlen: usize) -> Vec<Case> {
 }
 
 /// The groups of the grid, in run order.
-pub const GROUPS: [&str; 5] = ["llm", "dma-train", "dma-window", "dma-infer", "dma-infer-window"];
+pub const GROUPS: [&str; 6] = ["llm", "llm-d64", "dma-train", "dma-window", "dma-infer", "dma-infer-window"];
 
 /// The grid for `groups` (all when empty); `quick` keeps a few sizes of each for a run of about
 /// two minutes.
@@ -152,7 +153,11 @@ pub fn grid(quick: bool, groups: &[String]) -> Vec<Case> {
     let mut cases = Vec::new();
     for group in GROUPS.into_iter().filter(|g| groups.is_empty() || groups.iter().any(|x| x == g)) {
         match group {
-            "llm" => cases.extend(pick(&[4096, 8192, 16384], &[8192]).into_iter().flat_map(llm)),
+            "llm" | "llm-d64" => {
+                let head_dim = if group == "llm" { 128 } else { 64 };
+                let seqlens = pick(&[1024, 2048, 4096, 8192, 16384], &[8192]);
+                cases.extend(seqlens.into_iter().flat_map(|s| llm(group, head_dim, s)));
+            }
             "dma-train" => cases.extend(
                 pick(&[256, 512, 1024, 2048, 4096, 8192, 16384, 32768], &[1024, 16384]).into_iter().map(|s| flash_dma(group, s, s, 1024)),
             ),

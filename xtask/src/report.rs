@@ -230,7 +230,7 @@ pub fn markdown(run: &Run, plot_file: Option<&str>) -> String {
     match run.tools.get(1) {
         Some(p) => {
             let versions: Vec<String> = p.versions.iter().map(|(k, v)| format!("{k} {v}")).collect();
-            let _ = writeln!(out, "Peers ({}) ran in the same invocation on {}.", versions.join(", "), p.gpu);
+            let _ = writeln!(out, "Peers ({}) ran on the same machine ({}), started {}.", versions.join(", "), p.gpu, p.date);
         }
         None => out += "No peers ran (no PyTorch with CUDA on this machine): only dmattn's own figures.\n",
     }
