@@ -12,7 +12,7 @@ use dmattn_abi::{BLOCK_MAP_K, BLOCK_MAP_Q, MASK_PACK_THREADS, MaskPackParams, bl
 pub unsafe fn mask_pack(p: &MaskPackParams) {
     const KEYS_PER_THREAD: u32 = BLOCK_MAP_Q * BLOCK_MAP_K / MASK_PACK_THREADS;
     const THREADS_PER_ROW: u32 = BLOCK_MAP_K / KEYS_PER_THREAD;
-    const { assert!(THREADS_PER_ROW == 4) };
+    const { assert!(THREADS_PER_ROW == 4 && KEYS_PER_THREAD == 16) };
     let tid = thread_idx();
     let (kb, qb, bh) = block_idx();
     let [_, heads, rows, keys] = p.dims;
@@ -23,11 +23,17 @@ pub unsafe fn mask_pack(p: &MaskPackParams) {
     let (mut any, mut all, mut word) = (false, true, 0u64);
     if row < rows {
         let base = p.mask.ptr + b * s[0] + h * s[1] + row as u64 * s[2];
+        let strip = base + (kb * BLOCK_MAP_K + k0) as u64 * s[3];
+        // A contiguous, aligned strip inside the keys is one 16-byte load (the byte loads kept
+        // this kernel at a third of the copy bandwidth); anything else goes byte by byte.
+        let whole = s[3] == 1 && strip % 16 == 0 && kb * BLOCK_MAP_K + k0 + KEYS_PER_THREAD <= keys;
+        let bytes = if whole { unsafe { ld_global_nc_v4(strip) } } else { [0; 4] };
         for j in 0..KEYS_PER_THREAD {
             let k = k0 + j;
             let key = kb * BLOCK_MAP_K + k;
             if key < keys {
-                let v = unsafe { ld_global_nc_u8(base + key as u64 * s[3]) } != 0;
+                let byte = if whole { bytes[j as usize / 4] >> (8 * (j % 4)) & 0xff } else { unsafe { ld_global_nc_u8(strip + j as u64 * s[3]) } };
+                let v = byte != 0;
                 any |= v;
                 all &= v;
                 word |= (v as u64) << mask_bit(k);
