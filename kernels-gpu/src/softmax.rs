@@ -33,9 +33,6 @@ fn quad_sum(v: f32) -> f32 {
 }
 
 impl<const MT: usize> OnlineSoftmax<MT> {
-    /// Bytes of state per thread.
-    pub const THREAD_BYTES: u32 = (MT * 2 * 2 * 4) as u32;
-
     /// Thread `tid`'s state in the region at `region` shared by `threads` threads.
     #[inline(always)]
     pub fn at(region: u32, tid: u32, threads: u32) -> Self {
