@@ -108,7 +108,7 @@ impl CudaDevice {
         let stream = ctx.default_stream();
         let ptx = miniz_oxide::inflate::decompress_to_vec(PTX_SM80_DEFLATED).expect("build.rs deflated valid PTX");
         let ptx = String::from_utf8(ptx).expect("PTX is ASCII");
-        let kernels = ptx.lines().filter_map(|l| l.strip_prefix(".visible .entry ")).map(|l| l.trim_end_matches('(').to_string()).collect();
+        let kernels = entry_names(&ptx);
         let module = ctx.load_module(Ptx::from_src(ptx))?;
         let name = ctx.name()?;
         let sms = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
@@ -182,5 +182,21 @@ impl CudaDevice {
         )?;
         functions.insert(name.to_string(), (f.clone(), smem_bytes));
         Ok(f)
+    }
+}
+
+/// The kernel (entry) names a PTX module declares, in order.
+fn entry_names(ptx: &str) -> Vec<String> {
+    ptx.lines().filter_map(|l| l.strip_prefix(".visible .entry ")).map(|l| l.trim_end_matches('(').to_string()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::entry_names;
+
+    #[test]
+    fn entry_names_lists_kernels_not_device_functions() {
+        let ptx = ".version 7.8\n.func helper(\n.visible .entry dmattn_fwd_bf16_d64(\n\t.param .align 8 .b8 p[8]\n)\n.visible .entry dmattn_mask_pack(\n";
+        assert_eq!(entry_names(ptx), ["dmattn_fwd_bf16_d64", "dmattn_mask_pack"]);
     }
 }
