@@ -216,7 +216,12 @@ pub const BWD_DQ_STAGE_BYTES: u32 = BWD_DQ_STAGE_TILES * 16 * 8 * 4;
 /// tile (the kernel lays the stage out in this order).
 pub const fn bwd_stage_bytes(block_m: u32, block_n: u32, head_dim: u32) -> u32 {
     let (m, n, d) = (block_m, block_n, head_dim);
-    2 * m * d * 2 + m * n * 2 + m * n / 8 + 2 * m * 4
+    2 * m * d * 2 + m * n * 2 + mask_tile_bytes(m, n) + 2 * m * 4
+}
+
+/// Bytes of a packed mask tile in shared memory: one bit per score (forward and backward).
+pub const fn mask_tile_bytes(block_m: u32, block_n: u32) -> u32 {
+    block_m * block_n / 8
 }
 
 /// The shipped backward tiles (none spills under ptxas for sm_80 or sm_90).
@@ -321,7 +326,7 @@ impl FwdTile {
         self.block_m * self.block_n * 2
     }
     pub const fn mask_tile_bytes(&self) -> u32 {
-        self.block_m * self.block_n / 8
+        mask_tile_bytes(self.block_m, self.block_n)
     }
 }
 

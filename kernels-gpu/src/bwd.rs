@@ -20,7 +20,7 @@ use crate::elem::Elem;
 use crate::mask::{MapCols, TileCursor, Visibility};
 use crate::scores::{LOG2E, Mods, WarpScores};
 use crate::tile::{Fragments, SmemTile, load_mask_bits_async};
-use dmattn_abi::{BWD_DQ_STAGE_BYTES, BWD_DQ_STAGE_TILES, BwdParams, bwd_stage_bytes, flags};
+use dmattn_abi::{BWD_DQ_STAGE_BYTES, BWD_DQ_STAGE_TILES, BwdParams, bwd_stage_bytes, flags, mask_tile_bytes};
 
 /// One pipeline stage: everything that belongs to one (query tile, query head).
 #[derive(Clone, Copy)]
@@ -70,7 +70,7 @@ impl Smem {
         let dout = SmemTile::new(q.base + q.bytes(), bm, d * 2);
         let bias = SmemTile::new(dout.base + dout.bytes(), bm, bn * 2);
         let mask = bias.base + bias.bytes();
-        let lse = mask + (bm * bn / 8) as u32;
+        let lse = mask + mask_tile_bytes(bm as u32, bn as u32);
         Stage { q, dout, bias, mask, lse, delta: lse + 4 * bm as u32 }
     }
 }

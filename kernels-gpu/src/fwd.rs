@@ -9,7 +9,7 @@ use crate::mask::{MapRows, Tile, TileCursor, TileLine};
 use crate::scores::{Mods, WarpScores};
 use crate::softmax::OnlineSoftmax;
 use crate::tile::{Fragments, SmemTile, load_mask_bits_async};
-use dmattn_abi::{FwdParams, flags};
+use dmattn_abi::{FwdParams, flags, mask_tile_bytes};
 
 /// The shared-memory tiles of one CTA: Q, K, V (`D` columns), the bias tile and the packed mask
 /// tile of the current key block, and the online softmax's state. The packed tile is row-major,
@@ -33,7 +33,7 @@ impl Smem {
         let v = SmemTile::new(k.base + k.bytes(), bn, d * 2);
         let bias = SmemTile::new(v.base + v.bytes(), bm, bn * 2);
         let mask = bias.base + bias.bytes();
-        Self { q, k, v, bias, mask, softmax: mask + (bm * bn / 8) as u32 }
+        Self { q, k, v, bias, mask, softmax: mask + mask_tile_bytes(bm as u32, bn as u32) }
     }
 }
 
