@@ -31,6 +31,9 @@ struct Args {
     /// Implementations to time.
     #[arg(long, value_delimiter = ',', default_value = "dmattn,cublas-materialized")]
     impls: Vec<Impl>,
+    /// Keep only the cases whose id contains one of these strings.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
     /// Run the cases of this cases.json instead of the built-in grid.
     #[arg(long)]
     cases: Option<PathBuf>,
@@ -98,10 +101,13 @@ fn describe(c: &Case, r: &Record, computed: f64, ceil_tflops: f64) -> String {
 }
 
 fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
-    let cases = match &args.cases {
+    let mut cases = match &args.cases {
         Some(path) => serde_json::from_str::<CaseSet>(&std::fs::read_to_string(path)?)?.cases,
         None => grid(args.quick, &args.groups),
     };
+    if !args.only.is_empty() {
+        cases.retain(|c| args.only.iter().any(|s| c.id.contains(s.as_str())));
+    }
     let timer = Timer { warmup: 3, reps: if args.quick { 7 } else { args.reps } };
     let set = CaseSet { dtype: "bf16".into(), warmup: timer.warmup, reps: timer.reps, cases };
     std::fs::create_dir_all(&args.out)?;
