@@ -24,9 +24,6 @@ pub mod flags {
     pub const CAUSAL: u32 = 1;
     /// The bias rows can be copied with 16-byte `cp.async` (unit key stride, 16-byte aligned rows).
     pub const BIAS_VEC: u32 = 2;
-    /// Backward: accumulate dQ and dBias in a fixed order (bit-identical runs) instead of with
-    /// atomics.
-    pub const DETERMINISTIC: u32 = 4;
 }
 
 /// Forward kernel parameters. Layouts: q/o `[b, sq, h, d]`, k/v `[b, sk, hk, d]` (unit stride on
@@ -176,9 +173,16 @@ pub const SOFTMAX_ROWS_THREADS: u32 = 256;
 /// Its dynamic shared memory: one (max, sum) pair of f32 per warp for the block reduction.
 pub const SOFTMAX_ROWS_SMEM_BYTES: u32 = 8 * (SOFTMAX_ROWS_THREADS / 32);
 
-/// Tile shape of the backward kernel: a CTA owns `block_n` keys of one kv head and walks the
-/// query tiles (`block_m` rows) and the query heads of its group; `4 * warps_n` warps, split
-/// 4 x `warps_n` over (rows, columns) of every product.
+/// Tile shape of the backward kernel: a CTA of `warps` warps owns `block_n` keys of one kv head
+/// and walks the query tiles (`block_m` rows) and the query heads of its group. Each of its three
+/// products spreads the warps over a grid of its own, so that every warp's share is at least 32
+/// rows by 32 columns where registers allow (a 16-row share reloads its operands from shared
+/// memory for half the tensor-core work):
+/// - S = QKᵀ and dP = dO Vᵀ (`block_m` x `block_n`): `sdp_rows` warps along the query rows, the
+///   rest along the keys;
+/// - dV += Pᵀ dO and dK += dSᵀ Q (`block_n` x `head_dim`, held in registers for the whole CTA):
+///   `kv_keys` warps along the keys, the rest along the head dim;
+/// - dQ = dS K (`block_m` x `head_dim`): `dq_rows` warps along the rows, the rest along the head dim.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BwdTile {
     pub head_dim: u32,
@@ -186,26 +190,65 @@ pub struct BwdTile {
     pub block_n: u32,
     /// 2: the next query tile loads while this one computes; 1 where shared memory is short.
     pub stages: u32,
-    /// Column groups of warps.
-    pub warps_n: u32,
-    /// CTAs per key tile, each owning `head_dim / splits` columns of dK, dV and dQ (and each
-    /// recomputing S and dP): wide heads split so the dK/dV accumulators fit in registers.
-    pub splits: u32,
+    pub warps: u32,
+    pub sdp_rows: u32,
+    /// Chunks a warp computes its share of S and dP in (each reloading its Q and dO fragments):
+    /// 2 where 32 accumulators beside dK and dV do not fit in registers.
+    pub sdp_chunks: u32,
+    pub kv_keys: u32,
+    pub dq_rows: u32,
 }
 
 impl BwdTile {
     pub const fn threads(&self) -> u32 {
-        128 * self.warps_n
+        32 * self.warps
+    }
+    /// m16 row tiles and n8 key tiles of a warp's share of S and dP.
+    pub const fn sdp_m_tiles(&self) -> u32 {
+        self.block_m / (16 * self.sdp_rows)
+    }
+    pub const fn sdp_n_tiles(&self) -> u32 {
+        self.block_n / (8 * (self.warps / self.sdp_rows))
+    }
+    /// The n8 key tiles of S (and of dP) a warp holds at once: its share in `sdp_chunks` chunks.
+    pub const fn sdp_chunk_tiles(&self) -> u32 {
+        self.sdp_n_tiles() / self.sdp_chunks
+    }
+    /// m16 key tiles and n8 column tiles of a warp's share of dK and dV.
+    pub const fn kv_m_tiles(&self) -> u32 {
+        self.block_n / (16 * self.kv_keys)
+    }
+    pub const fn kv_d_tiles(&self) -> u32 {
+        self.head_dim / (8 * (self.warps / self.kv_keys))
+    }
+    /// m16 row tiles and n8 column tiles of a warp's share of dQ, and the n8 tiles it computes
+    /// per pass (4 up to d96, else 2: the dQ accumulators are live beside dK and dV).
+    pub const fn dq_m_tiles(&self) -> u32 {
+        self.block_m / (16 * self.dq_rows)
+    }
+    pub const fn dq_d_tiles(&self) -> u32 {
+        self.head_dim / (8 * (self.warps / self.dq_rows))
+    }
+    pub const fn dq_pass_tiles(&self) -> u32 {
+        if self.dq_d_tiles() % 4 == 0 && self.head_dim <= 96 { 4 } else { 2 }
     }
     pub const fn stage_bytes(&self) -> u32 {
         bwd_stage_bytes(self.block_m, self.block_n, self.head_dim)
     }
-    /// K, V, then P and dS, then the stages, then each warp's dQ staging slice.
+    /// K, V, then P and dS, then the stages, then each warp's dQ staging slice, then the
+    /// kernel's copy of its parameters.
     pub const fn smem_bytes(&self) -> u32 {
+        self.params_offset() + BWD_PARAMS_BYTES
+    }
+    pub const fn params_offset(&self) -> u32 {
         let (m, n, d) = (self.block_m, self.block_n, self.head_dim);
-        2 * n * d * 2 + 2 * m * n * 2 + self.stages * self.stage_bytes() + self.threads() / 32 * BWD_DQ_STAGE_BYTES
+        2 * n * d * 2 + 2 * m * n * 2 + self.stages * self.stage_bytes() + self.warps * BWD_DQ_STAGE_BYTES
     }
 }
+
+/// Bytes of the backward kernel's shared-memory copy of [`BwdParams`] (see `kernels-gpu`'s
+/// `arch::params_in_smem`).
+pub const BWD_PARAMS_BYTES: u32 = core::mem::size_of::<BwdParams>().next_multiple_of(16) as u32;
 
 /// n8 tiles of dQ a backward warp stages in shared memory at once on their way to the f32
 /// accumulator, and the bytes of its slice (16 rows x 8 f32 columns per tile).
@@ -224,21 +267,43 @@ pub const fn mask_tile_bytes(block_m: u32, block_n: u32) -> u32 {
     block_m * block_n / 8
 }
 
-/// The shipped backward tiles (none spills under ptxas for sm_80 or sm_90).
+/// The shipped backward tiles (none spills under ptxas for sm_80 or sm_90). Up to d128 a CTA
+/// owns 128 keys: half the dQ reductions per score of 64-key tiles, and warp shares of 32 x 32
+/// (S, dP) and 32 keys x d/2 (dK, dV; 128 accumulator registers at d128, where S and dP are
+/// computed in two chunks and dQ two n8 tiles at a time to fit beside them). Wider heads take
+/// 64 keys, their dK/dV split over 4 column groups of warps; d256 has room for one stage only.
 pub const BWD_TILES: [BwdTile; 6] = [
-    BwdTile { head_dim: 32, block_m: 64, block_n: 64, stages: 2, warps_n: 2, splits: 1 },
-    BwdTile { head_dim: 64, block_m: 64, block_n: 64, stages: 2, warps_n: 2, splits: 1 },
-    BwdTile { head_dim: 96, block_m: 64, block_n: 64, stages: 2, warps_n: 2, splits: 1 },
-    BwdTile { head_dim: 128, block_m: 64, block_n: 64, stages: 2, warps_n: 2, splits: 1 },
-    BwdTile { head_dim: 192, block_m: 64, block_n: 64, stages: 1, warps_n: 2, splits: 2 },
-    BwdTile { head_dim: 256, block_m: 64, block_n: 64, stages: 1, warps_n: 2, splits: 2 },
+    bwd(32, 128, 2, (2, 1), 4, 4),
+    bwd(64, 128, 2, (2, 1), 4, 2),
+    bwd(96, 128, 2, (2, 1), 4, 4),
+    bwd(128, 128, 2, (2, 2), 4, 2),
+    bwd(192, 64, 2, (2, 1), 2, 2),
+    bwd(256, 64, 1, (2, 1), 2, 2),
 ];
 
-pub const fn bwd_tile(head_dim: u32) -> Option<BwdTile> {
+/// The deterministic variants' tiles: their turn bookkeeping holds registers the default
+/// kernels spend on tiles, so they take 64 keys (half the dK/dV accumulators up to d128).
+pub const BWD_DET_TILES: [BwdTile; 6] = [
+    bwd(32, 64, 2, (2, 1), 4, 4),
+    bwd(64, 64, 2, (2, 1), 2, 2),
+    bwd(96, 64, 2, (2, 1), 4, 4),
+    bwd(128, 64, 2, (2, 1), 2, 2),
+    bwd(192, 64, 2, (2, 1), 2, 2),
+    bwd(256, 64, 1, (2, 1), 2, 2),
+];
+
+/// A tile: `sdp` is (warps along the rows of S and dP, chunks each warp computes its share in).
+const fn bwd(head_dim: u32, block_n: u32, stages: u32, sdp: (u32, u32), kv_keys: u32, dq_rows: u32) -> BwdTile {
+    BwdTile { head_dim, block_m: 64, block_n, stages, warps: 8, sdp_rows: sdp.0, sdp_chunks: sdp.1, kv_keys, dq_rows }
+}
+
+/// The backward tile for a head dim, of the deterministic variant or the default one.
+pub const fn bwd_tile(head_dim: u32, deterministic: bool) -> Option<BwdTile> {
+    let tiles = if deterministic { &BWD_DET_TILES } else { &BWD_TILES };
     let mut i = 0;
-    while i < BWD_TILES.len() {
-        if BWD_TILES[i].head_dim == head_dim {
-            return Some(BWD_TILES[i]);
+    while i < tiles.len() {
+        if tiles[i].head_dim == head_dim {
+            return Some(tiles[i]);
         }
         i += 1;
     }
@@ -393,6 +458,9 @@ impl DeviceElem {
 pub mod names {
     pub const MASK_PACK: &str = "dmattn_mask_pack";
     pub const BWD_PREFIX: &str = "dmattn_bwd_";
+    /// Appended to a backward kernel's name for its deterministic variant, which adds dQ and
+    /// dBias in a fixed order (bit-identical runs) instead of with atomics.
+    pub const DETERMINISTIC_SUFFIX: &str = "_det";
     pub const BWD_PRE_PREFIX: &str = "dmattn_bwd_pre_";
     pub const CONVERT_PREFIX: &str = "dmattn_convert_";
     pub const COMBINE_PREFIX: &str = "dmattn_fwd_combine_";

@@ -40,6 +40,35 @@ pub fn smem_base() -> u32 {
     r
 }
 
+/// Copies the kernel parameters `p` to shared memory at `dst` (8-byte aligned, room for a `T`)
+/// and returns the copy (collective: every thread calls it; it ends with a barrier). Loads from
+/// the copy stay where the code reads them: LLVM hoists loads of the parameters themselves, and
+/// the arithmetic on them, out of a kernel's main loop and holds dozens of registers across it,
+/// but cannot move a load past the loop's barriers and shared-memory stores.
+#[inline(always)]
+pub unsafe fn params_in_smem<T: Copy>(p: &T, dst: u32, tid: u32) -> &'static T {
+    const { assert!(size_of::<T>() % 8 == 0 && align_of::<T>() <= 8) };
+    if tid == 0 {
+        let src = p as *const T as *const u64;
+        // Constant offsets: the loads stay `ld.param` (a run-time index would copy the parameters
+        // to local memory first).
+        for i in 0..size_of::<T>() / 8 {
+            unsafe { asm!("st.shared.b64 [{0}], {1};", in(reg32) dst + 8 * i as u32, in(reg64) src.add(i).read(), options(nostack)) };
+        }
+    }
+    sync_threads();
+    unsafe { smem_ref(dst) }
+}
+
+/// The `T` at shared address `at` (a copy [`params_in_smem`] made). A main loop calls this on
+/// an [`opaque`] address to re-derive the reference instead of holding it across the loop.
+#[inline(always)]
+pub unsafe fn smem_ref<T>(at: u32) -> &'static T {
+    let generic: u64;
+    unsafe { asm!("cvta.shared.u64 {0}, {1};", out(reg64) generic, in(reg64) at as u64, options(pure, nomem, nostack)) };
+    unsafe { &*(generic as *const T) }
+}
+
 /// Asynchronous 16-byte global→shared copy; bytes of the 16 past `src_bytes` are zero-filled, so
 /// `src_bytes == 0` writes zeros without reading. `src` must be a valid, 16-byte aligned address.
 #[inline(always)]
@@ -314,23 +343,13 @@ pub fn div(a: u32, b: u32) -> u32 {
     a.checked_div(b).unwrap_or(0)
 }
 
-/// Fire-and-forget atomic add to global f32.
+/// Fire-and-forget atomic add to global f32, where `pred` holds (predicated, no branch).
 #[inline(always)]
-pub unsafe fn red_add_f32(addr: u64, v: f32) {
-    unsafe { asm!("red.global.add.f32 [{0}], {1};", in(reg64) addr, in(reg32) v, options(nostack)) };
-}
-
-/// Global load through L2 only: data another CTA may have just written.
-#[inline(always)]
-pub unsafe fn ld_global_cg_f32(addr: u64) -> f32 {
-    let v: f32;
-    unsafe { asm!("ld.global.cg.f32 {0}, [{1}];", out(reg32) v, in(reg64) addr, options(nostack)) };
-    v
-}
-
-#[inline(always)]
-pub unsafe fn st_global_f32(addr: u64, v: f32) {
-    unsafe { asm!("st.global.f32 [{0}], {1};", in(reg64) addr, in(reg32) v, options(nostack)) };
+pub unsafe fn red_add_f32_if(pred: bool, addr: u64, v: f32) {
+    unsafe {
+        asm!("{{ .reg .pred p; setp.ne.u32 p, {2}, 0; @p red.global.add.f32 [{0}], {1}; }}",
+            in(reg64) addr, in(reg32) v, in(reg32) pred as u32, options(nostack))
+    };
 }
 
 #[inline(always)]

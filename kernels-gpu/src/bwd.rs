@@ -2,19 +2,19 @@
 //! shared memory while the CTA walks the query tiles that can see them (the mask's block map and
 //! the causal rule skip the rest) and, inside each, the query heads of its kv group; the next
 //! query tile's Q, dO, bias and mask load while the current one computes. Per step, on tensor
-//! cores (4 x WN warps over rows x columns of each product): S = QKᵀ and dP = dO Vᵀ, then P and dS = P (dP - delta) through shared memory into
+//! cores: S = QKᵀ and dP = dO Vᵀ, then P and dS = P (dP - delta) through shared memory into
 //! dV += Pᵀ dO, dK += dSᵀ Q (registers, summed over the group: GQA needs no reduction pass) and
 //! dQ = dS K, added to an f32 accumulator. dS also replaces the bias in its shared tile, from
 //! where it is added to the f32 dbias accumulator at the bias's own (broadcast) coordinates.
+//! Each product spreads the CTA's warps over a grid of its own (`dmattn_abi::BwdTile`), so that
+//! every warp's share is large enough to use each operand fragment it loads several times.
 //!
-//! Wide heads split D over `SPLITS` CTAs per key tile (each recomputes S and dP, and keeps only
-//! its columns of dK and dV in registers).
-//!
-//! The additions to dq and dbias are atomic by default. With `flags::DETERMINISTIC` they are
-//! plain read-add-writes taken in a fixed order instead: dQ tile (b, h, m) receives key tile n's
-//! contribution on turn n (a counter per dQ tile), and CTAs sharing a broadcast dbias column
-//! take it in turns in block order. Turns only wait on CTAs of lower block index, which are
-//! scheduled first, so they cannot deadlock.
+//! dQ and dbias are added to their f32 accumulators with `red.add`. In any order by default; in
+//! the `DET` variant in a fixed one: dQ tile (b, h, m) receives key tile n's contribution on turn
+//! n (a counter per dQ tile), and CTAs sharing a broadcast dbias column take it in turns in
+//! block order, so that each element sees the same sequence of additions on every run (a turn
+//! passes with a barrier and a release, after the CTA's additions). Turns only wait on CTAs of
+//! lower block index, which are scheduled first, so they cannot deadlock.
 use crate::arch::*;
 use crate::elem::Elem;
 use crate::mask::{MapCols, TileCursor, Visibility};
@@ -81,8 +81,6 @@ impl Smem {
 struct KeyBlock<'a> {
     p: &'a BwdParams,
     n_block: u32,
-    /// Which of the head dim's column splits this CTA accumulates dK, dV and dQ for.
-    split: u32,
     kv_head: u32,
     batch: u32,
     col0: u32,
@@ -92,16 +90,14 @@ struct KeyBlock<'a> {
 
 impl<'a> KeyBlock<'a> {
     #[inline(always)]
-    fn new(p: &'a BwdParams, block_n: u32, splits: u32, hide: bool) -> Self {
-        let (bx, kv_head, batch) = block_idx();
-        let (bx, kv_head, batch) = if hide { (opaque(bx), opaque(kv_head), opaque(batch)) } else { (bx, kv_head, batch) };
+    fn new(p: &'a BwdParams, block_n: u32, hide: bool) -> Self {
+        let (n_block, kv_head, batch) = block_idx();
+        let (n_block, kv_head, batch) = if hide { (opaque(n_block), opaque(kv_head), opaque(batch)) } else { (n_block, kv_head, batch) };
         let f = &p.fwd;
-        let n_block = bx / splits;
         let col0 = n_block * block_n;
         KeyBlock {
             p,
             n_block,
-            split: bx % splits,
             kv_head,
             batch,
             col0,
@@ -142,7 +138,7 @@ impl<'a> KeyBlock<'a> {
         t.ptr
             + elem
                 * (self.batch as u64 * s[0]
-                    + (h / head_div) as u64 * s[1]
+                    + div(h, head_div) as u64 * s[1]
                     + row as u64 * s[2]
                     + (self.col0 + c) as u64 * s[3])
     }
@@ -188,59 +184,26 @@ unsafe fn load_stage<const D: usize, const BM: usize, const BN: usize>(
     }
     if mods.mask {
         let mb = &f.mask_bits;
-        let head = (h / f.mask_head_div) as u64;
+        let head = div(h, f.mask_head_div) as u64;
         let src = mb.ptr
             + 8 * (kb.batch as u64 * mb.stride[0] + head * mb.stride[1] + row0 as u64 * mb.stride[2] + (kb.col0 / 64) as u64);
         unsafe { load_mask_bits_async(st.mask, src, mb.stride[2], BM, BN, rows, tid, threads) };
     }
 }
 
-/// Const parameters: head dim `D`, query tile `BM`, key tile `BN`, `STAGES`, and fragment counts
-/// per warp (`4 * WN` warps as 4 row groups x `WN` column groups): `KT = D / 16` k-steps of QKᵀ
-/// and dO Vᵀ, `NT = BN / (8 WN)` n8 tiles of a warp's scores, `DT = D / (8 WN)` n8 tiles of a
-/// warp's columns of a `D`-wide product, `MK = BM / 16` and `NK = BN / 16` k-steps of the dV/dK and dQ products,
-/// and `DQ` n8 tiles per pass of the dQ product.
+/// Deterministic mode, with a bias whose gradient elements CTAs of several batches, kv heads or
+/// key tiles add to (a bias broadcast over them): the CTA's turn lock and turn. The sharing
+/// CTAs take the elements in turns in block order (key tile fastest, as in the grid), one turn
+/// counter per slot of the dimensions not shared.
 #[inline(always)]
-pub unsafe fn backward<
-    E: Elem,
-    const D: usize,
-    const BM: usize,
-    const BN: usize,
-    const STAGES: usize,
-    const KT: usize,
-    const NT: usize,
-    const DT: usize,
-    const MK: usize,
-    const NK: usize,
-    const DQ: usize,
-    const WN: usize,
-    const SPLITS: usize,
-    const MODS: bool,
->(
-    p: &BwdParams,
-) {
-    const {
-        assert!(KT * 16 == D && NT * 8 * WN == BN && DT * 8 * WN * SPLITS == D && MK * 16 == BM && NK * 16 == BN);
-        assert!(BM == 64 && BN % 64 == 0 && NT % 2 == 0 && DT % 2 == 0);
-        assert!(DT % DQ == 0 && DQ % 2 == 0);
-    }
-    let f = &p.fwd;
-    let threads = 128 * WN as u32;
-    let sm = Smem::new(D, BM, BN, STAGES);
-    let mods = Mods::of::<MODS>(f);
-    let deterministic = f.flags & flags::DETERMINISTIC != 0;
-    let group = f.kv_group;
-    let tid = thread_idx();
-    let kb = KeyBlock::new(p, BN as u32, SPLITS as u32, false);
-    let m_tiles = f.seqlen_q.div_ceil(BM as u32);
-
-    // dbias elements that CTAs of several batches, kv heads or key tiles add to (a bias
-    // broadcast over them) are taken in turns in deterministic mode: one turn counter per slot
-    // of the dimensions not shared, the sharing CTAs in block order (key tile fastest, as in the
-    // grid). Only split 0 adds dbias (every split computes the same dS).
+fn dbias_turn<const BN: usize, const DET: bool>(kb: &KeyBlock, mods: &Mods) -> Option<(u64, u32)> {
+    let (p, f) = (kb.p, &kb.p.fwd);
     let bd = p.bias_dims;
     let n_blocks = f.seqlen_k.div_ceil(BN as u32);
     let (sb, sh, sn) = (bd[0] == 1 && f.batch > 1, bd[1] == 1 && p.kv_heads > 1, bd[3] == 1 && n_blocks > 1);
+    if !DET || !mods.bias || !(sb || sh || sn) {
+        return None;
+    }
     // Mixed-radix digits (index, extent): shared dimensions number the turn, the others the slot.
     let turn_digit = |shared: bool, index: u32, extent: u32| if shared { (index, extent) } else { (0, 1) };
     let slot_digit = |shared: bool, index: u32, extent: u32| if shared { (0, 1) } else { (index as u64, extent as u64) };
@@ -248,17 +211,72 @@ pub unsafe fn backward<
         (turn_digit(sb, kb.batch, f.batch), turn_digit(sh, kb.kv_head, p.kv_heads), turn_digit(sn, kb.n_block, n_blocks));
     let ((xb, _), (xh, xhe), (xn, xne)) =
         (slot_digit(sb, kb.batch, f.batch), slot_digit(sh, kb.kv_head, p.kv_heads), slot_digit(sn, kb.n_block, n_blocks));
-    let dbias_turn = (tb * the + th) * tne + tn;
-    let slot = (xb * xhe + xh) * xne + xn;
-    let dbias_adder = mods.bias && kb.split == 0;
-    let dbias_shared = dbias_adder && (sb || sh || sn);
-    let dbias_lock = p.dbias_turns + 4 * slot;
-    if deterministic && dbias_shared {
-        unsafe { wait_turn(dbias_lock, dbias_turn, tid) };
+    Some((p.dbias_turns + 4 * ((xb * xhe + xh) * xne + xn), (tb * the + th) * tne + tn))
+}
+
+/// A warp's place in one product's grid of warps: `rows` warps along the rows, the rest along
+/// the columns (warp `w` at row group `w % rows`).
+#[inline(always)]
+fn warp_at(warp: u32, rows: usize) -> (u32, u32) {
+    (warp % rows as u32, warp / rows as u32)
+}
+
+/// `DET` selects the deterministic variant (see the module doc). Const parameters (see
+/// `dmattn_abi::BwdTile`, which the entry points derive them from): head
+/// dim `D`, query tile `BM`, key tile `BN`, `STAGES`, `W` warps; `KT = D / 16` k-steps of QKᵀ
+/// and dO Vᵀ; for S and dP, `SR` warps along the rows, each with `MS` m16 row tiles and `NS` n8
+/// key tiles, computed `NC` at a time; for dK and dV, `KR` warps along the keys, each with `MKV` m16 key tiles and `DKV`
+/// n8 column tiles, over `MK = BM / 16` k-steps; for dQ, `QR` warps along the rows, each with
+/// `MQ` m16 row tiles and `DQT` n8 column tiles, `DQ` of them per pass, over `NK = BN / 16` k-steps.
+#[inline(always)]
+pub unsafe fn backward<
+    E: Elem,
+    const D: usize,
+    const BM: usize,
+    const BN: usize,
+    const STAGES: usize,
+    const W: usize,
+    const KT: usize,
+    const SR: usize,
+    const MS: usize,
+    const NS: usize,
+    const NC: usize,
+    const KR: usize,
+    const MKV: usize,
+    const DKV: usize,
+    const MK: usize,
+    const QR: usize,
+    const MQ: usize,
+    const DQT: usize,
+    const DQ: usize,
+    const NK: usize,
+    const MODS: bool,
+    const DET: bool,
+>(
+    params: &BwdParams,
+    params_at: u32,
+) {
+    const {
+        assert!(KT * 16 == D && MK * 16 == BM && NK * 16 == BN && BM % 64 == 0 && BN % 64 == 0);
+        assert!(W % SR == 0 && MS * 16 * SR == BM && NS * 8 * (W / SR) == BN && NS % NC == 0 && NC % 2 == 0);
+        assert!(W % KR == 0 && MKV * 16 * KR == BN && DKV * 8 * (W / KR) == D && DKV % 2 == 0);
+        assert!(W % QR == 0 && MQ * 16 * QR == BM && DQT * 8 * (W / QR) == D && DQT % DQ == 0 && DQ % 2 == 0);
+    }
+    let tid = thread_idx();
+    let p = unsafe { params_in_smem(params, smem_base() + params_at, tid) };
+    let f = &p.fwd;
+    let threads = 32 * W as u32;
+    let sm = Smem::new(D, BM, BN, STAGES);
+    let mods = Mods::of::<MODS>(f);
+    let deterministic = DET;
+    let kb = KeyBlock::new(p, BN as u32, false);
+    let m_tiles = f.seqlen_q.div_ceil(BM as u32);
+    if let Some((lock, turn)) = dbias_turn::<BN, DET>(&kb, &mods) {
+        unsafe { wait_turn(lock, turn, tid) };
     }
 
-    let mut dk = [[[0f32; 4]; DT]; 1];
-    let mut dv = [[[0f32; 4]; DT]; 1];
+    let mut dk = [[[0f32; 4]; DKV]; MKV];
+    let mut dv = [[[0f32; 4]; DKV]; MKV];
 
     // K and V stay for the whole CTA.
     let kv_bytes = (D * 2) as u32;
@@ -274,21 +292,26 @@ pub unsafe fn backward<
     let m_begin = kb.vis.query_tile_begin(kb.col0, BM as u32);
     let mut next_tile = cursor.next(m_begin, tid % 32, &map);
     if deterministic {
-        unsafe { pass_skipped_turns(p, &kb, 0, next_tile.map_or(m_tiles, |t| t.n), m_tiles, SPLITS as u32, tid) };
+        unsafe { pass_skipped_turns(p, &kb, 0, next_tile.map_or(m_tiles, |t| t.n), m_tiles, tid) };
     }
     if let Some(first) = next_tile {
         unsafe { load_stage::<D, BM, BN>(&kb, &sm.stage(0), &mods, first.n, kb.head(0), tid, threads) };
     }
     cp_async_commit();
 
+    // Values read from the parameters are read again inside the loop rather than held across it
+    // (see `params_in_smem`).
     let mut stage = 0u32;
     while let Some(tile) = next_tile {
-        for hg in 0..group {
+        for hg in 0..f.kv_group {
             let tid = opaque(tid);
-            let kb = KeyBlock::new(p, BN as u32, SPLITS as u32, true);
-            let lane = tid % 32;
+            let p: &BwdParams = unsafe { smem_ref(opaque(smem_base() + params_at)) };
+            let f = &p.fwd;
+            let kb = KeyBlock::new(p, BN as u32, true);
+            let mods = Mods::of::<MODS>(f);
+            let (group, m_tiles) = (f.kv_group, f.seqlen_q.div_ceil(BM as u32));
+            let (warp, lane) = (tid / 32, tid % 32);
             let (g, t) = (lane / 4, lane % 4);
-            let (wm, wn) = ((tid / 32) % 4, tid / 128);
             let h = kb.head(hg);
             let m = tile.n;
             let row0 = m * BM as u32;
@@ -310,106 +333,122 @@ pub unsafe fn backward<
             }
             cp_async_commit();
 
-            // S = Q Kᵀ on the score offsets, and dP = dO Vᵀ, for the warp's 16 rows x BN / 2 keys.
+            // S = Q Kᵀ on the score offsets, for the warp's 16 MS rows x 8 NS keys in chunks of
+            // 8 NC keys (fewer accumulators live beside dK and dV where registers are short).
             let (q_frag, do_frag) = (Fragments::new(st.q, lane), Fragments::new(st.dout, lane));
             let (k_frag, v_frag) = (Fragments::new(sm.k, lane), Fragments::new(sm.v, lane));
-            let warp = WarpScores { bias: st.bias, mask: st.mask, mask_row_bytes: (BN / 8) as u32, row0: 16 * wm, nt0: NT as u32 * wn, lane };
-            let mut s = [[[0f32; 4]; NT]; 1];
+            let (wr, wc) = warp_at(warp, SR);
+            let r0 = 16 * MS as u32 * wr;
             let rows_valid = f.seqlen_q - row0;
             // Rows past seqlen_q have no LSE: hide them, unlike the forward where they are unread.
             let check = !tile.full || kb.vis.tile_needs_check(row0, kb.col0, BN as u32) || rows_valid < BM as u32;
-            let bounds = kb.vis.at_tile(row0, kb.col0).with_rows(rows_valid).shifted(16 * wm + g, 8 * NT as u32 * wn + 2 * t);
-            warp.init::<E, 1, NT>(&mut s, &mods, &bounds, check, mods.mask && !tile.full);
-            let mut dp = [[[0f32; 4]; NT]; 1];
-            for ks in 0..KT as u32 {
-                let (a, ad) = unsafe { (q_frag.a(16 * wm, ks), do_frag.a(16 * wm, ks)) };
-                for np in 0..NT / 2 {
-                    let n0 = 8 * NT as u32 * wn + 16 * np as u32;
-                    let (bk, bv) = unsafe { (k_frag.b(n0, ks), v_frag.b(n0, ks)) };
-                    E::mma(&mut s[0][2 * np], &a, bk[0], bk[1]);
-                    E::mma(&mut s[0][2 * np + 1], &a, bk[2], bk[3]);
-                    E::mma(&mut dp[0][2 * np], &ad, bv[0], bv[1]);
-                    E::mma(&mut dp[0][2 * np + 1], &ad, bv[2], bv[3]);
+            let softcap = mods.softcap > 0.0;
+            let p_at = sm.p.chunk(g, 0) + 4 * t;
+            let ds_at = p_at - sm.p.base + sm.ds.base;
+            let (lse_at, delta_at) = (st.lse + 4 * (r0 + g), st.delta + 4 * (r0 + g));
+            let scores = |c: u32| WarpScores::new::<NC>(st.bias, st.mask, (BN / 8) as u32, r0, NS as u32 * wc + NC as u32 * c, lane);
+            for c in 0..(NS / NC) as u32 {
+                let nt0 = NS as u32 * wc + NC as u32 * c;
+                let warp_scores = scores(c);
+                let mut s = [[[0f32; 4]; NC]; MS];
+                let bounds = kb.vis.at_tile(row0, kb.col0).with_rows(rows_valid).shifted(r0 + g, 8 * nt0 + 2 * t);
+                warp_scores.init::<E, MS, NC>(&mut s, &mods, &bounds, check, mods.mask && !tile.full);
+                let (q, k) = (q_frag.offset(r0, 0), k_frag.offset(8 * nt0, 0));
+                mma_tiles::<E, MS, NC, KT>(&mut s, |mt, ks| unsafe { q.a(16 * mt, ks) }, |np, ks| unsafe { k.b(16 * np, ks) });
+
+                // P = exp2(logit - lse) goes to the P tile (for dV, and read back for dS below),
+                // and under a softcap d(capped)/d(raw) to the dS tile until dS replaces it: S is
+                // dead before dP's accumulators are live.
+                for mt in 0..MS {
+                    for hh in 0..2 {
+                        let dr = 16 * mt as u32 + 8 * hh as u32;
+                        let lse = unsafe { f32::from_bits(ld_shared_u32(lse_at + 4 * dr)) };
+                        // An empty row has LSE -inf and P = 0: subtract +inf instead of -inf.
+                        let lse2 = if lse == f32::NEG_INFINITY { f32::INFINITY } else { lse * LOG2E };
+                        for nt in 0..NC as u32 {
+                            let (x, dcap) = warp_scores.logits::<E>([s[mt][nt as usize][2 * hh], s[mt][nt as usize][2 * hh + 1]], dr, nt, &mods);
+                            unsafe {
+                                st_shared_u32(sm.p.shift(p_at, r0 + dr, nt0 + nt), E::pack(exp2(x[0] - lse2), exp2(x[1] - lse2)));
+                                if softcap {
+                                    st_shared_u32(sm.ds.shift(ds_at, r0 + dr, nt0 + nt), E::pack(dcap[0], dcap[1]));
+                                }
+                            }
+                        }
+                    }
                 }
             }
 
-            // Logits, P = exp2(logit - lse), dS = P (dP - delta), fused per score pair (no logit or
-            // softcap-derivative tile is held). dS goes to dbias; P and dS * scale * d(softcap)
-            // to shared memory for the three products below.
-            let p_at = sm.p.chunk(g, 0) + 4 * t;
-            for hh in 0..2 {
-                let r = 16 * wm + 8 * hh as u32 + g;
-                let lse = unsafe { f32::from_bits(ld_shared_u32(st.lse + 4 * r)) };
-                // An empty row has LSE -inf and P = 0: subtract +inf instead of -inf.
-                let lse2 = if lse == f32::NEG_INFINITY { f32::INFINITY } else { lse * LOG2E };
-                let delta = unsafe { f32::from_bits(ld_shared_u32(st.delta + 4 * r)) };
-                for nt in 0..NT {
-                    let acc = [s[0][nt][2 * hh], s[0][nt][2 * hh + 1]];
-                    let (x, dcap) = warp.logits::<E>(acc, 8 * hh as u32, nt as u32, &mods);
-                    let mut pv = [0f32; 2];
-                    let mut dsv = [0f32; 2];
-                    let mut dsb = [0f32; 2];
-                    for e in 0..2 {
-                        let pe = exp2(x[e] - lse2);
-                        let ds = pe * (dp[0][nt][2 * hh + e] - delta);
-                        pv[e] = pe;
-                        dsb[e] = ds;
-                        dsv[e] = ds * dcap[e] * (mods.scale_log2 / LOG2E);
-                    }
-                    if mods.bias {
-                        // dS for dbias replaces the bias in the stage's bias tile: the same thread
-                        // read these two elements above and nothing else reads them again.
-                        let at = st.bias.shift(st.bias.chunk(g, 0) + 4 * t, 16 * wm + 8 * hh as u32, NT as u32 * wn + nt as u32);
-                        unsafe { st_shared_u32(at, E::pack(dsb[0], dsb[1])) };
-                    }
-                    let (dr, chunk) = (16 * wm + 8 * hh as u32, NT as u32 * wn + nt as u32);
-                    unsafe {
-                        st_shared_u32(sm.p.shift(p_at, dr, chunk), E::pack(pv[0], pv[1]));
-                        st_shared_u32(sm.ds.shift(p_at - sm.p.base + sm.ds.base, dr, chunk), E::pack(dsv[0], dsv[1]));
+            // dP = dO Vᵀ, then dS = P (dP - delta): to the bias tile for dbias, and times
+            // scale * d(softcap) to the dS tile for dK and dQ.
+            let ds_scale = mods.scale_log2 * core::f32::consts::LN_2;
+            for c in 0..(NS / NC) as u32 {
+                let nt0 = NS as u32 * wc + NC as u32 * c;
+                let mut dp = [[[0f32; 4]; NC]; MS];
+                let (d_o, v) = (do_frag.offset(r0, 0), v_frag.offset(8 * nt0, 0));
+                mma_tiles::<E, MS, NC, KT>(&mut dp, |mt, ks| unsafe { d_o.a(16 * mt, ks) }, |np, ks| unsafe { v.b(16 * np, ks) });
+                for mt in 0..MS {
+                    for hh in 0..2 {
+                        let dr = 16 * mt as u32 + 8 * hh as u32;
+                        let delta = unsafe { f32::from_bits(ld_shared_u32(delta_at + 4 * dr)) };
+                        for nt in 0..NC as u32 {
+                            let (p_sh, ds_sh) = (sm.p.shift(p_at, r0 + dr, nt0 + nt), sm.ds.shift(ds_at, r0 + dr, nt0 + nt));
+                            let pv = E::unpack(unsafe { ld_shared_u32(p_sh) });
+                            let dcap = if softcap { E::unpack(unsafe { ld_shared_u32(ds_sh) }) } else { (1.0, 1.0) };
+                            let d = &dp[mt][nt as usize];
+                            let dsb = [pv.0 * (d[2 * hh] - delta), pv.1 * (d[2 * hh + 1] - delta)];
+                            unsafe {
+                                if mods.bias {
+                                    // dS for dbias replaces the bias in the stage's bias tile: the
+                                    // same thread read these two elements above and nothing else
+                                    // reads them again.
+                                    st_shared_u32(scores(c).bias_at_pair(dr, nt), E::pack(dsb[0], dsb[1]));
+                                }
+                                st_shared_u32(ds_sh, E::pack(dsb[0] * dcap.0 * ds_scale, dsb[1] * dcap.1 * ds_scale));
+                            }
+                        }
                     }
                 }
             }
             sync_threads();
-            if dbias_adder {
-                unsafe { add_dbias::<E, BM, BN>(&kb, &st.bias, h, row0, rows_valid, deterministic, tid, threads) };
+            if mods.bias {
+                unsafe { add_dbias::<E, BM, BN>(&kb, &st.bias, h, row0, rows_valid, tid, threads) };
             }
 
-            // dV += Pᵀ dO and dK += dSᵀ Q: the warp's 16 keys x D / 2 columns, k = BM rows.
+            // dV += Pᵀ dO and dK += dSᵀ Q: the warp's 16 MKV keys x 8 DKV columns, k = BM rows.
             let (p_frag, ds_frag) = (Fragments::new(sm.p, lane), Fragments::new(sm.ds, lane));
-            let d0 = DT as u32 * (wn + WN as u32 * kb.split); // the warp's first column chunk (8 columns) of D
-            for kk in 0..MK as u32 {
-                let (ap, ads) = unsafe { (p_frag.a_trans(16 * kk, 2 * wm), ds_frag.a_trans(16 * kk, 2 * wm)) };
-                for dq in 0..DT / 2 {
-                    let c = d0 + 2 * dq as u32;
-                    let (bo, bq) = unsafe { (do_frag.b_trans(16 * kk, c), q_frag.b_trans(16 * kk, c)) };
-                    E::mma(&mut dv[0][2 * dq], &ap, bo[0], bo[1]);
-                    E::mma(&mut dv[0][2 * dq + 1], &ap, bo[2], bo[3]);
-                    E::mma(&mut dk[0][2 * dq], &ads, bq[0], bq[1]);
-                    E::mma(&mut dk[0][2 * dq + 1], &ads, bq[2], bq[3]);
-                }
-            }
+            let (wk, wd) = warp_at(warp, KR);
+            let key_chunk = 2 * MKV as u32 * wk;
+            let (col_base, col_call) = chunk_split(DKV as u32 * wd, DKV);
+            // Aᵀ of the [rows][keys] P and dS tiles, B of the [rows][d] dO and Q tiles.
+            let acc_atb = |acc: &mut [[[f32; 4]; DKV]; MKV], a: Fragments, b: Fragments| {
+                let (a, b) = (a.offset(0, key_chunk), b.offset(0, col_base));
+                mma_tiles::<E, MKV, DKV, MK>(acc, |mt, kk| unsafe { a.a_trans(16 * kk, 2 * mt) }, |np, kk| unsafe {
+                    b.b_trans(16 * kk, col_call + 2 * np)
+                });
+            };
+            acc_atb(&mut dv, p_frag, do_frag);
+            acc_atb(&mut dk, ds_frag, q_frag);
 
-            // dQ = dS K for the warp's 16 rows x D / 2 columns, added to the f32 accumulator in
-            // passes of `DQ` n8 tiles (fewer registers for wide heads).
-            let turn = dq_turn(&kb, h, m, m_tiles, SPLITS as u32);
+            // dQ = dS K for the warp's 16 MQ rows x 8 DQT columns, added to the f32 accumulator in
+            // passes of `DQ` n8 tiles (the accumulators are live beside dK and dV).
+            let (wq, wqd) = warp_at(warp, QR);
+            let turn = dq_turn(&kb, h, m, m_tiles);
             if deterministic {
                 unsafe { wait_turn(turn, kb.n_block, tid) };
             }
-            for pass in 0..(DT / DQ) as u32 {
-                let c0 = d0 + pass * DQ as u32;
-                let mut dqt = [[0f32; 4]; DQ];
-                for kk in 0..NK as u32 {
-                    let a = unsafe { ds_frag.a(16 * wm, kk) };
-                    for dq in 0..DQ / 2 {
-                        let bk = unsafe { k_frag.b_trans(16 * kk, c0 + 2 * dq as u32) };
-                        E::mma(&mut dqt[2 * dq], &a, bk[0], bk[1]);
-                        E::mma(&mut dqt[2 * dq + 1], &a, bk[2], bk[3]);
-                    }
+            let q_row0 = 16 * MQ as u32 * wq;
+            for pass in 0..(DQT / DQ) as u32 {
+                let c0 = DQT as u32 * wqd + pass * DQ as u32;
+                let mut dqt = [[[0f32; 4]; DQ]; MQ];
+                mma_tiles::<E, MQ, DQ, NK>(&mut dqt, |mt, kk| unsafe { ds_frag.a(q_row0 + 16 * mt, kk) }, |np, kk| unsafe {
+                    k_frag.b_trans(16 * kk, c0 + 2 * np)
+                });
+                for mt in 0..MQ as u32 {
+                    let r = q_row0 + 16 * mt;
+                    let rows = kb.q_row(&p.dq_accum, h, row0 + r, 4) + 32 * c0 as u64;
+                    let (dq, stage, row_bytes, valid) = (&dqt[mt as usize], sm.dq_stage(warp), 4 * p.dq_accum.stride[1], rows_valid.saturating_sub(r));
+                    unsafe { add_dq(dq, stage, rows, row_bytes, valid, lane) };
                 }
-                let rows = kb.q_row(&p.dq_accum, h, row0 + 16 * wm, 4) + 32 * c0 as u64;
-                let row_bytes = 4 * p.dq_accum.stride[1];
-                let warp_rows = rows_valid.saturating_sub(16 * wm);
-                unsafe { add_dq(&dqt, sm.dq_stage(tid / 32), rows, row_bytes, warp_rows, lane, deterministic) };
             }
             if deterministic {
                 unsafe { pass_turn(turn, kb.n_block + 1, tid) };
@@ -426,42 +465,72 @@ pub unsafe fn backward<
                 stage = 1 - stage;
             }
             if hg + 1 == group && deterministic {
-                unsafe { pass_skipped_turns(p, &kb, m + 1, next_tile.map_or(m_tiles, |t| t.n), m_tiles, SPLITS as u32, tid) };
+                unsafe { pass_skipped_turns(p, &kb, m + 1, next_tile.map_or(m_tiles, |t| t.n), m_tiles, tid) };
             }
         }
-    }
-
-    if deterministic && dbias_shared {
-        unsafe { pass_turn(dbias_lock, dbias_turn + 1, tid) };
     }
 
     // Epilogue: dK and dV through the K and V tiles (every warp is past its last read of them)
     // to coalesced stores. A CTA whose key tile no query sees never waited for its K/V copies:
     // they must land before the tiles are overwritten, or they overwrite the zero dK/dV.
     let tid = opaque(tid);
-    let kb = KeyBlock::new(p, BN as u32, SPLITS as u32, true);
+    let kb = KeyBlock::new(p, BN as u32, true);
+    if let Some((lock, turn)) = dbias_turn::<BN, DET>(&kb, &Mods::of::<MODS>(f)) {
+        unsafe { pass_turn(lock, turn + 1, tid) };
+    }
     let lane = tid % 32;
     let (g, t) = (lane / 4, lane % 4);
-    let (wm, wn) = ((tid / 32) % 4, tid / 128);
+    let (wk, wd) = warp_at(tid / 32, KR);
     cp_async_wait_all();
     sync_threads();
     let at = sm.k.chunk(g, 0) + 4 * t;
-    for hh in 0..2 {
-        let dr = 16 * wm + 8 * hh as u32;
-        for dt in 0..DT {
-            let chunk = DT as u32 * (wn + WN as u32 * kb.split) + dt as u32;
-            let (k, v) = (&dk[0][dt], &dv[0][dt]);
-            unsafe {
-                st_shared_u32(sm.k.shift(at, dr, chunk), E::pack(k[2 * hh], k[2 * hh + 1]));
-                st_shared_u32(sm.v.shift(at - sm.k.base + sm.v.base, dr, chunk), E::pack(v[2 * hh], v[2 * hh + 1]));
+    for mt in 0..MKV {
+        for hh in 0..2 {
+            let dr = 16 * (MKV as u32 * wk + mt as u32) + 8 * hh as u32;
+            for dt in 0..DKV {
+                let chunk = DKV as u32 * wd + dt as u32;
+                let (k, v) = (&dk[mt][dt], &dv[mt][dt]);
+                unsafe {
+                    st_shared_u32(sm.k.shift(at, dr, chunk), E::pack(k[2 * hh], k[2 * hh + 1]));
+                    st_shared_u32(sm.v.shift(at - sm.k.base + sm.v.base, dr, chunk), E::pack(v[2 * hh], v[2 * hh + 1]));
+                }
             }
         }
     }
     sync_threads();
     unsafe {
-        let (chunk0, chunks) = ((kb.split * (D / SPLITS / 8) as u32), (D / SPLITS / 8) as u32);
-        sm.k.store_cols(kb.kv_row(&p.dk), 2 * p.dk.stride[1], kb.keys_valid, chunk0, chunks, tid, threads);
-        sm.v.store_cols(kb.kv_row(&p.dv), 2 * p.dv.stride[1], kb.keys_valid, chunk0, chunks, tid, threads);
+        sm.k.store(kb.kv_row(&p.dk), 2 * p.dk.stride[1], kb.keys_valid, tid, threads);
+        sm.v.store(kb.kv_row(&p.dv), 2 * p.dv.stride[1], kb.keys_valid, tid, threads);
+    }
+}
+
+/// Splits a warp's chunk offset (a multiple of `span`, the chunks the warp covers) into the
+/// part [`Fragments::offset`] can take (all of it where `span` is a power of two) and the part
+/// each fragment load adds itself.
+#[inline(always)]
+fn chunk_split(chunks: u32, span: usize) -> (u32, u32) {
+    if span.is_power_of_two() { (chunks, 0) } else { (0, chunks) }
+}
+
+/// `acc += A B` over `KT` k-steps for a warp's `MT` m16 x `NT` n8 accumulator tiles, where
+/// `a(mt, k)` loads the A fragment of row tile `mt` and `b(np, k)` the B fragments of n8 tiles
+/// `2 np` and `2 np + 1` at k-step `k`. Every product of the backward is one of these, its
+/// operands read straight or transposed out of their shared tiles.
+#[inline(always)]
+fn mma_tiles<E: Elem, const MT: usize, const NT: usize, const KT: usize>(
+    acc: &mut [[[f32; 4]; NT]; MT],
+    a: impl Fn(u32, u32) -> [u32; 4],
+    b: impl Fn(u32, u32) -> [u32; 4],
+) {
+    for k in 0..KT as u32 {
+        let af: [[u32; 4]; MT] = core::array::from_fn(|mt| a(mt as u32, k));
+        for np in 0..NT / 2 {
+            let bf = b(np as u32, k);
+            for mt in 0..MT {
+                E::mma(&mut acc[mt][2 * np], &af[mt], bf[0], bf[1]);
+                E::mma(&mut acc[mt][2 * np + 1], &af[mt], bf[2], bf[3]);
+            }
+        }
     }
 }
 
@@ -472,7 +541,7 @@ pub unsafe fn backward<
 /// consecutive columns: whole 32-byte sectors, where the accumulator layout's 8 rows x 4
 /// scattered columns used half of each sector (the backward was bound by L2 throughput).
 #[inline(always)]
-unsafe fn add_dq<const DQ: usize>(dqt: &[[f32; 4]; DQ], stage: u32, rows: u64, row_bytes: u64, rows_valid: u32, lane: u32, deterministic: bool) {
+unsafe fn add_dq<const DQ: usize>(dqt: &[[f32; 4]; DQ], stage: u32, rows: u64, row_bytes: u64, rows_valid: u32, lane: u32) {
     const TILES: usize = BWD_DQ_STAGE_TILES as usize;
     const { assert!(DQ % TILES == 0) };
     let (g, t) = (lane / 4, lane % 4);
@@ -489,34 +558,18 @@ unsafe fn add_dq<const DQ: usize>(dqt: &[[f32; 4]; DQ], stage: u32, rows: u64, r
             for i in 0..4u32 {
                 let r = 4 * i + lane / 8;
                 let v = f32::from_bits(unsafe { ld_shared_u32(stage + 512 * j as u32 + 128 * i + 4 * lane) });
-                if r < rows_valid {
-                    let col = 8 * (chunk * TILES + j) as u64 + (lane % 8) as u64;
-                    unsafe { accumulate(rows + r as u64 * row_bytes + 4 * col, v, deterministic) };
-                }
+                let col = 8 * (chunk * TILES + j) as u64 + (lane % 8) as u64;
+                unsafe { red_add_f32_if(r < rows_valid, rows + r as u64 * row_bytes + 4 * col, v) };
             }
         }
         sync_warp();
     }
 }
 
-/// Adds `v` to the f32 at `at`: a plain read-add-write in deterministic mode (the caller holds
-/// the element's turn, and no other thread of the CTA touches it), else an atomic.
-#[inline(always)]
-unsafe fn accumulate(at: u64, v: f32, deterministic: bool) {
-    unsafe {
-        if deterministic {
-            st_global_f32(at, ld_global_cg_f32(at) + v);
-        } else {
-            red_add_f32(at, v);
-        }
-    }
-}
-
 /// Adds the dS tile (in the stage's bias tile) to the f32 dbias accumulator at the bias's
 /// broadcast coordinates. Where the bias is broadcast over the tile's rows or keys, the tile is
 /// first summed over them here, so that each accumulator element gets one addition per tile
-/// from one thread (a plain read-add-write is then race-free within the CTA). Atomic, or the
-/// plain read-add-write under the CTA's turn.
+/// from one thread (a plain read-add-write is then race-free within the CTA).
 #[inline(always)]
 unsafe fn add_dbias<E: Elem, const BM: usize, const BN: usize>(
     kb: &KeyBlock,
@@ -524,25 +577,32 @@ unsafe fn add_dbias<E: Elem, const BM: usize, const BN: usize>(
     h: u32,
     row0: u32,
     rows_valid: u32,
-    deterministic: bool,
     tid: u32,
     threads: u32,
 ) {
     let (p, f) = (kb.p, &kb.p.fwd);
-    let add = |at: u64, v: f32| unsafe { accumulate(at, v, deterministic) };
     let ds = |r: u32, c: u32| E::unpack(unsafe { ld_shared_u16(tile.chunk(r, c / 8) + 2 * (c % 8)) }).0;
     let (rows, keys) = (rows_valid.min(BM as u32), kb.keys_valid.min(BN as u32));
+    // Read once: the parameters live in shared memory and would be reloaded after every addition.
     let stride = p.dbias_accum.stride;
-    let row = |r: u32| kb.broadcast_at(&p.dbias_accum, f.bias_head_div, h, row0 + r, 0, 4);
+    let (row_bytes, key_bytes) = (4 * stride[2], 4 * stride[3]);
+    let base = kb.broadcast_at(&p.dbias_accum, f.bias_head_div, h, row0, 0, 4);
     match (stride[2] == 0, stride[3] == 0) {
         (false, false) => {
-            // Element-wise: consecutive threads take consecutive keys of a row, so that each
-            // warp-wide addition covers whole 32-byte sectors.
-            for i in 0..(BM * BN).div_ceil(threads as usize) as u32 {
-                let e = tid + i * threads;
-                let (r, c) = (e / BN as u32, e % BN as u32);
-                if r < rows && c < keys {
-                    add(row(r) + 4 * c as u64 * stride[3], ds(r, c));
+            // Element-wise, a pair of keys per thread: consecutive threads take consecutive
+            // pairs of a row, so that each warp-wide addition covers whole 32-byte sectors.
+            const { assert!(BN % 64 == 0) };
+            let pairs = (BN / 2) as u32;
+            let c = 2 * (tid % pairs);
+            let (r_first, r_step) = (tid / pairs, threads / pairs);
+            let at = base + r_first as u64 * row_bytes + c as u64 * key_bytes;
+            for i in 0..BM as u32 / r_step {
+                let r = r_first + i * r_step;
+                let (d0, d1) = E::unpack(unsafe { ld_shared_u32(tile.chunk(r, c / 8) + 2 * (c % 8)) });
+                let at = at + (i * r_step) as u64 * row_bytes;
+                unsafe {
+                    red_add_f32_if(r < rows && c < keys, at, d0);
+                    red_add_f32_if(r < rows && c + 1 < keys, at + key_bytes, d1);
                 }
             }
         }
@@ -554,7 +614,7 @@ unsafe fn add_dbias<E: Elem, const BM: usize, const BN: usize>(
                 for r in 0..rows {
                     sum += ds(r, c);
                 }
-                add(row(0) + 4 * c as u64 * stride[3], sum);
+                unsafe { red_add_f32_if(true, base + c as u64 * key_bytes, sum) };
                 c += threads;
             }
         }
@@ -566,7 +626,7 @@ unsafe fn add_dbias<E: Elem, const BM: usize, const BN: usize>(
                 for c in 0..keys {
                     sum += ds(r, c);
                 }
-                add(row(r), sum);
+                unsafe { red_add_f32_if(true, base + r as u64 * row_bytes, sum) };
                 r += threads;
             }
         }
@@ -582,9 +642,7 @@ unsafe fn add_dbias<E: Elem, const BM: usize, const BN: usize>(
                     r += 32;
                 }
                 let sum = warp_sum(sum);
-                if tid == 0 {
-                    add(row(0), sum);
-                }
+                unsafe { red_add_f32_if(tid == 0, base, sum) };
             }
         }
     }
@@ -594,7 +652,7 @@ unsafe fn add_dbias<E: Elem, const BM: usize, const BN: usize>(
 #[inline(always)]
 fn block_map_plane(p: &BwdParams, kb: &KeyBlock) -> u64 {
     let m = &p.fwd.block_map;
-    let head = (kb.head(0) / p.fwd.mask_head_div) as u64;
+    let head = div(kb.head(0), p.fwd.mask_head_div) as u64;
     m.ptr + kb.batch as u64 * m.stride[0] + head * m.stride[1]
 }
 
@@ -606,21 +664,21 @@ fn map_planes(p: &BwdParams) -> u32 {
     if f.mask_head_div == 1 && f.block_map.stride[1] != 0 && f.kv_group > 1 { f.kv_group } else { 1 }
 }
 
-/// The dQ turn counter of (head `h`, query tile `m`) for this CTA's column split.
+/// The dQ turn counter of (head `h`, query tile `m`).
 #[inline(always)]
-fn dq_turn(kb: &KeyBlock, h: u32, m: u32, m_tiles: u32, splits: u32) -> u64 {
-    let tile = kb.row_index(h, 0) / kb.p.fwd.seqlen_q as u64 * m_tiles as u64 + m as u64;
-    kb.p.dq_turns + 4 * (tile * splits as u64 + kb.split as u64)
+fn dq_turn(kb: &KeyBlock, h: u32, m: u32, m_tiles: u32) -> u64 {
+    let tile = (kb.batch as u64 * kb.p.fwd.heads as u64 + h as u64) * m_tiles as u64 + m as u64;
+    kb.p.dq_turns + 4 * tile
 }
 
 /// Deterministic mode: passes on the dQ turns of query tiles `from..to` this CTA skips, for
 /// every head of its group (thread 0; no data moves).
 #[inline(always)]
-unsafe fn pass_skipped_turns(p: &BwdParams, kb: &KeyBlock, from: u32, to: u32, m_tiles: u32, splits: u32, tid: u32) {
+unsafe fn pass_skipped_turns(p: &BwdParams, kb: &KeyBlock, from: u32, to: u32, m_tiles: u32, tid: u32) {
     if tid == 0 {
         for m in from..to.min(m_tiles) {
             for hg in 0..p.fwd.kv_group {
-                let turn = dq_turn(kb, kb.head(hg), m, m_tiles, splits);
+                let turn = dq_turn(kb, kb.head(hg), m, m_tiles);
                 while unsafe { ld_acquire_u32(turn) } != kb.n_block {}
                 unsafe { st_release_u32(turn, kb.n_block + 1) };
             }

@@ -139,7 +139,7 @@ pub unsafe fn forward<
 
             // The accumulators start at the score offsets (see `scores`): -inf where the mask,
             // the causal rule or the key bound hide a score, bias / scale elsewhere.
-            let warp = WarpScores { bias: sm.bias, mask: sm.mask, mask_row_bytes: (BN / 8) as u32, row0: warp_row0, nt0: 0, lane };
+            let warp = WarpScores::new::<NT>(sm.bias, sm.mask, (BN / 8) as u32, warp_row0, 0, lane);
             let mut s = [[[0f32; 4]; NT]; MT];
             let check = !tile.full || b.vis.tile_needs_check(b.row0, col0, BN as u32);
             let bounds = b.vis.at_tile(b.row0, col0).shifted(warp_row0 + g, 2 * t);

@@ -82,41 +82,44 @@ fwd_kernels! {
     F16, 256: dmattn_fwd_f16_d256_mods, dmattn_fwd_f16_d256;
 }
 
-/// Backward entry points per (element type, head dim), `dmattn_bwd_<elem>_d<dim>[_mods]`, and
-/// the per-type delta and conversion passes.
+/// Backward entry points per (element type, head dim): `dmattn_bwd_<elem>_d<dim>[_mods][_det]`
+/// (score modifiers; deterministic accumulation), and the per-type delta and conversion passes.
 macro_rules! bwd_kernels {
-    ($($elem:ty, $d:literal: $plain:ident, $mods:ident;)*) => {$(
-        bwd_kernels!(@one $plain, $elem, $d, false);
-        bwd_kernels!(@one $mods, $elem, $d, true);
+    ($($elem:ty, $d:literal: $plain:ident, $mods:ident, $plain_det:ident, $mods_det:ident;)*) => {$(
+        bwd_kernels!(@one $plain, $elem, $d, false, false);
+        bwd_kernels!(@one $mods, $elem, $d, true, false);
+        bwd_kernels!(@one $plain_det, $elem, $d, false, true);
+        bwd_kernels!(@one $mods_det, $elem, $d, true, true);
     )*};
-    (@one $name:ident, $elem:ty, $d:literal, $with_mods:literal) => {
+    (@one $name:ident, $elem:ty, $d:literal, $with_mods:literal, $det:literal) => {
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: BwdParams) {
-            const T: BwdTile = match bwd_tile($d) { Some(t) => t, None => panic!() };
+            const T: BwdTile = match bwd_tile($d, $det) { Some(t) => t, None => panic!() };
             unsafe {
                 bwd::backward::<$elem, $d, { T.block_m as usize }, { T.block_n as usize }, { T.stages as usize },
-                    { $d / 16 }, { (T.block_n / (8 * T.warps_n)) as usize }, { $d / (8 * (T.warps_n * T.splits) as usize) },
-                    { T.block_m as usize / 16 }, { T.block_n as usize / 16 },
-                    { let dt = $d / (8 * (T.warps_n * T.splits) as usize); if dt > 8 { 4 } else { dt } },
-                    { T.warps_n as usize }, { T.splits as usize }, $with_mods>(&p)
+                    { T.warps as usize }, { $d / 16 },
+                    { T.sdp_rows as usize }, { T.sdp_m_tiles() as usize }, { T.sdp_n_tiles() as usize }, { T.sdp_chunk_tiles() as usize },
+                    { T.kv_keys as usize }, { T.kv_m_tiles() as usize }, { T.kv_d_tiles() as usize }, { T.block_m as usize / 16 },
+                    { T.dq_rows as usize }, { T.dq_m_tiles() as usize }, { T.dq_d_tiles() as usize }, { T.dq_pass_tiles() as usize },
+                    { T.block_n as usize / 16 }, $with_mods, $det>(&p, T.params_offset())
             }
         }
     };
 }
 
 bwd_kernels! {
-    Bf16, 32: dmattn_bwd_bf16_d32, dmattn_bwd_bf16_d32_mods;
-    Bf16, 64: dmattn_bwd_bf16_d64, dmattn_bwd_bf16_d64_mods;
-    Bf16, 96: dmattn_bwd_bf16_d96, dmattn_bwd_bf16_d96_mods;
-    Bf16, 128: dmattn_bwd_bf16_d128, dmattn_bwd_bf16_d128_mods;
-    Bf16, 192: dmattn_bwd_bf16_d192, dmattn_bwd_bf16_d192_mods;
-    Bf16, 256: dmattn_bwd_bf16_d256, dmattn_bwd_bf16_d256_mods;
-    F16, 32: dmattn_bwd_f16_d32, dmattn_bwd_f16_d32_mods;
-    F16, 64: dmattn_bwd_f16_d64, dmattn_bwd_f16_d64_mods;
-    F16, 96: dmattn_bwd_f16_d96, dmattn_bwd_f16_d96_mods;
-    F16, 128: dmattn_bwd_f16_d128, dmattn_bwd_f16_d128_mods;
-    F16, 192: dmattn_bwd_f16_d192, dmattn_bwd_f16_d192_mods;
-    F16, 256: dmattn_bwd_f16_d256, dmattn_bwd_f16_d256_mods;
+    Bf16, 32: dmattn_bwd_bf16_d32, dmattn_bwd_bf16_d32_mods, dmattn_bwd_bf16_d32_det, dmattn_bwd_bf16_d32_mods_det;
+    Bf16, 64: dmattn_bwd_bf16_d64, dmattn_bwd_bf16_d64_mods, dmattn_bwd_bf16_d64_det, dmattn_bwd_bf16_d64_mods_det;
+    Bf16, 96: dmattn_bwd_bf16_d96, dmattn_bwd_bf16_d96_mods, dmattn_bwd_bf16_d96_det, dmattn_bwd_bf16_d96_mods_det;
+    Bf16, 128: dmattn_bwd_bf16_d128, dmattn_bwd_bf16_d128_mods, dmattn_bwd_bf16_d128_det, dmattn_bwd_bf16_d128_mods_det;
+    Bf16, 192: dmattn_bwd_bf16_d192, dmattn_bwd_bf16_d192_mods, dmattn_bwd_bf16_d192_det, dmattn_bwd_bf16_d192_mods_det;
+    Bf16, 256: dmattn_bwd_bf16_d256, dmattn_bwd_bf16_d256_mods, dmattn_bwd_bf16_d256_det, dmattn_bwd_bf16_d256_mods_det;
+    F16, 32: dmattn_bwd_f16_d32, dmattn_bwd_f16_d32_mods, dmattn_bwd_f16_d32_det, dmattn_bwd_f16_d32_mods_det;
+    F16, 64: dmattn_bwd_f16_d64, dmattn_bwd_f16_d64_mods, dmattn_bwd_f16_d64_det, dmattn_bwd_f16_d64_mods_det;
+    F16, 96: dmattn_bwd_f16_d96, dmattn_bwd_f16_d96_mods, dmattn_bwd_f16_d96_det, dmattn_bwd_f16_d96_mods_det;
+    F16, 128: dmattn_bwd_f16_d128, dmattn_bwd_f16_d128_mods, dmattn_bwd_f16_d128_det, dmattn_bwd_f16_d128_mods_det;
+    F16, 192: dmattn_bwd_f16_d192, dmattn_bwd_f16_d192_mods, dmattn_bwd_f16_d192_det, dmattn_bwd_f16_d192_mods_det;
+    F16, 256: dmattn_bwd_f16_d256, dmattn_bwd_f16_d256_mods, dmattn_bwd_f16_d256_det, dmattn_bwd_f16_d256_mods_det;
 }
 
 /// Per element type: the backward's delta and conversion passes, the split-KV combine, and the

@@ -45,26 +45,50 @@ impl Mods {
     }
 }
 
-/// Where one warp's part of a CTA score tile sits: the CTA's bias tile and packed mask tile in
-/// shared memory, the warp's first row, and its first n8 tile of keys.
+/// Where one thread's part of a CTA score tile sits: its first bias pair in the CTA's bias tile
+/// and its first packed-mask half-word, so that each score's bias and mask bits are a constant
+/// offset away.
 #[derive(Clone, Copy)]
 pub struct WarpScores {
     pub bias: SmemTile,
-    /// Packed mask tile: row `r` at `mask + r * mask_row_bytes`, one 8-byte word per 64 keys.
-    pub mask: u32,
-    pub mask_row_bytes: u32,
-    pub row0: u32,
-    pub nt0: u32,
-    pub lane: u32,
+    /// The thread's first bias pair (row `row0 + lane / 4`, keys `8 nt0 + 2 (lane % 4)`).
+    bias_at: u32,
+    /// The half-word of the thread's keys in the packed mask word holding key `8 nt0` of its
+    /// first row, and the bit of key `8 nt0` in it.
+    mask_at: u32,
+    mask_shift: u32,
+    mask_row_bytes: u32,
 }
 
 impl WarpScores {
+    /// The warp's scores are rows `row0..` (a multiple of 8) and n8 key tiles `nt0..nt0 + NT`
+    /// (`nt0` a multiple of `NT`, a power of two) of the CTA tile; the packed mask tile has row
+    /// `r` at `mask + r * mask_row_bytes`, one 8-byte word per 64 keys.
+    #[inline(always)]
+    pub fn new<const NT: usize>(bias: SmemTile, mask: u32, mask_row_bytes: u32, row0: u32, nt0: u32, lane: u32) -> Self {
+        const { assert!(NT.is_power_of_two()) };
+        let (g, t) = (lane / 4, lane % 4);
+        WarpScores {
+            bias,
+            bias_at: bias.shift(bias.chunk(g, 0) + 4 * t, row0, nt0),
+            mask_at: mask + (row0 + g) * mask_row_bytes + 8 * (nt0 / 8) + 2 * t,
+            mask_shift: 2 * (nt0 % 8),
+            mask_row_bytes,
+        }
+    }
+
     /// Bias pair of the thread's keys `e = 0, 1` in n8 tile `nt` (warp-relative) of row
-    /// `row0 + dr + g` (`dr` a multiple of 8).
+    /// `dr + g` (`dr` a multiple of 8, warp-relative).
     #[inline(always)]
     fn bias<E: Elem>(&self, dr: u32, nt: u32) -> (f32, f32) {
-        let at = self.bias.chunk(self.lane / 4, 0) + 4 * (self.lane % 4);
-        E::unpack(unsafe { ld_shared_u32(self.bias.shift(at, self.row0 + dr, self.nt0 + nt)) })
+        E::unpack(unsafe { ld_shared_u32(self.bias_at_pair(dr, nt)) })
+    }
+
+    /// Shared address of the bias pair [`WarpScores::bias`] reads (the backward overwrites it
+    /// with dS for dbias).
+    #[inline(always)]
+    pub fn bias_at_pair(&self, dr: u32, nt: u32) -> u32 {
+        self.bias.shift(self.bias_at, dr, nt)
     }
 
     /// Accumulator start values: -inf where the mask, the causal rule or the bounds hide a score
@@ -85,7 +109,6 @@ impl WarpScores {
             return;
         }
         let inv_scale = LOG2E * rcp(mods.scale_log2);
-        let t = self.lane % 4;
         for mt in 0..MT {
             for h in 0..2 {
                 let dr = 16 * mt as u32 + 8 * h as u32;
@@ -93,13 +116,11 @@ impl WarpScores {
                 let bits = if check {
                     let mut keep = !0u32;
                     if load_mask {
-                        let row = self.mask + (self.row0 + dr + self.lane / 4) * self.mask_row_bytes + 2 * t;
-                        // The warp's 8 nt + e keys start at word nt0 / 8, bit 2 (nt0 % 8).
-                        let (word, shift) = (self.nt0 / 8, 2 * (self.nt0 % 8));
+                        let row = self.mask_at + dr * self.mask_row_bytes;
                         keep = 0;
                         for w in 0..(NT as u32).div_ceil(8) + 1 {
-                            if 16 * w < 2 * NT as u32 + shift {
-                                keep |= (unsafe { ld_shared_u16(row + 8 * (word + w)) } << (16 * w)) >> shift;
+                            if 16 * w < 2 * NT as u32 + self.mask_shift {
+                                keep |= (unsafe { ld_shared_u16(row + 8 * w) } << (16 * w)) >> self.mask_shift;
                             }
                         }
                     }

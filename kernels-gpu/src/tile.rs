@@ -124,19 +124,6 @@ impl SmemTile {
         });
     }
 
-    /// As [`SmemTile::store`], only chunks `chunk0..chunk0 + chunks` of each row.
-    #[inline(always)]
-    pub unsafe fn store_cols(&self, dst: u64, row_stride: u64, rows_valid: u32, chunk0: u32, chunks: u32, tid: u32, threads: u32) {
-        let total = self.rows * chunks;
-        for pass in 0..total.div_ceil(threads) {
-            let i = tid + pass * threads;
-            let (r, c) = (i / chunks, chunk0 + i % chunks);
-            if i < total && r < rows_valid {
-                unsafe { st_global_v4(dst + r as u64 * row_stride + 16 * c as u64, ld_shared_v4(self.chunk(r, c))) };
-            }
-        }
-    }
-
     /// Synchronous copy of a tile of `elem_bytes`-byte elements (1 or 2) with arbitrary element
     /// strides: the fallback for operands `load_async` cannot take (broadcast or unaligned keys).
     /// Element `(r, j)` is read from `src + (r * row_stride + j * col_stride) * elem_bytes`;
@@ -225,6 +212,17 @@ impl Fragments {
             b: tile.chunk((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1),
             bt: tile.chunk((lane & 7) + (((lane >> 3) & 1) << 3), lane >> 4),
         }
+    }
+
+    /// The same fragments with their origin moved `rows` rows down and `chunks` chunks right: a
+    /// warp's share of the tile, so that its fragment offsets are compile-time constants (an
+    /// immediate offset or a xor each, no address arithmetic per load). As in
+    /// [`SmemTile::shift`], `rows` is a multiple of 8, and `chunks` a multiple of a power of two
+    /// (at least 2) that exceeds every chunk offset later passed to these fragments.
+    #[inline(always)]
+    pub fn offset(self, rows: u32, chunks: u32) -> Self {
+        let t = self.tile;
+        Self { tile: t, a: t.shift(self.a, rows, chunks), b: t.shift(self.b, rows, chunks), bt: t.shift(self.bt, rows, chunks) }
     }
 
     /// A fragment at rows `r0..r0 + 16` (`r0` a multiple of 16), columns `16 ks..16 ks + 16`.

@@ -283,7 +283,7 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, determini
     let (p, saved) = (&fwd.problem, &fwd.saved);
     let d = p.dims;
     let elem = check_operands(p, saved)?;
-    let tile = bwd_tile(d.head_dim as u32).ok_or_else(|| unsupported_head_dim(d.head_dim))?;
+    let tile = bwd_tile(d.head_dim as u32, deterministic).ok_or_else(|| unsupported_head_dim(d.head_dim))?;
     check_limits(&d, tile.block_m)?;
     let device = saved.q.device();
     let dout_view = qkv_view(dout, "dout")?;
@@ -305,7 +305,7 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, determini
     let (_dq_acc, dq_acc) = zeroed::<f32>(dev, d.batch * d.seqlen_q * d.heads * d.head_dim)?;
     let bias_len = p.bias.map_or(0, |s| s.iter().product::<usize>());
     let (_dbias_acc, dbias_acc) = zeroed::<f32>(dev, bias_len)?;
-    let (_dq_turns, dq_turns) = zeroed::<u32>(dev, if deterministic { d.batch * d.heads * m_tiles * tile.splits as usize } else { 0 })?;
+    let (_dq_turns, dq_turns) = zeroed::<u32>(dev, if deterministic { d.batch * d.heads * m_tiles } else { 0 })?;
     let (_dbias_turns, dbias_turns) = zeroed::<u32>(dev, if deterministic { d.batch * d.kv_heads * n_blocks } else { 0 })?;
     let dk = Tensor::empty(saved.k.shape(), p.dtype, &device)?;
     let dv = Tensor::empty(saved.v.shape(), p.dtype, &device)?;
@@ -316,10 +316,7 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, determini
         (None, Some(mask)) => Some(prepare_mask(dev, p, mask)?),
         (None, None) => None,
     };
-    let mut fwd_p = fwd_params(p, saved, &fwd.out, &fwd.lse, prepared.as_ref())?;
-    if deterministic {
-        fwd_p.flags |= flags::DETERMINISTIC;
-    }
+    let fwd_p = fwd_params(p, saved, &fwd.out, &fwd.lse, prepared.as_ref())?;
     let contiguous = |shape: [usize; 4]| {
         let mut stride = [0u64; 4];
         let mut acc = 1u64;
@@ -343,8 +340,11 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, determini
         bias_dims: p.bias.map_or([1; 4], |s| s.map(|x| x as u32)),
         kv_heads: d.kv_heads as u32,
     };
-    let name = kernel_name(dmattn_abi::names::BWD_PREFIX, elem, d.head_dim, has_mods(p));
-    let grid = ((n_blocks * tile.splits as usize) as u32, d.kv_heads as u32, d.batch as u32);
+    let mut name = kernel_name(dmattn_abi::names::BWD_PREFIX, elem, d.head_dim, has_mods(p));
+    if deterministic {
+        name += dmattn_abi::names::DETERMINISTIC_SUFFIX;
+    }
+    let grid = (n_blocks as u32, d.kv_heads as u32, d.batch as u32);
     // In deterministic mode CTAs wait on CTAs of lower block index, which the hardware
     // schedules first, so any grid size is safe.
     launch(dev, &Launch::kernel(&name, grid, tile.threads(), tile.smem_bytes()), params)?;
