@@ -268,7 +268,6 @@ pub unsafe fn backward<
     let threads = 32 * W as u32;
     let sm = Smem::new(D, BM, BN, STAGES);
     let mods = Mods::of::<MODS>(f);
-    let deterministic = DET;
     let kb = KeyBlock::new(p, BN as u32, false);
     let m_tiles = f.seqlen_q.div_ceil(BM as u32);
     if let Some((lock, turn)) = dbias_turn::<BN, DET>(&kb, &mods) {
@@ -291,7 +290,7 @@ pub unsafe fn backward<
     let mut cursor = TileCursor::new();
     let m_begin = kb.vis.query_tile_begin(kb.col0, BM as u32);
     let mut next_tile = cursor.next(m_begin, tid % 32, &map);
-    if deterministic {
+    if DET {
         unsafe { pass_skipped_turns(p, &kb, 0, next_tile.map_or(m_tiles, |t| t.n), m_tiles, tid) };
     }
     if let Some(first) = next_tile {
@@ -433,7 +432,7 @@ pub unsafe fn backward<
             // passes of `DQ` n8 tiles (the accumulators are live beside dK and dV).
             let (wq, wqd) = warp_at(warp, QR);
             let turn = dq_turn(&kb, h, m, m_tiles);
-            if deterministic {
+            if DET {
                 unsafe { wait_turn(turn, kb.n_block, tid) };
             }
             let q_row0 = 16 * MQ as u32 * wq;
@@ -450,7 +449,7 @@ pub unsafe fn backward<
                     unsafe { add_dq(dq, stage, rows, row_bytes, valid, lane) };
                 }
             }
-            if deterministic {
+            if DET {
                 unsafe { pass_turn(turn, kb.n_block + 1, tid) };
             }
             if STAGES == 1 {
@@ -464,7 +463,7 @@ pub unsafe fn backward<
             if STAGES == 2 {
                 stage = 1 - stage;
             }
-            if hg + 1 == group && deterministic {
+            if hg + 1 == group && DET {
                 unsafe { pass_skipped_turns(p, &kb, m + 1, next_tile.map_or(m_tiles, |t| t.n), m_tiles, tid) };
             }
         }
