@@ -345,9 +345,11 @@ pub unsafe fn backward<
             let p_at = sm.p.chunk(g, 0) + 4 * t;
             let ds_at = p_at - sm.p.base + sm.ds.base;
             let (lse_at, delta_at) = (st.lse + 4 * (r0 + g), st.delta + 4 * (r0 + g));
-            let scores = |c: u32| WarpScores::new::<NC>(st.bias, st.mask, (BN / 8) as u32, r0, NS as u32 * wc + NC as u32 * c, lane);
+            // Chunk c's first n8 key tile, and its scores' addresses.
+            let chunk_nt0 = |c: u32| NS as u32 * wc + NC as u32 * c;
+            let scores = |c: u32| WarpScores::new::<NC>(st.bias, st.mask, (BN / 8) as u32, r0, chunk_nt0(c), lane);
             for c in 0..(NS / NC) as u32 {
-                let nt0 = NS as u32 * wc + NC as u32 * c;
+                let nt0 = chunk_nt0(c);
                 let warp_scores = scores(c);
                 let mut s = [[[0f32; 4]; NC]; MS];
                 let bounds = kb.vis.at_tile(row0, kb.col0).with_rows(rows_valid).shifted(r0 + g, 8 * nt0 + 2 * t);
@@ -381,7 +383,7 @@ pub unsafe fn backward<
             // scale * d(softcap) to the dS tile for dK and dQ.
             let ds_scale = mods.scale_log2 * core::f32::consts::LN_2;
             for c in 0..(NS / NC) as u32 {
-                let nt0 = NS as u32 * wc + NC as u32 * c;
+                let nt0 = chunk_nt0(c);
                 let mut dp = [[[0f32; 4]; NC]; MS];
                 let (d_o, v) = (do_frag.offset(r0, 0), v_frag.offset(8 * nt0, 0));
                 mma_tiles::<E, MS, NC, KT>(&mut dp, |mt, ks| unsafe { d_o.a(16 * mt, ks) }, |np, ks| unsafe { v.b(16 * np, ks) });
