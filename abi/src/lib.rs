@@ -339,6 +339,17 @@ pub const fn mask_bit(k: u32) -> u32 {
     16 * t + 2 * nt + e
 }
 
+/// The packed bits ([`mask_bit`] order) of keys `k..k + 4` from their four mask bytes `x`
+/// (little-endian; a nonzero byte is visible), `k` a multiple of 4: a few word operations
+/// instead of four byte tests.
+pub const fn mask_bits_of_bytes(x: u32, k: u32) -> u64 {
+    // 0x80 in each nonzero byte (0x7f + 0x7f carries into no other byte).
+    let nonzero = (((x & 0x7f7f_7f7f) + 0x7f7f_7f7f) | x) & 0x8080_8080;
+    // Keys k + 1, k + 2, k + 3 sit 1, 16 and 17 bits above key k.
+    let spread = ((nonzero >> 7) & 0x0001_0001) | ((nonzero >> 14) & 0x0002_0002);
+    (spread as u64) << mask_bit(k)
+}
+
 /// Parameters of the kernel that prepares a boolean mask `[mb, mh, mq, sk]` (zero strides where
 /// broadcast, a key-broadcast mask given as stride 0 over `sk` keys) for the attention kernels:
 /// - `classes`: u8 `[mb, mh, q_blocks, k_blocks]`, one [`block_class`] per 64x64 block;
@@ -467,4 +478,25 @@ pub mod names {
     pub const FWD_PREFIX: &str = "dmattn_fwd_";
     /// `dmattn_softmax_rows_<elem>`: the materialising path's row softmax.
     pub const SOFTMAX_ROWS_PREFIX: &str = "dmattn_softmax_rows_";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mask_bits_of_bytes_matches_mask_bit_key_by_key() {
+        // Every byte value in every position, at every key offset of a word.
+        for k in (0..MASK_WORD_KEYS).step_by(4) {
+            for pos in 0..4 {
+                for byte in 0..=255u32 {
+                    let filler = [0u32, 0x01, 0xff][(byte % 3) as usize];
+                    let bytes: [u32; 4] = core::array::from_fn(|i| if i == pos { byte } else { (filler + i as u32) & 0xff });
+                    let x = bytes.iter().enumerate().fold(0, |x, (i, b)| x | b << (8 * i));
+                    let want = (0..4).fold(0u64, |w, i| w | ((bytes[i] != 0) as u64) << mask_bit(k + i as u32));
+                    assert_eq!(mask_bits_of_bytes(x, k), want, "k {k} bytes {bytes:02x?}");
+                }
+            }
+        }
+    }
 }

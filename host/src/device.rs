@@ -2,6 +2,7 @@
 //! loaded kernel module.
 use crate::error::{Error, Result};
 use cudarc::cublas::CudaBlas;
+use cudarc::driver::result::{self, mem_pool};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, sys};
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
@@ -105,6 +106,7 @@ impl CudaDevice {
         // Every buffer and launch goes through this one stream, so cudarc's cross-stream event
         // tracking is redundant work.
         unsafe { ctx.disable_event_tracking() };
+        keep_freed_memory(&ctx)?;
         let stream = ctx.default_stream();
         let ptx = miniz_oxide::inflate::decompress_to_vec(PTX_SM80_DEFLATED).expect("build.rs deflated valid PTX");
         let ptx = String::from_utf8(ptx).expect("PTX is ASCII");
@@ -126,6 +128,18 @@ impl CudaDevice {
 
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.0.ctx
+    }
+
+    /// Hands the memory that freed buffers left cached in the device's allocation pool back to
+    /// the driver; waits for queued work first. dmattn keeps freed memory cached so that repeated
+    /// calls do not map their buffers afresh each time.
+    pub fn release_cached_memory(&self) -> Result<()> {
+        self.synchronize()?;
+        if let Some(pool) = alloc_pool(&self.0.ctx)? {
+            // Safety: the pool is the device's current one, returned by the driver.
+            unsafe { mem_pool::trim_to(pool, 0)? };
+        }
+        Ok(())
     }
 
     /// Waits for all queued work; surfaces asynchronous kernel errors.
@@ -183,6 +197,30 @@ impl CudaDevice {
         functions.insert(name.to_string(), (f.clone(), smem_bytes));
         Ok(f)
     }
+}
+
+/// The pool stream-ordered allocations come from, where the device has one.
+fn alloc_pool(ctx: &CudaContext) -> Result<Option<sys::CUmemoryPool>> {
+    if !ctx.has_async_alloc() {
+        return Ok(None);
+    }
+    // Safety: the device handle comes from a live context.
+    Ok(Some(unsafe { result::device::get_mem_pool(ctx.cu_device())? }))
+}
+
+/// Every call allocates its outputs (and the prepared mask, dQ accumulator...) from the device's
+/// stream-ordered pool. At the pool's default release threshold (0) each synchronisation returns
+/// freed memory to the driver and the next call maps it afresh, which at short sequences cost
+/// more than the kernels. Keep it cached, as PyTorch's caching allocator does;
+/// [`CudaDevice::release_cached_memory`] gives it back.
+fn keep_freed_memory(ctx: &CudaContext) -> Result<()> {
+    if let Some(pool) = alloc_pool(ctx)? {
+        let mut threshold = u64::MAX;
+        let attr = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD;
+        // Safety: a valid pool, and the release threshold is a u64 (cuMemPoolSetAttribute).
+        unsafe { mem_pool::set_attribute(pool, attr, (&mut threshold as *mut u64).cast())? };
+    }
+    Ok(())
 }
 
 /// The kernel (entry) names a PTX module declares, in order.

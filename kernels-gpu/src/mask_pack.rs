@@ -3,7 +3,7 @@
 //! packed into one u64 in the MMA accumulator order (`dmattn_abi::mask_bit`), so a kernel reads
 //! one bit per score instead of one byte, one 16-bit load per row and tile per thread.
 use crate::arch::*;
-use dmattn_abi::{BLOCK_MAP_K, BLOCK_MAP_Q, MASK_PACK_THREADS, MaskPackParams, block_class, mask_bit};
+use dmattn_abi::{BLOCK_MAP_K, BLOCK_MAP_Q, MASK_PACK_THREADS, MaskPackParams, block_class, mask_bit, mask_bits_of_bytes};
 
 /// Grid `(k_blocks, q_blocks, mask_batch * mask_heads)`, `MASK_PACK_THREADS` threads: four
 /// adjacent lanes share a row, each reading a 16-key strip. Out-of-range elements count for
@@ -24,19 +24,26 @@ pub unsafe fn mask_pack(p: &MaskPackParams) {
     if row < rows {
         let base = p.mask.ptr + b * s[0] + h * s[1] + row as u64 * s[2];
         let strip = base + (kb * BLOCK_MAP_K + k0) as u64 * s[3];
-        // A contiguous, aligned strip inside the keys is one 16-byte load (the byte loads kept
-        // this kernel at a third of the copy bandwidth); anything else goes byte by byte.
-        let whole = s[3] == 1 && strip % 16 == 0 && kb * BLOCK_MAP_K + k0 + KEYS_PER_THREAD <= keys;
-        let bytes = if whole { unsafe { ld_global_nc_v4(strip) } } else { [0; 4] };
-        for j in 0..KEYS_PER_THREAD {
-            let k = k0 + j;
-            let key = kb * BLOCK_MAP_K + k;
-            if key < keys {
-                let byte = if whole { bytes[j as usize / 4] >> (8 * (j % 4)) & 0xff } else { unsafe { ld_global_nc_u8(strip + j as u64 * s[3]) } };
-                let v = byte != 0;
-                any |= v;
-                all &= v;
-                word |= (v as u64) << mask_bit(k);
+        // A contiguous, aligned strip inside the keys is one 16-byte load, packed four keys per
+        // word operation (byte loads and per-key tests kept this kernel compute-bound at a third
+        // of the copy bandwidth); anything else goes byte by byte.
+        if s[3] == 1 && strip % 16 == 0 && kb * BLOCK_MAP_K + k0 + KEYS_PER_THREAD <= keys {
+            let words = unsafe { ld_global_nc_v4(strip) };
+            for (i, &x) in words.iter().enumerate() {
+                let bits = mask_bits_of_bytes(x, k0 + 4 * i as u32);
+                any |= bits != 0;
+                all &= bits.count_ones() == 4;
+                word |= bits;
+            }
+        } else {
+            for j in 0..KEYS_PER_THREAD {
+                let k = k0 + j;
+                if kb * BLOCK_MAP_K + k < keys {
+                    let v = unsafe { ld_global_nc_u8(strip + j as u64 * s[3]) } != 0;
+                    any |= v;
+                    all &= v;
+                    word |= (v as u64) << mask_bit(k);
+                }
             }
         }
     }
