@@ -65,7 +65,46 @@ pub struct FwdParams {
     pub split_tiles: u32,
     pub o_split_stride: u64,
     pub lse_split_stride: u64,
+    /// The work order (modifier variant, no splits): CTA `i` (linear block index, x fastest)
+    /// runs the grid position in `order[i]`, a u64 [`packed_position`]; 0: grid order.
+    pub order: u64,
 }
+
+/// Counts the key tiles each forward CTA will visit: one warp per grid position, `work` u32 per
+/// position (linear block index of the forward's grid, x fastest).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FwdWorkParams {
+    pub fwd: FwdParams,
+    pub work: u64,
+}
+
+/// Sorts the `grid` positions by their `work` (u32 per linear block index), heaviest first,
+/// into `order` ([`packed_position`] per CTA): one CTA of [`TILE_ORDER_THREADS`], a counting
+/// sort over [`TILE_ORDER_BUCKETS`] work values (larger ones share the last bucket).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TileOrderParams {
+    pub work: u64,
+    pub order: u64,
+    pub grid: [u32; 3],
+}
+
+/// Shared memory a forward CTA keeps its grid position in (two u32: x, then y | z << 16).
+pub const POSITION_BYTES: u32 = 8;
+
+/// A grid position as the forward's work order holds it: block x in the low 32 bits, y (< 2^16)
+/// and z (< 2^16) above, so a CTA unpacks it with shifts.
+pub const fn packed_position(x: u32, y: u32, z: u32) -> u64 {
+    x as u64 | (y as u64) << 32 | (z as u64) << 48
+}
+
+pub const TILE_ORDER_THREADS: u32 = 1024;
+pub const TILE_ORDER_BUCKETS: u32 = 1024;
+/// The sort's shared memory: a counter per bucket and a total per warp.
+pub const TILE_ORDER_SMEM_BYTES: u32 = 4 * (TILE_ORDER_BUCKETS + TILE_ORDER_THREADS / 32);
+/// Warps per CTA of the work-count kernel (one grid position each).
+pub const FWD_WORK_WARPS: u32 = 8;
 
 /// Merges split-KV partial results: per query row, LSE = log Σ exp(LSE_s) and
 /// O = Σ exp(LSE_s - LSE) O_s. Partials are contiguous: O `[splits, b, sq, h, d]` (q's element
@@ -389,10 +428,10 @@ impl FwdTile {
         self.block_m / (16 * self.warps)
     }
     /// Dynamic shared memory: Q, K, V tiles, the bias and packed-mask tiles of one key block,
-    /// then the online softmax's running state.
+    /// the CTA's grid position, then the online softmax's running state.
     pub const fn smem_bytes(&self) -> u32 {
         let qkv = (self.block_m + 2 * self.block_n) * self.head_dim * 2;
-        qkv + self.bias_tile_bytes() + self.mask_tile_bytes() + self.softmax_state_bytes()
+        qkv + self.bias_tile_bytes() + self.mask_tile_bytes() + POSITION_BYTES + self.softmax_state_bytes()
     }
     /// A running max and sum (f32) per thread per row it holds: two rows per 16-row MMA tile.
     pub const fn softmax_state_bytes(&self) -> u32 {
@@ -476,6 +515,9 @@ pub mod names {
     pub const CONVERT_PREFIX: &str = "dmattn_convert_";
     pub const COMBINE_PREFIX: &str = "dmattn_fwd_combine_";
     pub const FWD_PREFIX: &str = "dmattn_fwd_";
+    /// `dmattn_fwd_work_d<dim>`: the key tiles per CTA of that head dim's modifier variant.
+    pub const FWD_WORK_PREFIX: &str = "dmattn_fwd_work_d";
+    pub const TILE_ORDER: &str = "dmattn_tile_order";
     /// `dmattn_softmax_rows_<elem>`: the materialising path's row softmax.
     pub const SOFTMAX_ROWS_PREFIX: &str = "dmattn_softmax_rows_";
 }

@@ -86,6 +86,8 @@ pub(crate) struct CudaInner {
     name: String,
     /// Streaming multiprocessors: how many CTAs fill the GPU.
     pub(crate) sms: u32,
+    /// L2 cache size.
+    pub(crate) l2_bytes: usize,
 }
 
 impl CudaDevice {
@@ -114,8 +116,9 @@ impl CudaDevice {
         let module = ctx.load_module(Ptx::from_src(ptx))?;
         let name = ctx.name()?;
         let sms = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
+        let l2_bytes = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as usize;
         let functions = Mutex::new(HashMap::new());
-        Ok(Self(Arc::new(CudaInner { ctx, stream, module, kernels, functions, blas: OnceLock::new(), name, sms })))
+        Ok(Self(Arc::new(CudaInner { ctx, stream, module, kernels, functions, blas: OnceLock::new(), name, sms, l2_bytes })))
     }
 
     pub fn name(&self) -> &str {

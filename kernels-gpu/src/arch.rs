@@ -239,6 +239,28 @@ pub unsafe fn ld_global_nc_v4(addr: u64) -> [u32; 4] {
 }
 
 #[inline(always)]
+pub unsafe fn ld_global_nc_u32(addr: u64) -> u32 {
+    let v: u32;
+    unsafe { asm!("ld.global.nc.u32 {0}, [{1}];", out(reg32) v, in(reg64) addr, options(pure, readonly, nostack)) };
+    v
+}
+
+#[inline(always)]
+pub unsafe fn ld_global_nc_u64(addr: u64) -> u64 {
+    let v: u64;
+    unsafe { asm!("ld.global.nc.u64 {0}, [{1}];", out(reg64) v, in(reg64) addr, options(pure, readonly, nostack)) };
+    v
+}
+
+/// Atomic add to a shared u32, returning the old value.
+#[inline(always)]
+pub unsafe fn atom_add_shared_u32(addr: u32, v: u32) -> u32 {
+    let old: u32;
+    unsafe { asm!("atom.shared.add.u32 {0}, [{1}], {2};", out(reg32) old, in(reg32) addr, in(reg32) v, options(nostack)) };
+    old
+}
+
+#[inline(always)]
 pub unsafe fn ld_global_nc_u16(addr: u64) -> u32 {
     let v: u32;
     unsafe { asm!("ld.global.nc.u16 {0}, [{1}];", out(reg32) v, in(reg64) addr, options(pure, readonly, nostack)) };
@@ -252,6 +274,17 @@ pub fn shfl_xor_u32(v: u32, lane_mask: u32) -> u32 {
     unsafe {
         asm!("shfl.sync.bfly.b32 {0}, {1}, {2}, 0x1f, 0xffffffff;",
             out(reg32) r, in(reg32) v, in(reg32) lane_mask, options(nomem, nostack))
+    };
+    r
+}
+
+/// The value of lane `lane - delta` (own value for lanes below `delta`; warp-collective).
+#[inline(always)]
+pub fn shfl_up_u32(v: u32, delta: u32) -> u32 {
+    let r: u32;
+    unsafe {
+        asm!("shfl.sync.up.b32 {0}, {1}, {2}, 0, 0xffffffff;",
+            out(reg32) r, in(reg32) v, in(reg32) delta, options(nomem, nostack))
     };
     r
 }

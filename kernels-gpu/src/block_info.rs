@@ -5,7 +5,7 @@
 //! would otherwise hoist every address out of the loop and hold it in a register across it (a
 //! dozen 64-bit values, enough to push a 4-warp tile into spills), while recomputing them costs a
 //! few integer multiply-adds per iteration.
-use crate::arch::{block_idx, div, grid_dim_x, opaque};
+use crate::arch::{block_idx, div, grid_dim_x, ld_global_nc_u64, ld_shared_u32, opaque, st_shared_v2};
 use crate::mask::Visibility;
 use dmattn_abi::{FwdParams, flags};
 
@@ -26,21 +26,25 @@ pub struct BlockInfo<'a> {
 }
 
 impl<'a> BlockInfo<'a> {
-    /// For the CTA running this code; `hide` routes the block indices through [`opaque`].
-    /// `SPLIT` compiles split-KV in (the modifier variant; the lean one has no registers left).
+    /// For the CTA running this code at grid position `at` (see [`position`]).
     #[inline(always)]
-    pub fn new<const SPLIT: bool>(p: &'a FwdParams, block_m: u32, hide: bool) -> Self {
-        let (bx, head, batch) = block_idx();
-        let (bx, head, batch) = if hide { (opaque(bx), opaque(head), opaque(batch)) } else { (bx, head, batch) };
+    pub fn new<const MODS: bool>(p: &'a FwdParams, block_m: u32, at: (u32, u32, u32)) -> Self {
+        Self::at::<MODS>(p, block_m, grid_dim_x(), at)
+    }
+
+    /// For grid position `(bx, head, z)` of a grid `grid_x` query tiles wide. `MODS` compiles
+    /// split-KV in (the modifier variant; the lean one has no registers left).
+    #[inline(always)]
+    pub fn at<const MODS: bool>(p: &'a FwdParams, block_m: u32, grid_x: u32, (bx, head, z): (u32, u32, u32)) -> Self {
         // Heaviest query tiles (the last ones, under causal) start first.
-        let m_block = grid_dim_x() - 1 - bx;
+        let m_block = grid_x - 1 - bx;
         let row0 = m_block * block_m;
-        let (batch, split) = if SPLIT && p.splits > 1 { (batch / p.splits, batch % p.splits) } else { (batch, 0) };
+        let (batch, split) = if MODS && p.splits > 1 { (z / p.splits, z % p.splits) } else { (z, 0) };
         Self {
             p,
             batch: batch as u64,
             head,
-            splits: if SPLIT { p.splits } else { 0 },
+            splits: if MODS { p.splits } else { 0 },
             split,
             m_block,
             row0,
@@ -132,5 +136,39 @@ impl<'a> BlockInfo<'a> {
     pub fn lse_index(&self, r: u32) -> u64 {
         let split = self.split as u64 * self.p.lse_split_stride;
         split + (self.batch * self.p.heads as u64 + self.head as u64) * self.p.seqlen_q as u64 + (self.row0 + r) as u64
+    }
+}
+
+/// This CTA's grid position `(bx, by, bz)`: its block index, or in the modifier variant where
+/// the work order sends it, which is also stored at shared address `slot` (8 bytes; every
+/// thread stores the same value) for [`reread_position`].
+#[inline(always)]
+pub fn position<const MODS: bool>(p: &FwdParams, slot: u32) -> (u32, u32, u32) {
+    let (bx, by, bz) = block_idx();
+    if !MODS {
+        return (bx, by, bz);
+    }
+    let (bx, yz) = if p.order != 0 {
+        let linear = bx + grid_dim_x() * (by + p.heads * bz);
+        let at = unsafe { ld_global_nc_u64(p.order + 8 * linear as u64) };
+        (at as u32, (at >> 32) as u32)
+    } else {
+        (bx, by | bz << 16)
+    };
+    unsafe { st_shared_v2(slot, [bx, yz]) };
+    (bx, yz & 0xffff, yz >> 16)
+}
+
+/// [`position`] again, from opaque sources (the stored copy, or the block index), so that LLVM
+/// holds nothing derived from it across a main loop; a barrier must separate it from the store.
+#[inline(always)]
+pub fn reread_position<const MODS: bool>(slot: u32) -> (u32, u32, u32) {
+    if MODS {
+        let slot = opaque(slot);
+        let (bx, yz) = unsafe { (ld_shared_u32(slot), ld_shared_u32(slot + 4)) };
+        (bx, yz & 0xffff, yz >> 16)
+    } else {
+        let (bx, by, bz) = block_idx();
+        (opaque(bx), opaque(by), opaque(bz))
     }
 }

@@ -3,13 +3,13 @@
 //! S = QKᵀ and O += PV run on tensor cores, and the softmax is online, in base 2 with the scale
 //! folded in. Key tiles the mask leaves empty are never loaded.
 use crate::arch::*;
-use crate::block_info::BlockInfo;
+use crate::block_info::{BlockInfo, position, reread_position};
 use crate::elem::Elem;
 use crate::mask::{MapRows, Tile, TileCursor, TileLine};
 use crate::scores::{Mods, WarpScores};
 use crate::softmax::OnlineSoftmax;
 use crate::tile::{Fragments, SmemTile, load_mask_bits_async};
-use dmattn_abi::{FwdParams, flags, mask_tile_bytes};
+use dmattn_abi::{FwdParams, POSITION_BYTES, flags, mask_tile_bytes};
 
 /// The shared-memory tiles of one CTA: Q, K, V (`D` columns), the bias tile and the packed mask
 /// tile of the current key block, and the online softmax's state. The packed tile is row-major,
@@ -22,6 +22,8 @@ struct Smem {
     v: SmemTile,
     bias: SmemTile,
     mask: u32,
+    /// This CTA's grid position (`block_info::position`).
+    position: u32,
     softmax: u32,
 }
 
@@ -33,7 +35,8 @@ impl Smem {
         let v = SmemTile::new(k.base + k.bytes(), bn, d * 2);
         let bias = SmemTile::new(v.base + v.bytes(), bm, bn * 2);
         let mask = bias.base + bias.bytes();
-        Self { q, k, v, bias, mask, softmax: mask + mask_tile_bytes(bm as u32, bn as u32) }
+        let position = mask + mask_tile_bytes(bm as u32, bn as u32);
+        Self { q, k, v, bias, mask, position, softmax: position + POSITION_BYTES }
     }
 }
 
@@ -109,7 +112,7 @@ pub unsafe fn forward<
     let mut cursor = TileCursor::new();
     let tid = thread_idx();
 
-    let b = BlockInfo::new::<MODS>(p, BM as u32, false);
+    let b = BlockInfo::new::<MODS>(p, BM as u32, position::<MODS>(p, sm.position));
     let map = MapRows::<BM, BN>::new(&p.block_map, b.block_map(), b.m_block, &b.vis);
     let (first, end) = b.key_tiles(map.end());
     if let Some(mut tile) = next_tile::<MODS>(&mut cursor, first, tid % 32, &map.until(end)) {
@@ -121,7 +124,7 @@ pub unsafe fn forward<
             // Everything per-thread or per-CTA is rebuilt from opaque indices each iteration
             // (see `block_info`), so none of it is held in registers across the loop.
             let tid = opaque(tid);
-            let b = BlockInfo::new::<MODS>(p, BM as u32, true);
+            let b = BlockInfo::new::<MODS>(p, BM as u32, reread_position::<MODS>(sm.position));
             let lane = tid % 32;
             let (g, t) = (lane / 4, lane % 4);
             let warp_row0 = (tid / 32) * (MT as u32) * 16;
@@ -216,7 +219,7 @@ pub unsafe fn forward<
     // Opaque indices again, or LLVM merges these addresses with the prologue's identical ones
     // and holds them across the whole loop.
     let tid = opaque(tid);
-    let b = BlockInfo::new::<MODS>(p, BM as u32, true);
+    let b = BlockInfo::new::<MODS>(p, BM as u32, reread_position::<MODS>(sm.position));
     let lane = tid % 32;
     let (g, t) = (lane / 4, lane % 4);
     let warp_row0 = (tid / 32) * (MT as u32) * 16;

@@ -2,8 +2,9 @@
 //! composed from a few modules: PTX primitives (`arch`), element types and their MMA (`elem`),
 //! shared-memory tiles (`tile`), the mask logic every kernel shares (`mask`), the online softmax
 //! (`softmax`), score start values and logits (`scores`), and the kernels themselves (`fwd`,
-//! `bwd`, `bwd_pre`, `mask_pack`, `combine` for split-KV, and `softmax_rows` for the unfused path). Entry points are
-//! instantiated here from the tile table in `dmattn-abi`.
+//! `bwd`, `bwd_pre`, `mask_pack`, `schedule` for the forward's work order, `combine` for
+//! split-KV, and `softmax_rows` for the unfused path). Entry points are instantiated here from
+//! the tile table in `dmattn-abi`.
 #![no_std]
 #![feature(abi_ptx, stdarch_nvptx, asm_experimental_arch)]
 
@@ -16,14 +17,15 @@ mod elem;
 mod fwd;
 mod mask;
 mod mask_pack;
+mod schedule;
 mod scores;
 mod softmax;
 mod softmax_rows;
 mod tile;
 
 use dmattn_abi::{
-    BwdParams, BwdPreParams, BwdTile, CombineParams, ConvertParams, FwdParams, FwdTile, FwdVariants, MaskPackParams, SoftmaxRowsParams, bwd_tile,
-    fwd_variants,
+    BwdParams, BwdPreParams, BwdTile, CombineParams, ConvertParams, FwdParams, FwdTile, FwdVariants, FwdWorkParams, MaskPackParams,
+    SoftmaxRowsParams, TileOrderParams, bwd_tile, fwd_variants,
 };
 use elem::{Bf16, F16};
 
@@ -35,6 +37,32 @@ fn panic(_: &core::panic::PanicInfo) -> ! {
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn dmattn_mask_pack(p: MaskPackParams) {
     unsafe { mask_pack::mask_pack(&p) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn dmattn_tile_order(p: TileOrderParams) {
+    unsafe { schedule::tile_order(&p) }
+}
+
+/// Work counts for the work order of each head dim's modifier variant:
+/// `dmattn_fwd_work_d<dim>` (`dmattn_abi::names::FWD_WORK_PREFIX`).
+macro_rules! fwd_work_kernels {
+    ($($d:literal: $name:ident;)*) => {$(
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: FwdWorkParams) {
+            const T: FwdTile = variants($d).mods;
+            unsafe { schedule::fwd_work::<{ T.block_m as usize }, { T.block_n as usize }>(&p) }
+        }
+    )*};
+}
+
+fwd_work_kernels! {
+    32: dmattn_fwd_work_d32;
+    64: dmattn_fwd_work_d64;
+    96: dmattn_fwd_work_d96;
+    128: dmattn_fwd_work_d128;
+    192: dmattn_fwd_work_d192;
+    256: dmattn_fwd_work_d256;
 }
 
 const fn variants(head_dim: u32) -> FwdVariants {

@@ -54,6 +54,33 @@ fn long_sparse_keys() {
     }
 }
 
+/// Grids of more CTAs than today's GPUs have SMs, under masks whose query tiles visit different
+/// numbers of key tiles: the forward runs its CTAs heaviest first, each taking its query tile
+/// from the work order, which must still cover every tile exactly once (poisoned outputs show a
+/// tile left out).
+#[test]
+fn work_ordered_grids() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = fresh_rng("work_ordered_grids");
+    // (dtype, d, sq, sk, heads, kv heads, mask heads, causal, bias): 240-320 CTAs each.
+    let cases = [
+        (DType::BF16, 32, 1000, 700, 20, 4, 1, false, false),
+        (DType::F16, 192, 700, 300, 12, 12, 12, true, true),
+        (DType::BF16, 128, 640, 400, 24, 1, 1, false, true),
+    ];
+    for &(dtype, d, sq, sk, h, hk, mh, causal, bias) in &cases {
+        let case = Case {
+            mask: Some([2, mh, sq, sk]),
+            mask_pattern: MaskPattern::Blocks(0.5),
+            bias: bias.then_some([1, h, sq, sk]),
+            causal,
+            dtype,
+            ..Case::new(2, sq, sk, h, hk, d)
+        };
+        check_gpu_forward(&case, ForwardPath::Fused, &gpu, &case.inputs(&mut rng)).unwrap();
+    }
+}
+
 /// Decoding shapes (a few query rows, long keys, few heads): the grid is too small for the GPU,
 /// so the keys are split across CTAs and the partial results combined. Gradients from such a
 /// forward (its O and LSE) are checked too.

@@ -3,7 +3,10 @@
 use crate::device::CudaDevice;
 use crate::error::Result;
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
-use dmattn_abi::{BwdParams, BwdPreParams, CombineParams, ConvertParams, FwdParams, MASK_PACK_THREADS, MaskPackParams, SoftmaxRowsParams, names};
+use dmattn_abi::{
+    BwdParams, BwdPreParams, CombineParams, ConvertParams, FwdParams, FwdWorkParams, MASK_PACK_THREADS, MaskPackParams, SoftmaxRowsParams,
+    TileOrderParams, names,
+};
 
 /// A kernel parameter struct from `dmattn-abi`, passed by value as the kernel's only argument.
 #[repr(transparent)]
@@ -13,6 +16,8 @@ pub(crate) struct ByValue<T>(T);
 /// Safety: each wrapped type is `#[repr(C)]`, plain old data, and is the exact parameter type of
 /// the kernels it is passed to (both sides compile `dmattn-abi`).
 unsafe impl DeviceRepr for ByValue<FwdParams> {}
+unsafe impl DeviceRepr for ByValue<FwdWorkParams> {}
+unsafe impl DeviceRepr for ByValue<TileOrderParams> {}
 unsafe impl DeviceRepr for ByValue<MaskPackParams> {}
 unsafe impl DeviceRepr for ByValue<BwdParams> {}
 unsafe impl DeviceRepr for ByValue<BwdPreParams> {}

@@ -15,8 +15,8 @@ use crate::problem::{Dims, Problem};
 use crate::tensor::Tensor;
 use cudarc::driver::CudaSlice;
 use dmattn_abi::{
-    BLOCK_MAP_K, BLOCK_MAP_Q, BwdParams, BwdPreParams, CombineParams, ConvertParams, DeviceElem, FwdParams, MaskPackParams, PRE_THREADS,
-    QueryRows, View4, bwd_tile, flags, fwd_variants,
+    BLOCK_MAP_K, BLOCK_MAP_Q, BwdParams, BwdPreParams, CombineParams, ConvertParams, DeviceElem, FWD_WORK_WARPS, FwdParams, FwdWorkParams,
+    MaskPackParams, PRE_THREADS, QueryRows, TILE_ORDER_SMEM_BYTES, TILE_ORDER_THREADS, TileOrderParams, View4, bwd_tile, flags, fwd_variants,
 };
 use launch::{Launch, launch};
 use std::sync::Arc;
@@ -237,7 +237,14 @@ pub(crate) fn forward(dev: &CudaDevice, p: Problem, mut saved: Saved) -> Result<
     let grid = (d.seqlen_q.div_ceil(tile.block_m as usize) as u32, d.heads as u32, d.batch as u32 * splits);
     let launch_fwd = |params| launch(dev, &Launch::kernel(&name, grid, tile.threads(), tile.smem_bytes()), params);
     if splits == 1 {
-        launch_fwd(fwd_params(&p, &saved, &out, &lse, prepared.as_ref())?)?;
+        let mut params = fwd_params(&p, &saved, &out, &lse, prepared.as_ref())?;
+        let ctas = grid.0 * grid.1 * grid.2;
+        // Held until the launch is queued; the stream orders its release after the kernel.
+        let order = if prepared.is_some() && mods && order_pays(dev, &d, ctas) { Some(work_order(dev, &params, grid, d.head_dim)?) } else { None };
+        if let Some((_, at)) = &order {
+            params.order = *at;
+        }
+        launch_fwd(params)?;
     } else {
         // Each split writes a normalised partial O and LSE; the combine pass merges them.
         let (b, sq, h, hd) = (d.batch, d.seqlen_q, d.heads, d.head_dim);
@@ -261,6 +268,33 @@ pub(crate) fn forward(dev: &CudaDevice, p: Problem, mut saved: Saved) -> Result<
     }
     saved.gpu = prepared;
     Ok(Forward { out, lse, problem: p, saved })
+}
+
+/// Whether running the forward's CTAs heaviest first pays: the order interleaves heads, so
+/// neighbouring CTAs no longer share one head's K and V in L2; it is kept to problems whose K
+/// and V all fit in L2 at once, and to grids of more than one CTA per SM (a single wave has no
+/// tail to balance).
+fn order_pays(dev: &CudaDevice, d: &Dims, ctas: u32) -> bool {
+    let kv_bytes = 2 * 2 * d.batch * d.kv_heads * d.seqlen_k * d.head_dim;
+    ctas > dev.0.sms && kv_bytes <= dev.0.l2_bytes
+}
+
+/// The forward's work order (`FwdParams::order`) for a grid of `grid` CTAs: each CTA's
+/// visited key tiles counted from the block map, then sorted heaviest first.
+fn work_order(dev: &CudaDevice, fwd: &FwdParams, grid: (u32, u32, u32), head_dim: usize) -> Result<(CudaSlice<u64>, u64)> {
+    use cudarc::driver::DevicePtr;
+    let ctas = (grid.0 * grid.1 * grid.2) as usize;
+    let stream = dev.stream();
+    // Safety: the work pass writes a count for every CTA, the sort a position for every slot.
+    let work = unsafe { stream.alloc::<u32>(ctas)? };
+    let order = unsafe { stream.alloc::<u64>(ctas)? };
+    let (work_at, order_at) = (work.device_ptr(stream).0, order.device_ptr(stream).0);
+    let name = format!("{}{}", dmattn_abi::names::FWD_WORK_PREFIX, head_dim);
+    let blocks = ctas.div_ceil(FWD_WORK_WARPS as usize) as u32;
+    launch(dev, &Launch::kernel(&name, (blocks, 1, 1), 32 * FWD_WORK_WARPS, 0), FwdWorkParams { fwd: *fwd, work: work_at })?;
+    let sort = TileOrderParams { work: work_at, order: order_at, grid: [grid.0, grid.1, grid.2] };
+    launch(dev, &Launch::kernel(dmattn_abi::names::TILE_ORDER, (1, 1, 1), TILE_ORDER_THREADS, TILE_ORDER_SMEM_BYTES), sort)?;
+    Ok((order, order_at))
 }
 
 /// A zeroed f32 or u32 device buffer of `n` elements and its address.
