@@ -238,9 +238,8 @@ pub(crate) fn forward(dev: &CudaDevice, p: Problem, mut saved: Saved) -> Result<
     let launch_fwd = |params| launch(dev, &Launch::kernel(&name, grid, tile.threads(), tile.smem_bytes()), params);
     if splits == 1 {
         let mut params = fwd_params(&p, &saved, &out, &lse, prepared.as_ref())?;
-        let ctas = grid.0 * grid.1 * grid.2;
         // Held until the launch is queued; the stream orders its release after the kernel.
-        let order = if prepared.is_some() && mods && order_pays(dev, &d, ctas) { Some(work_order(dev, &params, grid, d.head_dim)?) } else { None };
+        let order = if prepared.is_some() && mods && order_pays(dev, &d, grid) { Some(work_order(dev, &params, grid, d.head_dim)?) } else { None };
         if let Some((_, at)) = &order {
             params.order = *at;
         }
@@ -273,10 +272,11 @@ pub(crate) fn forward(dev: &CudaDevice, p: Problem, mut saved: Saved) -> Result<
 /// Whether running the forward's CTAs heaviest first pays: the order interleaves heads, so
 /// neighbouring CTAs no longer share one head's K and V in L2; it is kept to problems whose K
 /// and V all fit in L2 at once, and to grids of more than one CTA per SM (a single wave has no
-/// tail to balance).
-fn order_pays(dev: &CudaDevice, d: &Dims, ctas: u32) -> bool {
+/// tail to balance). The kernels number CTAs in u32.
+fn order_pays(dev: &CudaDevice, d: &Dims, grid: (u32, u32, u32)) -> bool {
+    let ctas = grid.0 as u64 * grid.1 as u64 * grid.2 as u64;
     let kv_bytes = 2 * 2 * d.batch * d.kv_heads * d.seqlen_k * d.head_dim;
-    ctas > dev.0.sms && kv_bytes <= dev.0.l2_bytes
+    ctas > dev.0.sms as u64 && ctas <= u32::MAX as u64 && kv_bytes <= dev.0.l2_bytes
 }
 
 /// The forward's work order (`FwdParams::order`) for a grid of `grid` CTAs: each CTA's
