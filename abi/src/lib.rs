@@ -70,25 +70,25 @@ pub struct FwdParams {
     pub order: u64,
 }
 
-/// Counts the key tiles each forward CTA will visit: one warp per grid position, `work` u32 per
-/// position (linear block index of the forward's grid, x fastest).
+/// Orders the forward's grid heaviest first (`FwdParams::order`): each warp counts the key
+/// tiles one CTA of the forward will visit into `work` (u32 per linear block index, x fastest);
+/// the CTA that takes the last ticket (`ticket`, a u32 that is 0 between launches and that this
+/// CTA resets) sorts them into `order`, a [`packed_position`] per CTA, by a counting sort over
+/// [`FWD_ORDER_BUCKETS`] work values (larger ones share the last bucket).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct FwdWorkParams {
+pub struct FwdOrderParams {
     pub fwd: FwdParams,
     pub work: u64,
+    pub order: u64,
+    pub ticket: u64,
 }
 
-/// Sorts the `grid` positions by their `work` (u32 per linear block index), heaviest first,
-/// into `order` ([`packed_position`] per CTA): one CTA of [`TILE_ORDER_THREADS`], a counting
-/// sort over [`TILE_ORDER_BUCKETS`] work values (larger ones share the last bucket).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct TileOrderParams {
-    pub work: u64,
-    pub order: u64,
-    pub grid: [u32; 3],
-}
+/// Warps per CTA of the ordering pass (one forward CTA's count each).
+pub const FWD_ORDER_WARPS: u32 = 8;
+pub const FWD_ORDER_BUCKETS: u32 = 1024;
+/// The ordering pass's shared memory: a counter per bucket and a total per warp.
+pub const FWD_ORDER_SMEM_BYTES: u32 = 4 * (FWD_ORDER_BUCKETS + FWD_ORDER_WARPS);
 
 /// Shared memory a forward CTA keeps its grid position in (two u32: x, then y | z << 16).
 pub const POSITION_BYTES: u32 = 8;
@@ -98,13 +98,6 @@ pub const POSITION_BYTES: u32 = 8;
 pub const fn packed_position(x: u32, y: u32, z: u32) -> u64 {
     x as u64 | (y as u64) << 32 | (z as u64) << 48
 }
-
-pub const TILE_ORDER_THREADS: u32 = 1024;
-pub const TILE_ORDER_BUCKETS: u32 = 1024;
-/// The sort's shared memory: a counter per bucket and a total per warp.
-pub const TILE_ORDER_SMEM_BYTES: u32 = 4 * (TILE_ORDER_BUCKETS + TILE_ORDER_THREADS / 32);
-/// Warps per CTA of the work-count kernel (one grid position each).
-pub const FWD_WORK_WARPS: u32 = 8;
 
 /// Merges split-KV partial results: per query row, LSE = log Σ exp(LSE_s) and
 /// O = Σ exp(LSE_s - LSE) O_s. Partials are contiguous: O `[splits, b, sq, h, d]` (q's element
@@ -515,9 +508,8 @@ pub mod names {
     pub const CONVERT_PREFIX: &str = "dmattn_convert_";
     pub const COMBINE_PREFIX: &str = "dmattn_fwd_combine_";
     pub const FWD_PREFIX: &str = "dmattn_fwd_";
-    /// `dmattn_fwd_work_d<dim>`: the key tiles per CTA of that head dim's modifier variant.
-    pub const FWD_WORK_PREFIX: &str = "dmattn_fwd_work_d";
-    pub const TILE_ORDER: &str = "dmattn_tile_order";
+    /// `dmattn_fwd_order_d<dim>`: the work order of that head dim's modifier variant.
+    pub const FWD_ORDER_PREFIX: &str = "dmattn_fwd_order_d";
     /// `dmattn_softmax_rows_<elem>`: the materialising path's row softmax.
     pub const SOFTMAX_ROWS_PREFIX: &str = "dmattn_softmax_rows_";
 }

@@ -3,7 +3,7 @@
 use crate::error::{Error, Result};
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::result::{self, mem_pool};
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, sys};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, sys};
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
 use std::fmt;
@@ -88,6 +88,9 @@ pub(crate) struct CudaInner {
     pub(crate) sms: u32,
     /// L2 cache size.
     pub(crate) l2_bytes: usize,
+    /// The forward ordering pass's ticket counter (0 between launches; the pass resets it, and
+    /// the one stream keeps launches apart).
+    order_ticket: CudaSlice<u32>,
 }
 
 impl CudaDevice {
@@ -118,7 +121,9 @@ impl CudaDevice {
         let sms = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
         let l2_bytes = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as usize;
         let functions = Mutex::new(HashMap::new());
-        Ok(Self(Arc::new(CudaInner { ctx, stream, module, kernels, functions, blas: OnceLock::new(), name, sms, l2_bytes })))
+        let order_ticket = stream.alloc_zeros::<u32>(1)?;
+        let inner = CudaInner { ctx, stream, module, kernels, functions, blas: OnceLock::new(), name, sms, l2_bytes, order_ticket };
+        Ok(Self(Arc::new(inner)))
     }
 
     pub fn name(&self) -> &str {
@@ -143,6 +148,12 @@ impl CudaDevice {
             unsafe { mem_pool::trim_to(pool, 0)? };
         }
         Ok(())
+    }
+
+    /// Address of the forward ordering pass's ticket counter.
+    pub(crate) fn order_ticket(&self) -> u64 {
+        use cudarc::driver::DevicePtr;
+        self.0.order_ticket.device_ptr(&self.0.stream).0
     }
 
     /// Waits for all queued work; surfaces asynchronous kernel errors.

@@ -239,16 +239,32 @@ pub unsafe fn ld_global_nc_v4(addr: u64) -> [u32; 4] {
 }
 
 #[inline(always)]
-pub unsafe fn ld_global_nc_u32(addr: u64) -> u32 {
-    let v: u32;
-    unsafe { asm!("ld.global.nc.u32 {0}, [{1}];", out(reg32) v, in(reg64) addr, options(pure, readonly, nostack)) };
-    v
-}
-
-#[inline(always)]
 pub unsafe fn ld_global_nc_u64(addr: u64) -> u64 {
     let v: u64;
     unsafe { asm!("ld.global.nc.u64 {0}, [{1}];", out(reg64) v, in(reg64) addr, options(pure, readonly, nostack)) };
+    v
+}
+
+/// Orders this thread's memory accesses before and after it for the whole GPU.
+#[inline(always)]
+pub fn fence_acq_rel_gpu() {
+    unsafe { asm!("fence.acq_rel.gpu;", options(nostack)) };
+}
+
+/// Atomic add to a global u32 (GPU scope, relaxed: pair with [`fence_acq_rel_gpu`]),
+/// returning the old value.
+#[inline(always)]
+pub unsafe fn atom_add_gpu_u32(addr: u64, v: u32) -> u32 {
+    let old: u32;
+    unsafe { asm!("atom.relaxed.gpu.global.add.u32 {0}, [{1}], {2};", out(reg32) old, in(reg64) addr, in(reg32) v, options(nostack)) };
+    old
+}
+
+/// A global u32 other CTAs of this kernel wrote (a strong load: never a stale cached copy).
+#[inline(always)]
+pub unsafe fn ld_relaxed_gpu_u32(addr: u64) -> u32 {
+    let v: u32;
+    unsafe { asm!("ld.relaxed.gpu.global.u32 {0}, [{1}];", out(reg32) v, in(reg64) addr, options(nostack)) };
     v
 }
 

@@ -24,8 +24,8 @@ mod softmax_rows;
 mod tile;
 
 use dmattn_abi::{
-    BwdParams, BwdPreParams, BwdTile, CombineParams, ConvertParams, FwdParams, FwdTile, FwdVariants, FwdWorkParams, MaskPackParams,
-    SoftmaxRowsParams, TileOrderParams, bwd_tile, fwd_variants,
+    BwdParams, BwdPreParams, BwdTile, CombineParams, ConvertParams, FwdParams, FwdTile, FwdOrderParams, FwdVariants, MaskPackParams,
+    SoftmaxRowsParams, bwd_tile, fwd_variants,
 };
 use elem::{Bf16, F16};
 
@@ -39,30 +39,25 @@ pub unsafe extern "ptx-kernel" fn dmattn_mask_pack(p: MaskPackParams) {
     unsafe { mask_pack::mask_pack(&p) }
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn dmattn_tile_order(p: TileOrderParams) {
-    unsafe { schedule::tile_order(&p) }
-}
-
-/// Work counts for the work order of each head dim's modifier variant:
-/// `dmattn_fwd_work_d<dim>` (`dmattn_abi::names::FWD_WORK_PREFIX`).
-macro_rules! fwd_work_kernels {
+/// The work order of each head dim's modifier variant: `dmattn_fwd_order_d<dim>`
+/// (`dmattn_abi::names::FWD_ORDER_PREFIX`).
+macro_rules! fwd_order_kernels {
     ($($d:literal: $name:ident;)*) => {$(
         #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $name(p: FwdWorkParams) {
+        pub unsafe extern "ptx-kernel" fn $name(p: FwdOrderParams) {
             const T: FwdTile = variants($d).mods;
-            unsafe { schedule::fwd_work::<{ T.block_m as usize }, { T.block_n as usize }>(&p) }
+            unsafe { schedule::fwd_order::<{ T.block_m as usize }, { T.block_n as usize }>(&p) }
         }
     )*};
 }
 
-fwd_work_kernels! {
-    32: dmattn_fwd_work_d32;
-    64: dmattn_fwd_work_d64;
-    96: dmattn_fwd_work_d96;
-    128: dmattn_fwd_work_d128;
-    192: dmattn_fwd_work_d192;
-    256: dmattn_fwd_work_d256;
+fwd_order_kernels! {
+    32: dmattn_fwd_order_d32;
+    64: dmattn_fwd_order_d64;
+    96: dmattn_fwd_order_d96;
+    128: dmattn_fwd_order_d128;
+    192: dmattn_fwd_order_d192;
+    256: dmattn_fwd_order_d256;
 }
 
 const fn variants(head_dim: u32) -> FwdVariants {

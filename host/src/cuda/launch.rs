@@ -4,8 +4,8 @@ use crate::device::CudaDevice;
 use crate::error::Result;
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use dmattn_abi::{
-    BwdParams, BwdPreParams, CombineParams, ConvertParams, FwdParams, FwdWorkParams, MASK_PACK_THREADS, MaskPackParams, SoftmaxRowsParams,
-    TileOrderParams, names,
+    BwdParams, BwdPreParams, CombineParams, ConvertParams, FwdOrderParams, FwdParams, MASK_PACK_THREADS, MaskPackParams, SoftmaxRowsParams,
+    names,
 };
 
 /// A kernel parameter struct from `dmattn-abi`, passed by value as the kernel's only argument.
@@ -16,8 +16,7 @@ pub(crate) struct ByValue<T>(T);
 /// Safety: each wrapped type is `#[repr(C)]`, plain old data, and is the exact parameter type of
 /// the kernels it is passed to (both sides compile `dmattn-abi`).
 unsafe impl DeviceRepr for ByValue<FwdParams> {}
-unsafe impl DeviceRepr for ByValue<FwdWorkParams> {}
-unsafe impl DeviceRepr for ByValue<TileOrderParams> {}
+unsafe impl DeviceRepr for ByValue<FwdOrderParams> {}
 unsafe impl DeviceRepr for ByValue<MaskPackParams> {}
 unsafe impl DeviceRepr for ByValue<BwdParams> {}
 unsafe impl DeviceRepr for ByValue<BwdPreParams> {}

@@ -15,8 +15,8 @@ use crate::problem::{Dims, Problem};
 use crate::tensor::Tensor;
 use cudarc::driver::CudaSlice;
 use dmattn_abi::{
-    BLOCK_MAP_K, BLOCK_MAP_Q, BwdParams, BwdPreParams, CombineParams, ConvertParams, DeviceElem, FWD_WORK_WARPS, FwdParams, FwdWorkParams,
-    MaskPackParams, PRE_THREADS, QueryRows, TILE_ORDER_SMEM_BYTES, TILE_ORDER_THREADS, TileOrderParams, View4, bwd_tile, flags, fwd_variants,
+    BLOCK_MAP_K, BLOCK_MAP_Q, BwdParams, BwdPreParams, CombineParams, ConvertParams, DeviceElem, FWD_ORDER_SMEM_BYTES, FWD_ORDER_WARPS, FwdOrderParams,
+    FwdParams, MaskPackParams, PRE_THREADS, QueryRows, View4, bwd_tile, flags, fwd_variants,
 };
 use launch::{Launch, launch};
 use std::sync::Arc;
@@ -72,8 +72,8 @@ fn broadcast_operand(d: &Dims, t: &Tensor) -> (View4, u32) {
 /// tile-skip decision) and the mask packed one bit per score.
 #[derive(Clone)]
 pub(crate) struct PreparedMask {
-    _classes: Arc<CudaSlice<u8>>,
-    _bits: Arc<CudaSlice<u8>>,
+    /// The packed words, then the classes.
+    _buf: Arc<CudaSlice<u8>>,
     classes: View4,
     bits: View4,
     head_div: u32,
@@ -84,22 +84,22 @@ fn prepare_mask(dev: &CudaDevice, p: &Problem, mask: &Tensor) -> Result<Prepared
     let d = &p.dims;
     let (q_blocks, k_blocks) = (mq.div_ceil(BLOCK_MAP_Q as usize), d.seqlen_k.div_ceil(BLOCK_MAP_K as usize));
     let stream = dev.stream();
-    // Safety: the pack kernel writes every class and every word of these buffers.
-    let classes = unsafe { stream.alloc::<u8>(mb * mh * q_blocks * k_blocks)? };
-    let bits = unsafe { stream.alloc::<u8>(8 * mb * mh * mq * k_blocks)? };
+    // Safety: the pack kernel writes every word and every class of this buffer.
+    let bits_bytes = 8 * mb * mh * mq * k_blocks;
+    let buf = unsafe { stream.alloc::<u8>(bits_bytes + mb * mh * q_blocks * k_blocks)? };
     let mut view = broadcast_view(mask);
     // A key-broadcast mask is read as sk keys of stride 0, so it packs like any other.
     if mk == 1 {
         view.stride[3] = 0;
     }
-    let ptr = |b: &CudaSlice<u8>| {
+    let bits = {
         use cudarc::driver::DevicePtr;
-        b.device_ptr(stream).0
+        buf.device_ptr(stream).0
     };
     let params = MaskPackParams {
         mask: view,
-        classes: ptr(&classes),
-        bits: ptr(&bits),
+        classes: bits + bits_bytes as u64,
+        bits,
         dims: [mb as u32, mh as u32, mq as u32, d.seqlen_k as u32],
         q_blocks: q_blocks as u32,
         k_blocks: k_blocks as u32,
@@ -116,8 +116,7 @@ fn prepare_mask(dev: &CudaDevice, p: &Problem, mask: &Tensor) -> Result<Prepared
             stride: [zero_if(mb == 1, mh * mq * k_blocks), zero_if(mh == 1, mq * k_blocks), zero_if(mq == 1, k_blocks), 1],
         },
         head_div: head_div(d, mh),
-        _classes: Arc::new(classes),
-        _bits: Arc::new(bits),
+        _buf: Arc::new(buf),
     })
 }
 
@@ -280,21 +279,20 @@ fn order_pays(dev: &CudaDevice, d: &Dims, grid: (u32, u32, u32)) -> bool {
 }
 
 /// The forward's work order (`FwdParams::order`) for a grid of `grid` CTAs: each CTA's
-/// visited key tiles counted from the block map, then sorted heaviest first.
-fn work_order(dev: &CudaDevice, fwd: &FwdParams, grid: (u32, u32, u32), head_dim: usize) -> Result<(CudaSlice<u64>, u64)> {
+/// visited key tiles counted from the block map and sorted heaviest first, in one launch. The
+/// buffer holds the order (u64 per CTA), then the counts (u32 per CTA).
+fn work_order(dev: &CudaDevice, fwd: &FwdParams, grid: (u32, u32, u32), head_dim: usize) -> Result<(CudaSlice<u8>, u64)> {
     use cudarc::driver::DevicePtr;
     let ctas = (grid.0 * grid.1 * grid.2) as usize;
     let stream = dev.stream();
-    // Safety: the work pass writes a count for every CTA, the sort a position for every slot.
-    let work = unsafe { stream.alloc::<u32>(ctas)? };
-    let order = unsafe { stream.alloc::<u64>(ctas)? };
-    let (work_at, order_at) = (work.device_ptr(stream).0, order.device_ptr(stream).0);
-    let name = format!("{}{}", dmattn_abi::names::FWD_WORK_PREFIX, head_dim);
-    let blocks = ctas.div_ceil(FWD_WORK_WARPS as usize) as u32;
-    launch(dev, &Launch::kernel(&name, (blocks, 1, 1), 32 * FWD_WORK_WARPS, 0), FwdWorkParams { fwd: *fwd, work: work_at })?;
-    let sort = TileOrderParams { work: work_at, order: order_at, grid: [grid.0, grid.1, grid.2] };
-    launch(dev, &Launch::kernel(dmattn_abi::names::TILE_ORDER, (1, 1, 1), TILE_ORDER_THREADS, TILE_ORDER_SMEM_BYTES), sort)?;
-    Ok((order, order_at))
+    // Safety: the pass writes a count for every CTA before reading it, and fills every slot.
+    let buf = unsafe { stream.alloc::<u8>(12 * ctas)? };
+    let order = buf.device_ptr(stream).0;
+    let params = FwdOrderParams { fwd: *fwd, work: order + 8 * ctas as u64, order, ticket: dev.order_ticket() };
+    let name = format!("{}{}", dmattn_abi::names::FWD_ORDER_PREFIX, head_dim);
+    let blocks = ctas.div_ceil(FWD_ORDER_WARPS as usize) as u32;
+    launch(dev, &Launch::kernel(&name, (blocks, 1, 1), 32 * FWD_ORDER_WARPS, FWD_ORDER_SMEM_BYTES), params)?;
+    Ok((buf, order))
 }
 
 /// A zeroed f32 or u32 device buffer of `n` elements and its address.
