@@ -260,14 +260,6 @@ pub unsafe fn atom_add_gpu_u32(addr: u64, v: u32) -> u32 {
     old
 }
 
-/// A global u32 other CTAs of this kernel wrote (a strong load: never a stale cached copy).
-#[inline(always)]
-pub unsafe fn ld_relaxed_gpu_u32(addr: u64) -> u32 {
-    let v: u32;
-    unsafe { asm!("ld.relaxed.gpu.global.u32 {0}, [{1}];", out(reg32) v, in(reg64) addr, options(nostack)) };
-    v
-}
-
 /// Atomic add to a shared u32, returning the old value.
 #[inline(always)]
 pub unsafe fn atom_add_shared_u32(addr: u32, v: u32) -> u32 {

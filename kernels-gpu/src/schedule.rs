@@ -62,7 +62,8 @@ unsafe fn sort(p: &FwdOrderParams, [gx, gy, gz]: [u32; 3], tid: u32) {
     let warp_totals = counts + 4 * FWD_ORDER_BUCKETS;
     let own = counts + 4 * BUCKETS_PER_THREAD * tid;
     let bucket = |i: u32| {
-        let work = unsafe { ld_relaxed_gpu_u32(p.work + 4 * i as u64) };
+        // Other CTAs wrote the counts: a strong load, never a stale cached copy.
+        let work = unsafe { ld_acquire_u32(p.work + 4 * i as u64) };
         counts + 4 * (FWD_ORDER_BUCKETS - 1 - work.min(FWD_ORDER_BUCKETS - 1))
     };
     for r in 0..BUCKETS_PER_THREAD {
