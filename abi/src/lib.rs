@@ -90,13 +90,18 @@ pub const FWD_ORDER_BUCKETS: u32 = 1024;
 /// The ordering pass's shared memory: a counter per bucket and a total per warp.
 pub const FWD_ORDER_SMEM_BYTES: u32 = 4 * (FWD_ORDER_BUCKETS + FWD_ORDER_WARPS);
 
-/// Shared memory a forward CTA keeps its grid position in (two u32: x, then y | z << 16).
+/// Shared memory a forward CTA keeps its grid position in (a [`packed_position`]).
 pub const POSITION_BYTES: u32 = 8;
 
 /// A grid position as the forward's work order holds it: block x in the low 32 bits, y (< 2^16)
 /// and z (< 2^16) above, so a CTA unpacks it with shifts.
 pub const fn packed_position(x: u32, y: u32, z: u32) -> u64 {
     x as u64 | (y as u64) << 32 | (z as u64) << 48
+}
+
+/// The `(x, y, z)` of a [`packed_position`].
+pub const fn unpacked_position(at: u64) -> (u32, u32, u32) {
+    (at as u32, (at >> 32) as u32 & 0xffff, (at >> 48) as u32)
 }
 
 /// Merges split-KV partial results: per query row, LSE = log Σ exp(LSE_s) and
@@ -517,6 +522,13 @@ pub mod names {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn positions_unpack_to_what_was_packed() {
+        for (x, y, z) in [(0, 0, 0), (1, 2, 3), (u32::MAX, 0xffff, 0xffff), (7, 0xffff, 0), (0, 0, 0xffff)] {
+            assert_eq!(unpacked_position(packed_position(x, y, z)), (x, y, z));
+        }
+    }
 
     #[test]
     fn mask_bits_of_bytes_matches_mask_bit_key_by_key() {

@@ -7,7 +7,7 @@
 //! few integer multiply-adds per iteration.
 use crate::arch::{block_idx, div, grid_dim_x, ld_global_nc_u64, ld_shared_u32, opaque, st_shared_v2};
 use crate::mask::Visibility;
-use dmattn_abi::{FwdParams, flags};
+use dmattn_abi::{FwdParams, flags, packed_position, unpacked_position};
 
 #[derive(Clone, Copy)]
 pub struct BlockInfo<'a> {
@@ -140,23 +140,22 @@ impl<'a> BlockInfo<'a> {
 }
 
 /// This CTA's grid position `(bx, by, bz)`: its block index, or in the modifier variant where
-/// the work order sends it, which is also stored at shared address `slot` (8 bytes; every
-/// thread stores the same value) for [`reread_position`].
+/// the work order sends it, which is also stored at shared address `slot` (a `packed_position`;
+/// every thread stores the same value) for [`reread_position`].
 #[inline(always)]
 pub fn position<const MODS: bool>(p: &FwdParams, slot: u32) -> (u32, u32, u32) {
     let (bx, by, bz) = block_idx();
     if !MODS {
         return (bx, by, bz);
     }
-    let (bx, yz) = if p.order != 0 {
+    let at = if p.order != 0 {
         let linear = bx + grid_dim_x() * (by + p.heads * bz);
-        let at = unsafe { ld_global_nc_u64(p.order + 8 * linear as u64) };
-        (at as u32, (at >> 32) as u32)
+        unsafe { ld_global_nc_u64(p.order + 8 * linear as u64) }
     } else {
-        (bx, by | bz << 16)
+        packed_position(bx, by, bz)
     };
-    unsafe { st_shared_v2(slot, [bx, yz]) };
-    (bx, yz & 0xffff, yz >> 16)
+    unsafe { st_shared_v2(slot, [at as u32, (at >> 32) as u32]) };
+    unpacked_position(at)
 }
 
 /// [`position`] again, from opaque sources (the stored copy, or the block index), so that LLVM
@@ -165,8 +164,8 @@ pub fn position<const MODS: bool>(p: &FwdParams, slot: u32) -> (u32, u32, u32) {
 pub fn reread_position<const MODS: bool>(slot: u32) -> (u32, u32, u32) {
     if MODS {
         let slot = opaque(slot);
-        let (bx, yz) = unsafe { (ld_shared_u32(slot), ld_shared_u32(slot + 4)) };
-        (bx, yz & 0xffff, yz >> 16)
+        let (lo, hi) = unsafe { (ld_shared_u32(slot), ld_shared_u32(slot + 4)) };
+        unpacked_position(lo as u64 | (hi as u64) << 32)
     } else {
         let (bx, by, bz) = block_idx();
         (opaque(bx), opaque(by), opaque(bz))
