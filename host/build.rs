@@ -17,11 +17,14 @@ fn main() -> ExitCode {
     for dir in ["../kernels-gpu/src", "../kernels-gpu/Cargo.toml", "../abi/src", "../ptx-builder/src"] {
         println!("cargo:rerun-if-changed={dir}");
     }
-    // sm_80 PTX runs on Ampere and (JIT-compiled by the driver) on Hopper; an sm_90a module for
-    // wgmma/TMA kernels will be a second PtxBuild here.
-    let ptx = PtxBuild { crate_dir: kernels, arch: "sm_80", ptx_isa: "ptx78", target_dir: out.join("kernels") }.build();
-    let text = std::fs::read(&ptx).expect("read the built PTX");
-    std::fs::write(out.join("dmattn_sm80.ptx"), &text).expect("write PTX into OUT_DIR");
-    std::fs::write(out.join("dmattn_sm80.ptx.deflate"), miniz_oxide::deflate::compress_to_vec(&text, 9)).expect("write deflated PTX");
+    // sm_80 PTX runs on Ampere and (JIT-compiled by the driver) on Hopper; the sm_90a module
+    // holds the kernels that use Hopper's wgmma, loaded only on compute capability 9.0.
+    for (arch, ptx_isa) in [("sm_80", "ptx78"), ("sm_90a", "ptx80")] {
+        let ptx = PtxBuild { crate_dir: kernels.clone(), arch, ptx_isa, target_dir: out.join(format!("kernels-{arch}")) }.build();
+        let text = std::fs::read(&ptx).expect("read the built PTX");
+        let name = format!("dmattn_{}.ptx", arch.replace('_', ""));
+        std::fs::write(out.join(&name), &text).expect("write PTX into OUT_DIR");
+        std::fs::write(out.join(format!("{name}.deflate")), miniz_oxide::deflate::compress_to_vec(&text, 9)).expect("write deflated PTX");
+    }
     ExitCode::SUCCESS
 }

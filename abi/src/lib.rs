@@ -234,6 +234,9 @@ pub struct BwdTile {
     pub sdp_chunks: u32,
     pub kv_keys: u32,
     pub dq_rows: u32,
+    /// Hopper variant (sm_90a module): each product is a warpgroup `wgmma` reading its operands
+    /// from shared memory, so the warp grids are the warpgroups' (4 warps of 16 rows each).
+    pub wgmma: bool,
 }
 
 impl BwdTile {
@@ -267,7 +270,13 @@ impl BwdTile {
         self.head_dim / (8 * (self.warps / self.dq_rows))
     }
     pub const fn dq_pass_tiles(&self) -> u32 {
-        if self.dq_d_tiles() % 4 == 0 && self.head_dim <= 96 { 4 } else { 2 }
+        if self.wgmma {
+            self.dq_d_tiles()
+        } else if self.dq_d_tiles() % 4 == 0 && self.head_dim <= 96 {
+            4
+        } else {
+            2
+        }
     }
     pub const fn stage_bytes(&self) -> u32 {
         bwd_stage_bytes(self.block_m, self.block_n, self.head_dim)
@@ -293,10 +302,11 @@ pub const BWD_DQ_STAGE_TILES: u32 = 2;
 pub const BWD_DQ_STAGE_BYTES: u32 = BWD_DQ_STAGE_TILES * 16 * 8 * 4;
 
 /// Bytes of one backward pipeline stage: Q, dO, bias, packed mask, lse and delta of one query
-/// tile (the kernel lays the stage out in this order).
+/// tile (the kernel lays the stage out in this order), rounded up so that every stage's tiles
+/// start on the 1024-byte boundaries wgmma's swizzle atoms need.
 pub const fn bwd_stage_bytes(block_m: u32, block_n: u32, head_dim: u32) -> u32 {
     let (m, n, d) = (block_m, block_n, head_dim);
-    2 * m * d * 2 + m * n * 2 + mask_tile_bytes(m, n) + 2 * m * 4
+    (2 * m * d * 2 + m * n * 2 + mask_tile_bytes(m, n) + 2 * m * 4).next_multiple_of(1024)
 }
 
 /// Bytes of a packed mask tile in shared memory: one bit per score (forward and backward).
@@ -329,13 +339,33 @@ pub const BWD_DET_TILES: [BwdTile; 6] = [
     bwd(256, 64, 1, (2, 1), 2, 2),
 ];
 
+/// The Hopper (sm_90a, `wgmma`) tiles, for the default (atomic) mode: two warpgroups. S and dP
+/// are 64 rows x 64 keys per warpgroup, dK and dV 64 keys x d, dQ 64 rows x d/2; a warp's share
+/// is the 16 rows of the warpgroup's product it holds.
+pub const BWD_WGMMA_TILES: [BwdTile; 2] = [bwd_wgmma(64), bwd_wgmma(128)];
+
 /// A tile: `sdp` is (warps along the rows of S and dP, chunks each warp computes its share in).
 const fn bwd(head_dim: u32, block_n: u32, stages: u32, sdp: (u32, u32), kv_keys: u32, dq_rows: u32) -> BwdTile {
-    BwdTile { head_dim, block_m: 64, block_n, stages, warps: 8, sdp_rows: sdp.0, sdp_chunks: sdp.1, kv_keys, dq_rows }
+    BwdTile { head_dim, block_m: 64, block_n, stages, warps: 8, sdp_rows: sdp.0, sdp_chunks: sdp.1, kv_keys, dq_rows, wgmma: false }
 }
 
-/// The backward tile for a head dim, of the deterministic variant or the default one.
-pub const fn bwd_tile(head_dim: u32, deterministic: bool) -> Option<BwdTile> {
+const fn bwd_wgmma(head_dim: u32) -> BwdTile {
+    BwdTile { wgmma: true, ..bwd(head_dim, 128, 2, (4, 1), 8, 4) }
+}
+
+/// The backward tile for a head dim: the Hopper one where `wgmma` (the device runs the sm_90a
+/// module) and the table has one for the mode, else the `mma.sync` one of the deterministic
+/// variant or the default one.
+pub const fn bwd_tile(head_dim: u32, deterministic: bool, wgmma: bool) -> Option<BwdTile> {
+    if wgmma && !deterministic {
+        let mut i = 0;
+        while i < BWD_WGMMA_TILES.len() {
+            if BWD_WGMMA_TILES[i].head_dim == head_dim {
+                return Some(BWD_WGMMA_TILES[i]);
+            }
+            i += 1;
+        }
+    }
     let tiles = if deterministic { &BWD_DET_TILES } else { &BWD_TILES };
     let mut i = 0;
     while i < tiles.len() {
@@ -506,6 +536,8 @@ impl DeviceElem {
 pub mod names {
     pub const MASK_PACK: &str = "dmattn_mask_pack";
     pub const BWD_PREFIX: &str = "dmattn_bwd_";
+    /// The Hopper backward kernels (sm_90a module): `dmattn_bwd_sm90_<elem>_d<dim>[_mods]`.
+    pub const BWD_WGMMA_PREFIX: &str = "dmattn_bwd_sm90_";
     /// Appended to a backward kernel's name for its deterministic variant, which adds dQ and
     /// dBias in a fixed order (bit-identical runs) instead of with atomics.
     pub const DETERMINISTIC_SUFFIX: &str = "_det";

@@ -11,6 +11,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 /// The PTX built from `kernels-gpu` by `build.rs`, deflated.
 const PTX_SM80_DEFLATED: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/dmattn_sm80.ptx.deflate"));
+/// The kernels that use Hopper's wgmma, for compute capability 9.0 exactly (sm_90a code runs
+/// on no other GPU).
+const PTX_SM90A_DEFLATED: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/dmattn_sm90a.ptx.deflate"));
 
 /// What one compiled kernel holds per thread.
 #[derive(Clone, Debug)]
@@ -76,9 +79,8 @@ pub struct CudaDevice(pub(crate) Arc<CudaInner>);
 pub(crate) struct CudaInner {
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) stream: Arc<CudaStream>,
-    module: Arc<CudaModule>,
-    /// The module's kernel names, in PTX order.
-    kernels: Vec<String>,
+    /// The loaded modules, each with its kernel names in PTX order: sm_80, and on Hopper sm_90a.
+    modules: Vec<(Arc<CudaModule>, Vec<String>)>,
     /// Functions by name, with the dynamic shared memory they were cleared for.
     functions: Mutex<HashMap<String, (CudaFunction, u32)>>,
     /// cuBLAS on `stream`, created on first use (the materialising path's products).
@@ -113,16 +115,21 @@ impl CudaDevice {
         unsafe { ctx.disable_event_tracking() };
         keep_freed_memory(&ctx)?;
         let stream = ctx.default_stream();
-        let ptx = miniz_oxide::inflate::decompress_to_vec(PTX_SM80_DEFLATED).expect("build.rs deflated valid PTX");
-        let ptx = String::from_utf8(ptx).expect("PTX is ASCII");
-        let kernels = entry_names(&ptx);
-        let module = ctx.load_module(Ptx::from_src(ptx))?;
+        let mut modules = Vec::new();
+        for (ptx, load) in [(PTX_SM80_DEFLATED, true), (PTX_SM90A_DEFLATED, (major, minor) == (9, 0))] {
+            if load {
+                let ptx = String::from_utf8(miniz_oxide::inflate::decompress_to_vec(ptx).expect("build.rs deflated valid PTX"))
+                    .expect("PTX is ASCII");
+                let kernels = entry_names(&ptx);
+                modules.push((ctx.load_module(Ptx::from_src(ptx))?, kernels));
+            }
+        }
         let name = ctx.name()?;
         let sms = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
         let l2_bytes = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as usize;
         let functions = Mutex::new(HashMap::new());
         let order_ticket = stream.alloc_zeros::<u32>(1)?;
-        let inner = CudaInner { ctx, stream, module, kernels, functions, blas: OnceLock::new(), name, sms, l2_bytes, order_ticket };
+        let inner = CudaInner { ctx, stream, modules, functions, blas: OnceLock::new(), name, sms, l2_bytes, order_ticket };
         Ok(Self(Arc::new(inner)))
     }
 
@@ -176,15 +183,21 @@ impl CudaDevice {
         Ok(self.0.blas.get_or_init(|| blas))
     }
 
-    /// Every kernel of dmattn's module as the driver compiled it for this GPU. The driver's own
+    /// Whether the Hopper (sm_90a, wgmma) kernels are loaded.
+    pub(crate) fn has_wgmma(&self) -> bool {
+        self.0.modules.len() > 1
+    }
+
+    /// Every kernel of dmattn's modules as the driver compiled it for this GPU. The driver's own
     /// ptxas assembles the PTX at load, so this, not an offline `ptxas -v`, says whether a
     /// shipped kernel spills here.
     pub fn kernel_resources(&self) -> Result<Vec<KernelResources>> {
         self.0
-            .kernels
+            .modules
             .iter()
-            .map(|name| {
-                let f = self.0.module.load_function(name)?;
+            .flat_map(|(module, kernels)| kernels.iter().map(move |name| (module, name)))
+            .map(|(module, name)| {
+                let f = module.load_function(name)?;
                 Ok(KernelResources {
                     name: name.clone(),
                     registers: f.num_regs()? as u32,
@@ -203,7 +216,8 @@ impl CudaDevice {
         {
             return Ok(f.clone());
         }
-        let f = self.0.module.load_function(name)?;
+        let module = self.0.modules.iter().find(|(_, kernels)| kernels.iter().any(|k| k == name)).map_or(&self.0.modules[0].0, |(m, _)| m);
+        let f = module.load_function(name)?;
         f.set_attribute(
             sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             smem_bytes as i32,

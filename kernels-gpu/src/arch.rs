@@ -8,8 +8,9 @@
 //! passes it runs.
 use core::arch::{asm, global_asm, nvptx};
 
-// The dynamic shared memory every kernel carves its tiles from (size set at launch).
-global_asm!(".extern .shared .align 128 .b8 dmattn_smem[];");
+// The dynamic shared memory every kernel carves its tiles from (size set at launch). 1024-byte
+// aligned: wgmma reads tiles in the 128-byte swizzle, whose pattern repeats every 1024 bytes.
+global_asm!(".extern .shared .align 1024 .b8 dmattn_smem[];");
 
 #[inline(always)]
 pub fn thread_idx() -> u32 {
@@ -95,6 +96,21 @@ pub unsafe fn cp_async_8(dst: u32, src: u64, src_bytes: u32) {
         asm!("cp.async.ca.shared.global [{0}], [{1}], 8, {2};",
             in(reg32) dst, in(reg64) src, in(reg32) src_bytes, options(nostack))
     };
+}
+
+/// Orders this thread's earlier shared-memory writes (stores and landed `cp.async` copies)
+/// before later reads through the async proxy (wgmma operands); a barrier must follow before
+/// other threads' wgmma read them.
+#[inline(always)]
+pub fn fence_proxy_async() {
+    unsafe { asm!("fence.proxy.async.shared::cta;", options(nostack)) };
+}
+
+/// Before a warpgroup's first `wgmma` of a product: orders the accumulator registers' earlier
+/// writes (and shared-memory accesses) before the asynchronous MMAs (warpgroup-collective).
+#[inline(always)]
+pub fn wgmma_fence() {
+    unsafe { asm!("wgmma.fence.sync.aligned;", options(nostack)) };
 }
 
 #[inline(always)]

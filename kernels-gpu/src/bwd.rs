@@ -7,7 +7,9 @@
 //! dQ = dS K, added to an f32 accumulator. dS also replaces the bias in its shared tile, from
 //! where it is added to the f32 dbias accumulator at the bias's own (broadcast) coordinates.
 //! Each product spreads the CTA's warps over a grid of its own (`dmattn_abi::BwdTile`), so that
-//! every warp's share is large enough to use each operand fragment it loads several times.
+//! every warp's share is large enough to use each operand fragment it loads several times. On
+//! Hopper (the sm_90a module) each product is instead a `wgmma` of a warpgroup, its operands read
+//! from the same shared tiles (their layout is wgmma's 128-byte swizzle).
 //!
 //! dQ and dbias are added to their f32 accumulators with `red.add`. In any order by default; in
 //! the `DET` variant in a fixed one: dQ tile (b, h, m) receives key tile n's contribution on turn
@@ -221,7 +223,8 @@ fn warp_at(warp: u32, rows: usize) -> (u32, u32) {
     (warp % rows as u32, warp / rows as u32)
 }
 
-/// `DET` selects the deterministic variant (see the module doc). Const parameters (see
+/// `DET` selects the deterministic variant (see the module doc), `WGMMA` the Hopper products
+/// (`wgmma` from shared memory; the elementwise work between them is the same). Const parameters (see
 /// `dmattn_abi::BwdTile`, which the entry points derive them from): head
 /// dim `D`, query tile `BM`, key tile `BN`, `STAGES`, `W` warps; `KT = D / 16` k-steps of QKᵀ
 /// and dO Vᵀ; for S and dP, `SR` warps along the rows, each with `MS` m16 row tiles and `NS` n8
@@ -252,6 +255,7 @@ pub unsafe fn backward<
     const NK: usize,
     const MODS: bool,
     const DET: bool,
+    const WGMMA: bool,
 >(
     params: &BwdParams,
     params_at: u32,
@@ -261,6 +265,8 @@ pub unsafe fn backward<
         assert!(W % SR == 0 && MS * 16 * SR == BM && NS * 8 * (W / SR) == BN && NS % NC == 0 && NC % 2 == 0);
         assert!(W % KR == 0 && MKV * 16 * KR == BN && DKV * 8 * (W / KR) == D && DKV % 2 == 0);
         assert!(W % QR == 0 && MQ * 16 * QR == BM && DQT * 8 * (W / QR) == D && DQT % DQ == 0 && DQ % 2 == 0);
+        // wgmma: two warpgroups, each product's warp grid the warpgroups' (see `BwdTile`).
+        assert!(!WGMMA || (W == 8 && BM == 64 && SR == 4 && NC == NS && KR == 8 && QR == 4 && DQ == DQT && !DET));
     }
     let tid = thread_idx();
     let p = unsafe { params_in_smem(params, smem_base() + params_at, tid) };
@@ -318,6 +324,9 @@ pub unsafe fn backward<
 
             // This step's stage has landed; every warp is done with the previous step.
             cp_async_wait_all();
+            if WGMMA {
+                fence_proxy_async();
+            }
             sync_threads();
             // Prefetch the next step: the next head of this tile, or the next tile's first head.
             let (next_m, next_h) = if hg + 1 < group {
@@ -354,8 +363,13 @@ pub unsafe fn backward<
                 let mut s = [[[0f32; 4]; NC]; MS];
                 let bounds = kb.vis.at_tile(row0, kb.col0).with_rows(rows_valid).shifted(r0 + g, 8 * nt0 + 2 * t);
                 warp_scores.init::<E, MS, NC>(&mut s, &mods, &bounds, check, mods.mask && !tile.full);
-                let (q, k) = (q_frag.offset(r0, 0), k_frag.offset(8 * nt0, 0));
-                mma_tiles::<E, MS, NC, KT>(&mut s, |mt, ks| unsafe { q.a(16 * mt, ks) }, |np, ks| unsafe { k.b(16 * np, ks) });
+                if WGMMA {
+                    // The warpgroup's 64 rows x keys from 8 nt0; this warp holds rows r0.
+                    wgmma_tiles::<E, NC, KT, 0, 0>(&mut s[0], |ks| st.q.wgmma_k_major(0, ks), |ks| sm.k.wgmma_k_major(8 * nt0, ks));
+                } else {
+                    let (q, k) = (q_frag.offset(r0, 0), k_frag.offset(8 * nt0, 0));
+                    mma_tiles::<E, MS, NC, KT>(&mut s, |mt, ks| unsafe { q.a(16 * mt, ks) }, |np, ks| unsafe { k.b(16 * np, ks) });
+                }
 
                 // P = exp2(logit - lse) goes to the P tile (for dV, and read back for dS below),
                 // and under a softcap d(capped)/d(raw) to the dS tile until dS replaces it: S is
@@ -385,8 +399,12 @@ pub unsafe fn backward<
             for c in 0..(NS / NC) as u32 {
                 let nt0 = chunk_nt0(c);
                 let mut dp = [[[0f32; 4]; NC]; MS];
-                let (d_o, v) = (do_frag.offset(r0, 0), v_frag.offset(8 * nt0, 0));
-                mma_tiles::<E, MS, NC, KT>(&mut dp, |mt, ks| unsafe { d_o.a(16 * mt, ks) }, |np, ks| unsafe { v.b(16 * np, ks) });
+                if WGMMA {
+                    wgmma_tiles::<E, NC, KT, 0, 0>(&mut dp[0], |ks| st.dout.wgmma_k_major(0, ks), |ks| sm.v.wgmma_k_major(8 * nt0, ks));
+                } else {
+                    let (d_o, v) = (do_frag.offset(r0, 0), v_frag.offset(8 * nt0, 0));
+                    mma_tiles::<E, MS, NC, KT>(&mut dp, |mt, ks| unsafe { d_o.a(16 * mt, ks) }, |np, ks| unsafe { v.b(16 * np, ks) });
+                }
                 for mt in 0..MS {
                     for hh in 0..2 {
                         let dr = 16 * mt as u32 + 8 * hh as u32;
@@ -410,6 +428,9 @@ pub unsafe fn backward<
                     }
                 }
             }
+            if WGMMA {
+                fence_proxy_async();
+            }
             sync_threads();
             if mods.bias {
                 unsafe { add_dbias::<E, BM, BN>(&kb, &st.bias, h, row0, rows_valid, tid, threads) };
@@ -427,8 +448,16 @@ pub unsafe fn backward<
                     b.b_trans(16 * kk, col_call + 2 * np)
                 });
             };
-            acc_atb(&mut dv, p_frag, do_frag);
-            acc_atb(&mut dk, ds_frag, q_frag);
+            if WGMMA {
+                // Aᵀ (M-major) from the P and dS tiles at the warpgroup's 64 keys, B (N-major) the
+                // whole dO and Q tiles.
+                let keys = 8 * (warp / 4);
+                wgmma_tiles::<E, DKV, MK, 1, 1>(&mut dv[0], |kk| sm.p.wgmma_mn_major(kk, keys), |kk| st.dout.wgmma_mn_major(kk, 0));
+                wgmma_tiles::<E, DKV, MK, 1, 1>(&mut dk[0], |kk| sm.ds.wgmma_mn_major(kk, keys), |kk| st.q.wgmma_mn_major(kk, 0));
+            } else {
+                acc_atb(&mut dv, p_frag, do_frag);
+                acc_atb(&mut dk, ds_frag, q_frag);
+            }
 
             // dQ = dS K for the warp's 16 MQ rows x 8 DQT columns, added to the f32 accumulator in
             // passes of `DQ` n8 tiles (the accumulators are live beside dK and dV).
@@ -441,9 +470,14 @@ pub unsafe fn backward<
             for pass in 0..(DQT / DQ) as u32 {
                 let c0 = DQT as u32 * wqd + pass * DQ as u32;
                 let mut dqt = [[[0f32; 4]; DQ]; MQ];
-                mma_tiles::<E, MQ, DQ, NK>(&mut dqt, |mt, kk| unsafe { ds_frag.a(q_row0 + 16 * mt, kk) }, |np, kk| unsafe {
-                    k_frag.b_trans(16 * kk, c0 + 2 * np)
-                });
+                if WGMMA {
+                    // The warpgroup's 64 rows x columns from chunk c0, K read N-major.
+                    wgmma_tiles::<E, DQ, NK, 0, 1>(&mut dqt[0], |kk| sm.ds.wgmma_k_major(0, kk), |kk| sm.k.wgmma_mn_major(kk, c0));
+                } else {
+                    mma_tiles::<E, MQ, DQ, NK>(&mut dqt, |mt, kk| unsafe { ds_frag.a(q_row0 + 16 * mt, kk) }, |np, kk| unsafe {
+                        k_frag.b_trans(16 * kk, c0 + 2 * np)
+                    });
+                }
                 for mt in 0..MQ as u32 {
                     let r = q_row0 + 16 * mt;
                     let rows = kb.q_row(&p.dq_accum, h, row0 + r, 4) + 32 * c0 as u64;
@@ -533,6 +567,22 @@ fn mma_tiles<E: Elem, const MT: usize, const NT: usize, const KT: usize>(
             }
         }
     }
+}
+
+/// `acc += A B` over `KT` k16 steps of a warpgroup's product (sm_90a), `a(k)` and `b(k)` the
+/// operands' descriptors at step `k`, `TA`/`TB` their majorness (see [`Elem::wgmma`]): issued
+/// back to back, then waited for.
+#[inline(always)]
+fn wgmma_tiles<E: Elem, const NT: usize, const KT: usize, const TA: u32, const TB: u32>(
+    acc: &mut [[f32; 4]; NT],
+    a: impl Fn(u32) -> u64,
+    b: impl Fn(u32) -> u64,
+) {
+    wgmma_fence();
+    for k in 0..KT as u32 - 1 {
+        E::wgmma::<NT, TA, TB, false>(acc, a(k), b(k));
+    }
+    E::wgmma::<NT, TA, TB, true>(acc, a(KT as u32 - 1), b(KT as u32 - 1));
 }
 
 /// Adds a warp's dQ block (16 rows x `8 DQ` columns in the MMA accumulator layout) to the f32

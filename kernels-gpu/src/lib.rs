@@ -4,9 +4,12 @@
 //! (`softmax`), score start values and logits (`scores`), and the kernels themselves (`fwd`,
 //! `bwd`, `bwd_pre`, `mask_pack`, `schedule` for the forward's work order, `combine` for
 //! split-KV, and `softmax_rows` for the unfused path). Entry points are instantiated here from
-//! the tile table in `dmattn-abi`.
+//! the tile table in `dmattn-abi`. The crate builds twice: for sm_80 (every kernel but the
+//! Hopper backward; it runs on Hopper too) and for sm_90a (only the `wgmma` backward).
 #![no_std]
 #![feature(abi_ptx, stdarch_nvptx, asm_experimental_arch)]
+// The sm_90a build instantiates only the Hopper backward: the other kernels' code goes unused.
+#![cfg_attr(target_feature = "sm_90a", allow(dead_code, unused_imports))]
 
 mod arch;
 mod block_info;
@@ -34,6 +37,7 @@ fn panic(_: &core::panic::PanicInfo) -> ! {
     unsafe { core::arch::nvptx::trap() }
 }
 
+#[cfg(not(target_feature = "sm_90a"))]
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn dmattn_mask_pack(p: MaskPackParams) {
     unsafe { mask_pack::mask_pack(&p) }
@@ -51,6 +55,7 @@ macro_rules! fwd_order_kernels {
     )*};
 }
 
+#[cfg(not(target_feature = "sm_90a"))]
 fwd_order_kernels! {
     32: dmattn_fwd_order_d32;
     64: dmattn_fwd_order_d64;
@@ -90,6 +95,7 @@ macro_rules! fwd_kernels {
 
 // A plain name is listed exactly where `FWD_TILES` has a lean tile (instantiating one it lacks
 // panics at compile time).
+#[cfg(not(target_feature = "sm_90a"))]
 fwd_kernels! {
     Bf16, 32: dmattn_fwd_bf16_d32_mods, dmattn_fwd_bf16_d32;
     Bf16, 64: dmattn_fwd_bf16_d64_mods, dmattn_fwd_bf16_d64;
@@ -109,27 +115,29 @@ fwd_kernels! {
 /// (score modifiers; deterministic accumulation), and the per-type delta and conversion passes.
 macro_rules! bwd_kernels {
     ($($elem:ty, $d:literal: $plain:ident, $mods:ident, $plain_det:ident, $mods_det:ident;)*) => {$(
-        bwd_kernels!(@one $plain, $elem, $d, false, false);
-        bwd_kernels!(@one $mods, $elem, $d, true, false);
-        bwd_kernels!(@one $plain_det, $elem, $d, false, true);
-        bwd_kernels!(@one $mods_det, $elem, $d, true, true);
+        bwd_kernels!(@one $plain, $elem, $d, false, false, false);
+        bwd_kernels!(@one $mods, $elem, $d, true, false, false);
+        bwd_kernels!(@one $plain_det, $elem, $d, false, true, false);
+        bwd_kernels!(@one $mods_det, $elem, $d, true, true, false);
     )*};
-    (@one $name:ident, $elem:ty, $d:literal, $with_mods:literal, $det:literal) => {
+    (@one $name:ident, $elem:ty, $d:literal, $with_mods:literal, $det:literal, $wgmma:literal) => {
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: BwdParams) {
-            const T: BwdTile = match bwd_tile($d, $det) { Some(t) => t, None => panic!() };
+            const T: BwdTile = match bwd_tile($d, $det, $wgmma) { Some(t) => t, None => panic!() };
+            const { assert!(T.wgmma == $wgmma) };
             unsafe {
                 bwd::backward::<$elem, $d, { T.block_m as usize }, { T.block_n as usize }, { T.stages as usize },
                     { T.warps as usize }, { $d / 16 },
                     { T.sdp_rows as usize }, { T.sdp_m_tiles() as usize }, { T.sdp_n_tiles() as usize }, { T.sdp_chunk_tiles() as usize },
                     { T.kv_keys as usize }, { T.kv_m_tiles() as usize }, { T.kv_d_tiles() as usize }, { T.block_m as usize / 16 },
                     { T.dq_rows as usize }, { T.dq_m_tiles() as usize }, { T.dq_d_tiles() as usize }, { T.dq_pass_tiles() as usize },
-                    { T.block_n as usize / 16 }, $with_mods, $det>(&p, T.params_offset())
+                    { T.block_n as usize / 16 }, $with_mods, $det, $wgmma>(&p, T.params_offset())
             }
         }
     };
 }
 
+#[cfg(not(target_feature = "sm_90a"))]
 bwd_kernels! {
     Bf16, 32: dmattn_bwd_bf16_d32, dmattn_bwd_bf16_d32_mods, dmattn_bwd_bf16_d32_det, dmattn_bwd_bf16_d32_mods_det;
     Bf16, 64: dmattn_bwd_bf16_d64, dmattn_bwd_bf16_d64_mods, dmattn_bwd_bf16_d64_det, dmattn_bwd_bf16_d64_mods_det;
@@ -143,6 +151,23 @@ bwd_kernels! {
     F16, 128: dmattn_bwd_f16_d128, dmattn_bwd_f16_d128_mods, dmattn_bwd_f16_d128_det, dmattn_bwd_f16_d128_mods_det;
     F16, 192: dmattn_bwd_f16_d192, dmattn_bwd_f16_d192_mods, dmattn_bwd_f16_d192_det, dmattn_bwd_f16_d192_mods_det;
     F16, 256: dmattn_bwd_f16_d256, dmattn_bwd_f16_d256_mods, dmattn_bwd_f16_d256_det, dmattn_bwd_f16_d256_mods_det;
+}
+
+/// The Hopper backward (the sm_90a module holds these and nothing else):
+/// `dmattn_bwd_sm90_<elem>_d<dim>[_mods]` (`dmattn_abi::names::BWD_WGMMA_PREFIX`).
+macro_rules! bwd_wgmma_kernels {
+    ($($elem:ty, $d:literal: $plain:ident, $mods:ident;)*) => {$(
+        bwd_kernels!(@one $plain, $elem, $d, false, false, true);
+        bwd_kernels!(@one $mods, $elem, $d, true, false, true);
+    )*};
+}
+
+#[cfg(target_feature = "sm_90a")]
+bwd_wgmma_kernels! {
+    Bf16, 64: dmattn_bwd_sm90_bf16_d64, dmattn_bwd_sm90_bf16_d64_mods;
+    Bf16, 128: dmattn_bwd_sm90_bf16_d128, dmattn_bwd_sm90_bf16_d128_mods;
+    F16, 64: dmattn_bwd_sm90_f16_d64, dmattn_bwd_sm90_f16_d64_mods;
+    F16, 128: dmattn_bwd_sm90_f16_d128, dmattn_bwd_sm90_f16_d128_mods;
 }
 
 /// Per element type: the backward's delta and conversion passes, the split-KV combine, and the
@@ -168,6 +193,7 @@ macro_rules! elem_kernels {
     )*};
 }
 
+#[cfg(not(target_feature = "sm_90a"))]
 elem_kernels! {
     Bf16: dmattn_bwd_pre_bf16, dmattn_convert_bf16, dmattn_fwd_combine_bf16, dmattn_softmax_rows_bf16;
     F16: dmattn_bwd_pre_f16, dmattn_convert_f16, dmattn_fwd_combine_f16, dmattn_softmax_rows_f16;

@@ -47,6 +47,26 @@ impl SmemTile {
         self.base + (c / per_block) * (self.rows * block) + r * block + (((c % per_block) ^ swizzle) << 4)
     }
 
+    /// wgmma descriptor (sm_90a) of this tile as a K-major operand: the product's M (or N) rows
+    /// are the tile's rows from `r0` (a multiple of 8), its k16 step the tile's columns
+    /// `16 ks..16 ks + 16`. The column blocks are wgmma's 128-byte-swizzle atoms (8 rows x 128
+    /// bytes, 1024 apart): the step's 32 bytes lie inside one, and moving within an atom is an
+    /// offset of the start address, which the hardware swizzles like the stored data (tile bases
+    /// are 1024-byte aligned).
+    #[inline(always)]
+    pub fn wgmma_k_major(&self, r0: u32, ks: u32) -> u64 {
+        wgmma_desc(self.chunk(r0, 2 * ks), 16, 1024)
+    }
+
+    /// wgmma descriptor of this tile as an M- or N-major operand: the product's k16 step is the
+    /// tile's rows `16 ks..16 ks + 16`, its M (or N) columns the tile's columns from chunk `c0`.
+    /// The next 64 columns are the next column block (the leading-dimension offset), the next 8
+    /// rows the next atom (the stride offset).
+    #[inline(always)]
+    pub fn wgmma_mn_major(&self, ks: u32, c0: u32) -> u64 {
+        wgmma_desc(self.chunk(16 * ks, c0), self.rows * 128, 1024)
+    }
+
     /// `addr` (a `chunk` address, plus a byte offset below 16) moved down `rows` rows and right
     /// `chunks` chunks, without redoing the swizzle: `rows` must be a multiple of 8 (the swizzle
     /// period), and the in-block bits of `chunks` must be disjoint from those of the chunk `addr`
@@ -159,6 +179,13 @@ impl SmemTile {
             i += threads;
         }
     }
+}
+
+/// A wgmma shared-memory matrix descriptor in the 128-byte swizzle mode: start address,
+/// leading- and stride-dimension byte offsets, each stored in units of 16 bytes.
+#[inline(always)]
+fn wgmma_desc(addr: u32, leading: u32, stride: u32) -> u64 {
+    ((addr as u64 & 0x3_ffff) >> 4) | ((leading as u64 >> 4) << 16) | ((stride as u64 >> 4) << 32) | (1 << 62)
 }
 
 /// Starts the copy of a packed-mask tile (`dmattn_abi::mask_bit` order): `rows` rows of

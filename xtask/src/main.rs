@@ -22,7 +22,8 @@ enum Task {
     /// Masked, biased, causal attention on the GPU if there is one (else the CPU), checked
     /// against the f64 reference.
     Demo,
-    /// Assembles the PTX with ptxas for each architecture and fails on register spills.
+    /// Assembles the PTX with ptxas for each architecture (the Hopper module for sm_90a) and
+    /// fails on register spills.
     Ptxas {
         /// The ptxas to use (default: $PTXAS, `ptxas` on PATH, or the one in Python's
         /// nvidia-cuda-nvcc-cu12 package).

@@ -4,13 +4,14 @@ use crate::{cargo, root};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The PTX the last build of `dmattn` embedded (newest of all profiles' build outputs).
-pub fn built_ptx() -> Result<PathBuf, String> {
+/// The PTX module `module` (`sm80` or `sm90a`) the last build of `dmattn` embedded (newest of
+/// all profiles' build outputs).
+pub fn built_ptx(module: &str) -> Result<PathBuf, String> {
     let mut found: Vec<(std::time::SystemTime, PathBuf)> = Vec::new();
     for profile in ["debug", "release"] {
         let dir = root().join("target").join(profile).join("build");
         for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            let ptx = entry.path().join("out/dmattn_sm80.ptx");
+            let ptx = entry.path().join(format!("out/dmattn_{module}.ptx"));
             if let Ok(meta) = ptx.metadata() {
                 found.push((meta.modified().unwrap(), ptx));
             }
@@ -62,12 +63,15 @@ fn parse(report: &str) -> Vec<(String, u32, u32, u32, u32)> {
     rows
 }
 
+/// Checks the portable module for each of `archs`, and the Hopper module for sm_90a (the only
+/// GPU it runs on).
 pub fn run(ptxas: Option<PathBuf>, archs: &[String]) -> Result<(), String> {
     crate::run(cargo().args(["build", "--quiet", "-p", "dmattn"]))?;
-    let ptx = built_ptx()?;
     let ptxas = find_ptxas(ptxas)?;
     let mut failures = Vec::new();
-    for arch in archs {
+    let sm90a = ["sm_90a".to_string()];
+    for (ptx, arch) in archs.iter().map(|a| ("sm80", a)).chain(sm90a.iter().map(|a| ("sm90a", a))) {
+        let ptx = built_ptx(ptx)?;
         let out = Command::new(&ptxas)
             .args([&format!("-arch={arch}"), "-v", "-o", "/dev/null"])
             .arg(&ptx)

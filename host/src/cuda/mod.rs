@@ -315,7 +315,7 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, determini
     let (p, saved) = (&fwd.problem, &fwd.saved);
     let d = p.dims;
     let elem = check_operands(p, saved)?;
-    let tile = bwd_tile(d.head_dim as u32, deterministic).ok_or_else(|| unsupported_head_dim(d.head_dim))?;
+    let tile = bwd_tile(d.head_dim as u32, deterministic, dev.has_wgmma()).ok_or_else(|| unsupported_head_dim(d.head_dim))?;
     check_limits(&d, tile.block_m)?;
     let device = saved.q.device();
     let dout_view = qkv_view(dout, "dout")?;
@@ -372,7 +372,8 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, determini
         bias_dims: p.bias.map_or([1; 4], |s| s.map(|x| x as u32)),
         kv_heads: d.kv_heads as u32,
     };
-    let mut name = kernel_name(dmattn_abi::names::BWD_PREFIX, elem, d.head_dim, has_mods(p));
+    let prefix = if tile.wgmma { dmattn_abi::names::BWD_WGMMA_PREFIX } else { dmattn_abi::names::BWD_PREFIX };
+    let mut name = kernel_name(prefix, elem, d.head_dim, has_mods(p));
     if deterministic {
         name += dmattn_abi::names::DETERMINISTIC_SUFFIX;
     }
