@@ -113,6 +113,13 @@ pub fn wgmma_fence() {
     unsafe { asm!("wgmma.fence.sync.aligned;", options(nostack)) };
 }
 
+/// Closes the warpgroup's wgmma issued since the last commit into a group that
+/// [`crate::elem::wgmma_wait`] can wait for (warpgroup-collective).
+#[inline(always)]
+pub fn wgmma_commit() {
+    unsafe { asm!("wgmma.commit_group.sync.aligned;", options(nostack)) };
+}
+
 #[inline(always)]
 pub fn cp_async_commit() {
     unsafe { asm!("cp.async.commit_group;", options(nostack)) };

@@ -18,7 +18,7 @@
 //! passes with a barrier and a release, after the CTA's additions). Turns only wait on CTAs of
 //! lower block index, which are scheduled first, so they cannot deadlock.
 use crate::arch::*;
-use crate::elem::Elem;
+use crate::elem::{Elem, wgmma_wait};
 use crate::mask::{MapCols, TileCursor, Visibility};
 use crate::scores::{LOG2E, Mods, WarpScores};
 use crate::tile::{Fragments, SmemTile, load_mask_bits_async};
@@ -357,6 +357,8 @@ pub unsafe fn backward<
             // Chunk c's first n8 key tile, and its scores' addresses.
             let chunk_nt0 = |c: u32| NS as u32 * wc + NC as u32 * c;
             let scores = |c: u32| WarpScores::new::<NC>(st.bias, st.mask, (BN / 8) as u32, r0, chunk_nt0(c), lane);
+            // wgmma: dP is issued right behind S and computes while P is formed.
+            let mut dp_issued = [[[0f32; 4]; NC]; MS];
             for c in 0..(NS / NC) as u32 {
                 let nt0 = chunk_nt0(c);
                 let warp_scores = scores(c);
@@ -366,6 +368,10 @@ pub unsafe fn backward<
                 if WGMMA {
                     // The warpgroup's 64 rows x keys from 8 nt0; this warp holds rows r0.
                     wgmma_tiles::<E, NC, KT, 0, 0>(&mut s[0], |ks| st.q.wgmma_k_major(0, ks), |ks| sm.k.wgmma_k_major(8 * nt0, ks));
+                    wgmma_tiles::<E, NC, KT, 0, 0>(&mut dp_issued[0], |ks| st.dout.wgmma_k_major(0, ks), |ks| {
+                        sm.v.wgmma_k_major(8 * nt0, ks)
+                    });
+                    wgmma_wait::<1, NC>(&mut s[0]);
                 } else {
                     let (q, k) = (q_frag.offset(r0, 0), k_frag.offset(8 * nt0, 0));
                     mma_tiles::<E, MS, NC, KT>(&mut s, |mt, ks| unsafe { q.a(16 * mt, ks) }, |np, ks| unsafe { k.b(16 * np, ks) });
@@ -400,7 +406,8 @@ pub unsafe fn backward<
                 let nt0 = chunk_nt0(c);
                 let mut dp = [[[0f32; 4]; NC]; MS];
                 if WGMMA {
-                    wgmma_tiles::<E, NC, KT, 0, 0>(&mut dp[0], |ks| st.dout.wgmma_k_major(0, ks), |ks| sm.v.wgmma_k_major(8 * nt0, ks));
+                    wgmma_wait::<0, NC>(&mut dp_issued[0]);
+                    dp = dp_issued;
                 } else {
                     let (d_o, v) = (do_frag.offset(r0, 0), v_frag.offset(8 * nt0, 0));
                     mma_tiles::<E, MS, NC, KT>(&mut dp, |mt, ks| unsafe { d_o.a(16 * mt, ks) }, |np, ks| unsafe { v.b(16 * np, ks) });
@@ -432,6 +439,21 @@ pub unsafe fn backward<
                 fence_proxy_async();
             }
             sync_threads();
+
+            // wgmma: dV, dK and dQ are issued at once, and compute while dbias is added.
+            let (wq, wqd) = warp_at(warp, QR);
+            let mut dq_issued = [[[0f32; 4]; DQ]; MQ];
+            if WGMMA {
+                // Aᵀ (M-major) from the P and dS tiles at the warpgroup's 64 keys, B (N-major) the
+                // whole dO and Q tiles; for dQ, the warpgroup's 64 rows x columns from chunk
+                // DQT wqd, K read N-major.
+                let keys = 8 * (warp / 4);
+                wgmma_tiles::<E, DKV, MK, 1, 1>(&mut dv[0], |kk| sm.p.wgmma_mn_major(kk, keys), |kk| st.dout.wgmma_mn_major(kk, 0));
+                wgmma_tiles::<E, DKV, MK, 1, 1>(&mut dk[0], |kk| sm.ds.wgmma_mn_major(kk, keys), |kk| st.q.wgmma_mn_major(kk, 0));
+                wgmma_tiles::<E, DQ, NK, 0, 1>(&mut dq_issued[0], |kk| sm.ds.wgmma_k_major(0, kk), |kk| {
+                    sm.k.wgmma_mn_major(kk, DQT as u32 * wqd)
+                });
+            }
             if mods.bias {
                 unsafe { add_dbias::<E, BM, BN>(&kb, &st.bias, h, row0, rows_valid, tid, threads) };
             }
@@ -448,20 +470,13 @@ pub unsafe fn backward<
                     b.b_trans(16 * kk, col_call + 2 * np)
                 });
             };
-            if WGMMA {
-                // Aᵀ (M-major) from the P and dS tiles at the warpgroup's 64 keys, B (N-major) the
-                // whole dO and Q tiles.
-                let keys = 8 * (warp / 4);
-                wgmma_tiles::<E, DKV, MK, 1, 1>(&mut dv[0], |kk| sm.p.wgmma_mn_major(kk, keys), |kk| st.dout.wgmma_mn_major(kk, 0));
-                wgmma_tiles::<E, DKV, MK, 1, 1>(&mut dk[0], |kk| sm.ds.wgmma_mn_major(kk, keys), |kk| st.q.wgmma_mn_major(kk, 0));
-            } else {
+            if !WGMMA {
                 acc_atb(&mut dv, p_frag, do_frag);
                 acc_atb(&mut dk, ds_frag, q_frag);
             }
 
             // dQ = dS K for the warp's 16 MQ rows x 8 DQT columns, added to the f32 accumulator in
             // passes of `DQ` n8 tiles (the accumulators are live beside dK and dV).
-            let (wq, wqd) = warp_at(warp, QR);
             let turn = dq_turn(&kb, h, m, m_tiles);
             if DET {
                 unsafe { wait_turn(turn, kb.n_block, tid) };
@@ -471,8 +486,8 @@ pub unsafe fn backward<
                 let c0 = DQT as u32 * wqd + pass * DQ as u32;
                 let mut dqt = [[[0f32; 4]; DQ]; MQ];
                 if WGMMA {
-                    // The warpgroup's 64 rows x columns from chunk c0, K read N-major.
-                    wgmma_tiles::<E, DQ, NK, 0, 1>(&mut dqt[0], |kk| sm.ds.wgmma_k_major(0, kk), |kk| sm.k.wgmma_mn_major(kk, c0));
+                    wgmma_wait::<0, DQ>(&mut dq_issued[0]);
+                    dqt = dq_issued;
                 } else {
                     mma_tiles::<E, MQ, DQ, NK>(&mut dqt, |mt, kk| unsafe { ds_frag.a(q_row0 + 16 * mt, kk) }, |np, kk| unsafe {
                         k_frag.b_trans(16 * kk, c0 + 2 * np)
@@ -571,7 +586,7 @@ fn mma_tiles<E: Elem, const MT: usize, const NT: usize, const KT: usize>(
 
 /// `acc += A B` over `KT` k16 steps of a warpgroup's product (sm_90a), `a(k)` and `b(k)` the
 /// operands' descriptors at step `k`, `TA`/`TB` their majorness (see [`Elem::wgmma`]): issued
-/// back to back, then waited for.
+/// back to back and committed as one group, for [`wgmma_wait`] to wait for.
 #[inline(always)]
 fn wgmma_tiles<E: Elem, const NT: usize, const KT: usize, const TA: u32, const TB: u32>(
     acc: &mut [[f32; 4]; NT],
@@ -579,10 +594,10 @@ fn wgmma_tiles<E: Elem, const NT: usize, const KT: usize, const TA: u32, const T
     b: impl Fn(u32) -> u64,
 ) {
     wgmma_fence();
-    for k in 0..KT as u32 - 1 {
-        E::wgmma::<NT, TA, TB, false>(acc, a(k), b(k));
+    for k in 0..KT as u32 {
+        E::wgmma::<NT, TA, TB>(acc, a(k), b(k));
     }
-    E::wgmma::<NT, TA, TB, true>(acc, a(KT as u32 - 1), b(KT as u32 - 1));
+    wgmma_commit();
 }
 
 /// Adds a warp's dQ block (16 rows x `8 DQ` columns in the MMA accumulator layout) to the f32

@@ -9,10 +9,9 @@ pub trait Elem: Copy {
     /// warpgroup-collective and asynchronous): A and B are read from shared memory through the
     /// matrix descriptors `a` and `b` (`TA`, `TB` = 1 where stored M- or N-major, see
     /// `SmemTile::wgmma_k_major` and `wgmma_mn_major`); `acc` holds the warp's 16 rows in the
-    /// m16n8 accumulator layout. `WAIT` commits the warpgroup's MMAs and waits for all of them:
-    /// `acc` may be read only after that, and [`crate::arch::wgmma_fence`] must precede the
-    /// product's first step.
-    fn wgmma<const NT: usize, const TA: u32, const TB: u32, const WAIT: bool>(acc: &mut [[f32; 4]; NT], a: u64, b: u64);
+    /// m16n8 accumulator layout. [`crate::arch::wgmma_fence`] precedes a product's first step;
+    /// `acc` may be read after the group is committed and [`wgmma_wait`] has waited for it.
+    fn wgmma<const NT: usize, const TA: u32, const TB: u32>(acc: &mut [[f32; 4]; NT], a: u64, b: u64);
     /// Two f32 rounded to nearest into one register, `lo` in the low half.
     fn pack(lo: f32, hi: f32) -> u32;
     /// The inverse of [`Elem::pack`].
@@ -38,42 +37,54 @@ macro_rules! mma_asm {
     };
 }
 
-/// One `wgmma` instruction: `$regs` lists the accumulator registers (`$n / 2` of them, the
-/// operand list is generated from it), `$tail` follows the instruction (the commit and wait, or
-/// nothing). Not `pure` and not `nomem`: it reads shared memory, asynchronously.
+/// Expands `$m!(args.., n, [accumulator register indices])` for the n of an `NT`-tile
+/// accumulator (`$nt` a const generic; the other arms are dead code after monomorphisation, and
+/// the sm_80 build instantiates callers it never runs, so there is no const assertion).
+macro_rules! for_acc_shape {
+    ($nt:ident, $m:ident!($($args:tt)*)) => {
+        match $nt {
+            4 => $m!($($args)*, 32, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]),
+            8 => $m!($($args)*, 64, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25,
+                26, 27, 28, 29, 30, 31]),
+            16 => $m!($($args)*, 128, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25,
+                26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55,
+                56, 57, 58, 59, 60, 61, 62, 63]),
+            _ => panic!("wgmma: no instruction for this n"),
+        }
+    };
+}
+
+/// One `wgmma` instruction of shape m64n`$n`k16 on the accumulator registers `$regs`. Not `pure`
+/// and not `nomem`: it reads shared memory, asynchronously.
 macro_rules! wgmma_asm {
-    ($tail:literal, $ty:literal, $n:literal, $acc:ident, $a:ident, $b:ident, $ta:ident, $tb:ident, [$r0:literal $(, $r:literal)*]) => {{
+    ($ty:literal, $acc:ident, $a:ident, $b:ident, $ta:ident, $tb:ident, $n:literal, [$r0:literal $(, $r:literal)*]) => {{
         let acc: &mut [f32; $n / 2] = $acc.as_flattened_mut().try_into().unwrap();
         unsafe {
             asm!(concat!("{{ .reg .pred p; setp.ne.b32 p, {one}, 0; wgmma.mma_async.sync.aligned.m64n", $n, "k16.f32.", $ty, ".", $ty,
-                    " {{{", $r0, "}" $(, ", {", $r, "}")*, "}}, {a}, {b}, p, 1, 1, {ta}, {tb};", $tail, " }}"),
+                    " {{{", $r0, "}" $(, ", {", $r, "}")*, "}}, {a}, {b}, p, 1, 1, {ta}, {tb}; }}"),
                 inout(reg32) acc[$r0], $(inout(reg32) acc[$r],)*
                 one = in(reg32) 1u32, a = in(reg64) $a, b = in(reg64) $b, ta = const $ta, tb = const $tb, options(nostack))
         }
     }};
 }
 
-/// [`Elem::wgmma`] for element type `$ty`: one instruction per (n, wait) pair.
-macro_rules! wgmma_shapes {
-    ($ty:literal, $acc:ident, $a:ident, $b:ident, $nt:ident, $ta:ident, $tb:ident, $wait:ident) => {{
-        // No const assertion on the shape: the sm_80 build instantiates this in code it never runs.
-        macro_rules! regs16 { ($tail:literal, $n:literal) => { wgmma_asm!($tail, $ty, $n, $acc, $a, $b, $ta, $tb,
-            [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]) }; }
-        macro_rules! regs32 { ($tail:literal, $n:literal) => { wgmma_asm!($tail, $ty, $n, $acc, $a, $b, $ta, $tb,
-            [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31]) }; }
-        macro_rules! regs64 { ($tail:literal, $n:literal) => { wgmma_asm!($tail, $ty, $n, $acc, $a, $b, $ta, $tb,
-            [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31,
-             32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63]) }; }
-        match ($nt, $wait) {
-            (4, false) => regs16!("", 32),
-            (4, true) => regs16!(" wgmma.commit_group.sync.aligned; wgmma.wait_group.sync.aligned 0;", 32),
-            (8, false) => regs32!("", 64),
-            (8, true) => regs32!(" wgmma.commit_group.sync.aligned; wgmma.wait_group.sync.aligned 0;", 64),
-            (16, false) => regs64!("", 128),
-            (16, true) => regs64!(" wgmma.commit_group.sync.aligned; wgmma.wait_group.sync.aligned 0;", 128),
-            _ => panic!("wgmma: no instruction for this n"),
+/// `wgmma.wait_group` naming the accumulator registers it waits for (in a comment), so that the
+/// compiler reads them only after it.
+macro_rules! wait_asm {
+    ($pending:ident, $acc:ident, $n:literal, [$r0:literal $(, $r:literal)*]) => {{
+        let acc: &mut [f32; $n / 2] = $acc.as_flattened_mut().try_into().unwrap();
+        unsafe {
+            asm!(concat!("wgmma.wait_group.sync.aligned {pending}; // {", $r0, "}" $(, " {", $r, "}")*),
+                inout(reg32) acc[$r0], $(inout(reg32) acc[$r],)* pending = const $pending, options(nostack))
         }
     }};
+}
+
+/// Waits until at most `PENDING` of the warpgroup's committed wgmma groups are in flight
+/// (warpgroup-collective); `acc`, an accumulator of a finished group, may be read after it.
+#[inline(always)]
+pub fn wgmma_wait<const PENDING: u32, const NT: usize>(acc: &mut [[f32; 4]; NT]) {
+    for_acc_shape!(NT, wait_asm!(PENDING, acc))
 }
 
 impl Elem for Bf16 {
@@ -82,8 +93,8 @@ impl Elem for Bf16 {
         mma_asm!("bf16", d, a, b0, b1);
     }
     #[inline(always)]
-    fn wgmma<const NT: usize, const TA: u32, const TB: u32, const WAIT: bool>(acc: &mut [[f32; 4]; NT], a: u64, b: u64) {
-        wgmma_shapes!("bf16", acc, a, b, NT, TA, TB, WAIT)
+    fn wgmma<const NT: usize, const TA: u32, const TB: u32>(acc: &mut [[f32; 4]; NT], a: u64, b: u64) {
+        for_acc_shape!(NT, wgmma_asm!("bf16", acc, a, b, TA, TB))
     }
     #[inline(always)]
     fn pack(lo: f32, hi: f32) -> u32 {
@@ -106,8 +117,8 @@ impl Elem for F16 {
         mma_asm!("f16", d, a, b0, b1);
     }
     #[inline(always)]
-    fn wgmma<const NT: usize, const TA: u32, const TB: u32, const WAIT: bool>(acc: &mut [[f32; 4]; NT], a: u64, b: u64) {
-        wgmma_shapes!("f16", acc, a, b, NT, TA, TB, WAIT)
+    fn wgmma<const NT: usize, const TA: u32, const TB: u32>(acc: &mut [[f32; 4]; NT], a: u64, b: u64) {
+        for_acc_shape!(NT, wgmma_asm!("f16", acc, a, b, TA, TB))
     }
     #[inline(always)]
     fn pack(lo: f32, hi: f32) -> u32 {
