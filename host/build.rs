@@ -19,7 +19,7 @@ fn main() -> ExitCode {
     }
     // sm_80 PTX runs on Ampere and (JIT-compiled by the driver) on Hopper; the sm_90a module
     // holds the kernels that use Hopper's wgmma, loaded only on compute capability 9.0.
-    for (arch, ptx_isa) in [("sm_80", "ptx78"), ("sm_90a", "ptx80")] {
+    for (arch, ptx_isa) in [("sm_80", "ptx78"), ("sm_90a", "ptx81")] {
         let ptx = PtxBuild { crate_dir: kernels.clone(), arch, ptx_isa, target_dir: out.join(format!("kernels-{arch}")) }.build();
         let text = std::fs::read(&ptx).expect("read the built PTX");
         let name = format!("dmattn_{}.ptx", arch.replace('_', ""));

@@ -281,14 +281,16 @@ impl BwdTile {
     pub const fn stage_bytes(&self) -> u32 {
         bwd_stage_bytes(self.block_m, self.block_n, self.head_dim)
     }
-    /// K, V, then P and dS, then the stages, then each warp's dQ staging slice, then the
-    /// kernel's copy of its parameters.
+    /// K, V, then P and dS, then the stages, then each warp's dQ staging slice (not in the wgmma
+    /// variant), then the kernel's copy of its parameters.
     pub const fn smem_bytes(&self) -> u32 {
         self.params_offset() + BWD_PARAMS_BYTES
     }
     pub const fn params_offset(&self) -> u32 {
         let (m, n, d) = (self.block_m, self.block_n, self.head_dim);
-        2 * n * d * 2 + 2 * m * n * 2 + self.stages * self.stage_bytes() + self.warps * BWD_DQ_STAGE_BYTES
+        // The wgmma variant adds dQ to its accumulator straight from registers: no staging.
+        let dq_stage = if self.wgmma { 0 } else { self.warps * BWD_DQ_STAGE_BYTES };
+        2 * n * d * 2 + 2 * m * n * 2 + self.stages * self.stage_bytes() + dq_stage
     }
 }
 

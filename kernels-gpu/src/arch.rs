@@ -416,6 +416,16 @@ pub unsafe fn red_add_f32_if(pred: bool, addr: u64, v: f32) {
     };
 }
 
+/// As [`red_add_f32_if`] for two consecutive f32 (`addr` 8-byte aligned) in one 8-byte vector
+/// reduction (sm_90).
+#[inline(always)]
+pub unsafe fn red_add_v2_f32_if(pred: bool, addr: u64, v: [f32; 2]) {
+    unsafe {
+        asm!("{{ .reg .pred p; setp.ne.u32 p, {3}, 0; @p red.global.add.v2.f32 [{0}], {{{1}, {2}}}; }}",
+            in(reg64) addr, in(reg32) v[0], in(reg32) v[1], in(reg32) pred as u32, options(nostack))
+    };
+}
+
 #[inline(always)]
 pub unsafe fn ld_acquire_u32(addr: u64) -> u32 {
     let v: u32;

@@ -455,7 +455,7 @@ pub unsafe fn backward<
                 });
             }
             if mods.bias {
-                unsafe { add_dbias::<E, BM, BN>(&kb, &st.bias, h, row0, rows_valid, tid, threads) };
+                unsafe { add_dbias::<E, BM, BN, WGMMA>(&kb, &st.bias, h, row0, rows_valid, tid, threads) };
             }
 
             // dV += Pᵀ dO and dK += dSᵀ Q: the warp's 16 MKV keys x 8 DKV columns, k = BM rows.
@@ -496,8 +496,12 @@ pub unsafe fn backward<
                 for mt in 0..MQ as u32 {
                     let r = q_row0 + 16 * mt;
                     let rows = kb.q_row(&p.dq_accum, h, row0 + r, 4) + 32 * c0 as u64;
-                    let (dq, stage, row_bytes, valid) = (&dqt[mt as usize], sm.dq_stage(warp), 4 * p.dq_accum.stride[1], rows_valid.saturating_sub(r));
-                    unsafe { add_dq(dq, stage, rows, row_bytes, valid, lane) };
+                    let (dq, row_bytes, valid) = (&dqt[mt as usize], 4 * p.dq_accum.stride[1], rows_valid.saturating_sub(r));
+                    if WGMMA {
+                        unsafe { add_dq_v2(dq, rows, row_bytes, valid, lane) };
+                    } else {
+                        unsafe { add_dq(dq, sm.dq_stage(warp), rows, row_bytes, valid, lane) };
+                    }
                 }
             }
             if DET {
@@ -632,12 +636,33 @@ unsafe fn add_dq<const DQ: usize>(dqt: &[[f32; 4]; DQ], stage: u32, rows: u64, r
     }
 }
 
+/// Adds a warp's dQ block (16 rows x `8 DQ` columns in the MMA accumulator layout, rows
+/// `row_bytes` apart from `rows`, `rows_valid` of them inside the sequence) to the f32
+/// accumulator straight from the registers, with sm_90's 8-byte vector reductions: a quad's four
+/// lanes cover 32 consecutive bytes of a row, a whole sector, with no staging.
+#[inline(always)]
+unsafe fn add_dq_v2<const DQ: usize>(dqt: &[[f32; 4]; DQ], rows: u64, row_bytes: u64, rows_valid: u32, lane: u32) {
+    let (g, t) = (lane / 4, lane % 4);
+    let add = |full: bool| {
+        for hh in 0..2 {
+            let r = g + 8 * hh as u32;
+            let at = rows + r as u64 * row_bytes + 8 * t as u64;
+            for (j, v) in dqt.iter().enumerate() {
+                unsafe { red_add_v2_f32_if(full || r < rows_valid, at + 32 * j as u64, [v[2 * hh], v[2 * hh + 1]]) };
+            }
+        }
+    };
+    // Whole tiles (the common case) without predicates.
+    if rows_valid >= 16 { add(true) } else { add(false) }
+}
+
 /// Adds the dS tile (in the stage's bias tile) to the f32 dbias accumulator at the bias's
 /// broadcast coordinates. Where the bias is broadcast over the tile's rows or keys, the tile is
 /// first summed over them here, so that each accumulator element gets one addition per tile
-/// from one thread (a plain read-add-write is then race-free within the CTA).
+/// from one thread (a plain read-add-write is then race-free within the CTA). `V2`: the device
+/// has sm_90's vector reductions.
 #[inline(always)]
-unsafe fn add_dbias<E: Elem, const BM: usize, const BN: usize>(
+unsafe fn add_dbias<E: Elem, const BM: usize, const BN: usize, const V2: bool>(
     kb: &KeyBlock,
     tile: &SmemTile,
     h: u32,
@@ -662,13 +687,19 @@ unsafe fn add_dbias<E: Elem, const BM: usize, const BN: usize>(
             let c = 2 * (tid % pairs);
             let (r_first, r_step) = (tid / pairs, threads / pairs);
             let at = base + r_first as u64 * row_bytes + c as u64 * key_bytes;
+            // sm_90: the pair in one vector reduction where both keys are in and 8-byte aligned.
+            let pair = V2 && c + 1 < keys && key_bytes == 4 && row_bytes % 8 == 0 && base % 8 == 0;
             for i in 0..BM as u32 / r_step {
                 let r = r_first + i * r_step;
                 let (d0, d1) = E::unpack(unsafe { ld_shared_u32(tile.chunk(r, c / 8) + 2 * (c % 8)) });
                 let at = at + (i * r_step) as u64 * row_bytes;
                 unsafe {
-                    red_add_f32_if(r < rows && c < keys, at, d0);
-                    red_add_f32_if(r < rows && c + 1 < keys, at + key_bytes, d1);
+                    if pair {
+                        red_add_v2_f32_if(r < rows, at, [d0, d1]);
+                    } else {
+                        red_add_f32_if(r < rows && c < keys, at, d0);
+                        red_add_f32_if(r < rows && c + 1 < keys, at + key_bytes, d1);
+                    }
                 }
             }
         }
