@@ -357,8 +357,10 @@ pub unsafe fn backward<
             // Chunk c's first n8 key tile, and its scores' addresses.
             let chunk_nt0 = |c: u32| NS as u32 * wc + NC as u32 * c;
             let scores = |c: u32| WarpScores::new::<NC>(st.bias, st.mask, (BN / 8) as u32, r0, chunk_nt0(c), lane);
-            // wgmma: dP is issued right behind S and computes while P is formed.
+            // wgmma: dP is issued right behind S and computes while P is formed, and P stays in
+            // registers for dS (one chunk: S and P are live together).
             let mut dp_issued = [[[0f32; 4]; NC]; MS];
+            let mut p_kept = [[[0f32; 4]; NC]; MS];
             for c in 0..(NS / NC) as u32 {
                 let nt0 = chunk_nt0(c);
                 let warp_scores = scores(c);
@@ -388,8 +390,12 @@ pub unsafe fn backward<
                         let lse2 = if lse == f32::NEG_INFINITY { f32::INFINITY } else { lse * LOG2E };
                         for nt in 0..NC as u32 {
                             let (x, dcap) = warp_scores.logits::<E>([s[mt][nt as usize][2 * hh], s[mt][nt as usize][2 * hh + 1]], dr, nt, &mods);
+                            let pv = [exp2(x[0] - lse2), exp2(x[1] - lse2)];
+                            if WGMMA {
+                                p_kept[mt][nt as usize][2 * hh..2 * hh + 2].copy_from_slice(&pv);
+                            }
                             unsafe {
-                                st_shared_u32(sm.p.shift(p_at, r0 + dr, nt0 + nt), E::pack(exp2(x[0] - lse2), exp2(x[1] - lse2)));
+                                st_shared_u32(sm.p.shift(p_at, r0 + dr, nt0 + nt), E::pack(pv[0], pv[1]));
                                 if softcap {
                                     st_shared_u32(sm.ds.shift(ds_at, r0 + dr, nt0 + nt), E::pack(dcap[0], dcap[1]));
                                 }
@@ -418,7 +424,12 @@ pub unsafe fn backward<
                         let delta = unsafe { f32::from_bits(ld_shared_u32(delta_at + 4 * dr)) };
                         for nt in 0..NC as u32 {
                             let (p_sh, ds_sh) = (sm.p.shift(p_at, r0 + dr, nt0 + nt), sm.ds.shift(ds_at, r0 + dr, nt0 + nt));
-                            let pv = E::unpack(unsafe { ld_shared_u32(p_sh) });
+                            let pv = if WGMMA {
+                                let p = &p_kept[mt][nt as usize];
+                                (p[2 * hh], p[2 * hh + 1])
+                            } else {
+                                E::unpack(unsafe { ld_shared_u32(p_sh) })
+                            };
                             let dcap = if softcap { E::unpack(unsafe { ld_shared_u32(ds_sh) }) } else { (1.0, 1.0) };
                             let d = &dp[mt][nt as usize];
                             let dsb = [pv.0 * (d[2 * hh] - delta), pv.1 * (d[2 * hh + 1] - delta)];
@@ -440,7 +451,8 @@ pub unsafe fn backward<
             }
             sync_threads();
 
-            // wgmma: dV, dK and dQ are issued at once, and compute while dbias is added.
+            // wgmma: dQ, dV and dK are issued at once and compute while dbias is added; dQ's
+            // reductions then go out while dV and dK still compute.
             let (wq, wqd) = warp_at(warp, QR);
             let mut dq_issued = [[[0f32; 4]; DQ]; MQ];
             if WGMMA {
@@ -448,11 +460,11 @@ pub unsafe fn backward<
                 // whole dO and Q tiles; for dQ, the warpgroup's 64 rows x columns from chunk
                 // DQT wqd, K read N-major.
                 let keys = 8 * (warp / 4);
-                wgmma_tiles::<E, DKV, MK, 1, 1>(&mut dv[0], |kk| sm.p.wgmma_mn_major(kk, keys), |kk| st.dout.wgmma_mn_major(kk, 0));
-                wgmma_tiles::<E, DKV, MK, 1, 1>(&mut dk[0], |kk| sm.ds.wgmma_mn_major(kk, keys), |kk| st.q.wgmma_mn_major(kk, 0));
                 wgmma_tiles::<E, DQ, NK, 0, 1>(&mut dq_issued[0], |kk| sm.ds.wgmma_k_major(0, kk), |kk| {
                     sm.k.wgmma_mn_major(kk, DQT as u32 * wqd)
                 });
+                wgmma_tiles::<E, DKV, MK, 1, 1>(&mut dv[0], |kk| sm.p.wgmma_mn_major(kk, keys), |kk| st.dout.wgmma_mn_major(kk, 0));
+                wgmma_tiles::<E, DKV, MK, 1, 1>(&mut dk[0], |kk| sm.ds.wgmma_mn_major(kk, keys), |kk| st.q.wgmma_mn_major(kk, 0));
             }
             if mods.bias {
                 unsafe { add_dbias::<E, BM, BN, WGMMA>(&kb, &st.bias, h, row0, rows_valid, tid, threads) };
@@ -486,7 +498,7 @@ pub unsafe fn backward<
                 let c0 = DQT as u32 * wqd + pass * DQ as u32;
                 let mut dqt = [[[0f32; 4]; DQ]; MQ];
                 if WGMMA {
-                    wgmma_wait::<0, DQ>(&mut dq_issued[0]);
+                    wgmma_wait::<2, DQ>(&mut dq_issued[0]);
                     dqt = dq_issued;
                 } else {
                     mma_tiles::<E, MQ, DQ, NK>(&mut dqt, |mt, kk| unsafe { ds_frag.a(q_row0 + 16 * mt, kk) }, |np, kk| unsafe {
@@ -506,6 +518,10 @@ pub unsafe fn backward<
             }
             if DET {
                 unsafe { pass_turn(turn, kb.n_block + 1, tid) };
+            }
+            if WGMMA {
+                // dV and dK read the P, dS and stage tiles the next step overwrites.
+                wgmma_wait::<0, DKV>(&mut dv[0]);
             }
             if STAGES == 1 {
                 // Single stage: load the next step only now that this one is done with it.
