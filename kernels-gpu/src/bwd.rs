@@ -307,6 +307,10 @@ pub unsafe fn backward<
     // Values read from the parameters are read again inside the loop rather than held across it
     // (see `params_in_smem`).
     let mut stage = 0u32;
+    // wgmma, with a bias every head of the kv group shares: the group's dS summed in registers
+    // over its consecutive steps, and added to the dbias accumulator once per tile (a quarter of
+    // the reductions at a group of 4).
+    let mut dbias_sum = [[[0f32; 4]; NC]; MS];
     while let Some(tile) = next_tile {
         for hg in 0..f.kv_group {
             let tid = opaque(tid);
@@ -358,7 +362,9 @@ pub unsafe fn backward<
             let chunk_nt0 = |c: u32| NS as u32 * wc + NC as u32 * c;
             let scores = |c: u32| WarpScores::new::<NC>(st.bias, st.mask, (BN / 8) as u32, r0, chunk_nt0(c), lane);
             // wgmma: dP is issued right behind S and computes while P is formed, and P stays in
-            // registers for dS (one chunk: S and P are live together).
+            // registers for dS (one chunk: S and P are live together) where registers allow: not
+            // beside d128's modifiers and the dbias group sum.
+            let keep_p = WGMMA && !(MODS && D > 64);
             let mut dp_issued = [[[0f32; 4]; NC]; MS];
             let mut p_kept = [[[0f32; 4]; NC]; MS];
             for c in 0..(NS / NC) as u32 {
@@ -391,7 +397,7 @@ pub unsafe fn backward<
                         for nt in 0..NC as u32 {
                             let (x, dcap) = warp_scores.logits::<E>([s[mt][nt as usize][2 * hh], s[mt][nt as usize][2 * hh + 1]], dr, nt, &mods);
                             let pv = [exp2(x[0] - lse2), exp2(x[1] - lse2)];
-                            if WGMMA {
+                            if keep_p {
                                 p_kept[mt][nt as usize][2 * hh..2 * hh + 2].copy_from_slice(&pv);
                             }
                             unsafe {
@@ -408,6 +414,11 @@ pub unsafe fn backward<
             // dP = dO Vᵀ, then dS = P (dP - delta): to the bias tile for dbias, and times
             // scale * d(softcap) to the dS tile for dK and dQ.
             let ds_scale = mods.scale_log2 * core::f32::consts::LN_2;
+            let sum_group = WGMMA && mods.bias && group > 1 && (f.bias_head_div == group || p.dbias_accum.stride[1] == 0);
+            let last_head = hg + 1 == group;
+            if sum_group && hg == 0 {
+                dbias_sum = [[[0f32; 4]; NC]; MS];
+            }
             for c in 0..(NS / NC) as u32 {
                 let nt0 = chunk_nt0(c);
                 let mut dp = [[[0f32; 4]; NC]; MS];
@@ -424,7 +435,7 @@ pub unsafe fn backward<
                         let delta = unsafe { f32::from_bits(ld_shared_u32(delta_at + 4 * dr)) };
                         for nt in 0..NC as u32 {
                             let (p_sh, ds_sh) = (sm.p.shift(p_at, r0 + dr, nt0 + nt), sm.ds.shift(ds_at, r0 + dr, nt0 + nt));
-                            let pv = if WGMMA {
+                            let pv = if keep_p {
                                 let p = &p_kept[mt][nt as usize];
                                 (p[2 * hh], p[2 * hh + 1])
                             } else {
@@ -438,7 +449,17 @@ pub unsafe fn backward<
                                     // dS for dbias replaces the bias in the stage's bias tile: the
                                     // same thread read these two elements above and nothing else
                                     // reads them again.
-                                    st_shared_u32(scores(c).bias_at_pair(dr, nt), E::pack(dsb[0], dsb[1]));
+                                    let v = if sum_group {
+                                        let acc = &mut dbias_sum[mt][nt as usize];
+                                        acc[2 * hh] += dsb[0];
+                                        acc[2 * hh + 1] += dsb[1];
+                                        [acc[2 * hh], acc[2 * hh + 1]]
+                                    } else {
+                                        dsb
+                                    };
+                                    if !sum_group || last_head {
+                                        st_shared_u32(scores(c).bias_at_pair(dr, nt), E::pack(v[0], v[1]));
+                                    }
                                 }
                                 st_shared_u32(ds_sh, E::pack(dsb[0] * dcap.0 * ds_scale, dsb[1] * dcap.1 * ds_scale));
                             }
@@ -466,7 +487,7 @@ pub unsafe fn backward<
                 wgmma_tiles::<E, DKV, MK, 1, 1>(&mut dv[0], |kk| sm.p.wgmma_mn_major(kk, keys), |kk| st.dout.wgmma_mn_major(kk, 0));
                 wgmma_tiles::<E, DKV, MK, 1, 1>(&mut dk[0], |kk| sm.ds.wgmma_mn_major(kk, keys), |kk| st.q.wgmma_mn_major(kk, 0));
             }
-            if mods.bias {
+            if mods.bias && (!sum_group || last_head) {
                 unsafe { add_dbias::<E, BM, BN, WGMMA>(&kb, &st.bias, h, row0, rows_valid, tid, threads) };
             }
 
