@@ -115,14 +115,19 @@ impl CudaDevice {
         unsafe { ctx.disable_event_tracking() };
         keep_freed_memory(&ctx)?;
         let stream = ctx.default_stream();
-        let mut modules = Vec::new();
-        for (ptx, load) in [(PTX_SM80_DEFLATED, true), (PTX_SM90A_DEFLATED, (major, minor) == (9, 0))] {
-            if load {
-                let ptx = String::from_utf8(miniz_oxide::inflate::decompress_to_vec(ptx).expect("build.rs deflated valid PTX"))
-                    .expect("PTX is ASCII");
-                let kernels = entry_names(&ptx);
-                modules.push((ctx.load_module(Ptx::from_src(ptx))?, kernels));
-            }
+        let load = |deflated: &[u8]| -> Result<(Arc<CudaModule>, Vec<String>)> {
+            let ptx = String::from_utf8(miniz_oxide::inflate::decompress_to_vec(deflated).expect("build.rs deflated valid PTX"))
+                .expect("PTX is ASCII");
+            let kernels = entry_names(&ptx);
+            Ok((ctx.load_module(Ptx::from_src(ptx))?, kernels))
+        };
+        let mut modules = vec![load(PTX_SM80_DEFLATED)?];
+        // The Hopper module is PTX 8.1: a driver older than CUDA 12.1 cannot compile it, and the
+        // portable module then serves every call.
+        if (major, minor) == (9, 0)
+            && let Ok(hopper) = load(PTX_SM90A_DEFLATED)
+        {
+            modules.push(hopper);
         }
         let name = ctx.name()?;
         let sms = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;

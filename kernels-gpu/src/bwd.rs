@@ -385,9 +385,9 @@ pub unsafe fn backward<
                     mma_tiles::<E, MS, NC, KT>(&mut s, |mt, ks| unsafe { q.a(16 * mt, ks) }, |np, ks| unsafe { k.b(16 * np, ks) });
                 }
 
-                // P = exp2(logit - lse) goes to the P tile (for dV, and read back for dS below),
-                // and under a softcap d(capped)/d(raw) to the dS tile until dS replaces it: S is
-                // dead before dP's accumulators are live.
+                // P = exp2(logit - lse) goes to the P tile (for dV, and read back for dS below
+                // unless kept in registers), and under a softcap d(capped)/d(raw) to the dS tile
+                // until dS replaces it: S is dead before dP's accumulators are live.
                 for mt in 0..MS {
                     for hh in 0..2 {
                         let dr = 16 * mt as u32 + 8 * hh as u32;
