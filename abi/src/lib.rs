@@ -359,16 +359,17 @@ const fn bwd_wgmma(head_dim: u32) -> BwdTile {
 /// module) and the table has one for the mode, else the `mma.sync` one of the deterministic
 /// variant or the default one.
 pub const fn bwd_tile(head_dim: u32, deterministic: bool, wgmma: bool) -> Option<BwdTile> {
-    if wgmma && !deterministic {
-        let mut i = 0;
-        while i < BWD_WGMMA_TILES.len() {
-            if BWD_WGMMA_TILES[i].head_dim == head_dim {
-                return Some(BWD_WGMMA_TILES[i]);
-            }
-            i += 1;
-        }
+    if wgmma
+        && !deterministic
+        && let Some(t) = bwd_tile_in(&BWD_WGMMA_TILES, head_dim)
+    {
+        return Some(t);
     }
-    let tiles = if deterministic { &BWD_DET_TILES } else { &BWD_TILES };
+    bwd_tile_in(if deterministic { &BWD_DET_TILES } else { &BWD_TILES }, head_dim)
+}
+
+/// The tile of `tiles` for `head_dim`.
+const fn bwd_tile_in(tiles: &[BwdTile], head_dim: u32) -> Option<BwdTile> {
     let mut i = 0;
     while i < tiles.len() {
         if tiles[i].head_dim == head_dim {
