@@ -534,12 +534,37 @@ impl DeviceElem {
     }
 }
 
+/// The score modifiers a kernel variant compiles in. A lean variant leaves the others' code
+/// (and registers) out: the backward with a mask but no bias or softcap runs as fast as without
+/// a mask wherever the mask's tiles are full, and a bias without a softcap skips the softcap's
+/// derivative in every score.
+pub mod modifiers {
+    /// None: plain and causal attention.
+    pub const NONE: u8 = 0;
+    /// A mask; no bias, no softcap (the Hopper backward only).
+    pub const MASK: u8 = 1;
+    /// A bias, and a mask if given; no softcap (the Hopper backward only).
+    pub const BIAS: u8 = 2;
+    /// Mask, bias and softcap, each if given.
+    pub const ALL: u8 = 3;
+
+    /// The kernel-name suffix of a variant.
+    pub const fn suffix(modifiers: u8) -> &'static str {
+        match modifiers {
+            NONE => "",
+            MASK => "_mask",
+            BIAS => "_bias",
+            _ => "_mods",
+        }
+    }
+}
+
 /// Exported kernel names, built by one rule on both sides: `dmattn_fwd_<elem>_d<head_dim>`, with
-/// `_mods` appended for the variant with score modifiers.
+/// the variant's suffix (`modifiers::suffix`) appended.
 pub mod names {
     pub const MASK_PACK: &str = "dmattn_mask_pack";
     pub const BWD_PREFIX: &str = "dmattn_bwd_";
-    /// The Hopper backward kernels (sm_90a module): `dmattn_bwd_sm90_<elem>_d<dim>[_mods]`.
+    /// The Hopper backward kernels (sm_90a module): `dmattn_bwd_sm90_<elem>_d<dim>[_mask|_bias|_mods]`.
     pub const BWD_WGMMA_PREFIX: &str = "dmattn_bwd_sm90_";
     /// Appended to a backward kernel's name for its deterministic variant, which adds dQ and
     /// dBias in a fixed order (bit-identical runs) instead of with atomics.

@@ -22,7 +22,7 @@ use crate::elem::{Elem, wgmma_wait};
 use crate::mask::{MapCols, TileCursor, Visibility};
 use crate::scores::{LOG2E, Mods, WarpScores};
 use crate::tile::{Fragments, SmemTile, load_mask_bits_async};
-use dmattn_abi::{BWD_DQ_STAGE_BYTES, BWD_DQ_STAGE_TILES, BwdParams, bwd_stage_bytes, flags, mask_tile_bytes};
+use dmattn_abi::{BWD_DQ_STAGE_BYTES, BWD_DQ_STAGE_TILES, BwdParams, bwd_stage_bytes, flags, mask_tile_bytes, modifiers};
 
 /// One pipeline stage: everything that belongs to one (query tile, query head).
 #[derive(Clone, Copy)]
@@ -223,7 +223,8 @@ fn warp_at(warp: u32, rows: usize) -> (u32, u32) {
     (warp % rows as u32, warp / rows as u32)
 }
 
-/// `DET` selects the deterministic variant (see the module doc), `WGMMA` the Hopper products
+/// `MODS` is the variant's score modifiers (`dmattn_abi::modifiers`), `DET` selects the
+/// deterministic variant (see the module doc), `WGMMA` the Hopper products
 /// (`wgmma` from shared memory; the elementwise work between them is the same). Const parameters (see
 /// `dmattn_abi::BwdTile`, which the entry points derive them from): head
 /// dim `D`, query tile `BM`, key tile `BN`, `STAGES`, `W` warps; `KT = D / 16` k-steps of QKᵀ
@@ -253,7 +254,7 @@ pub unsafe fn backward<
     const DQT: usize,
     const DQ: usize,
     const NK: usize,
-    const MODS: bool,
+    const MODS: u8,
     const DET: bool,
     const WGMMA: bool,
 >(
@@ -273,7 +274,7 @@ pub unsafe fn backward<
     let f = &p.fwd;
     let threads = 32 * W as u32;
     let sm = Smem::new(D, BM, BN, STAGES);
-    let mods = Mods::of::<MODS>(f);
+    let mods = Mods::of(f, MODS);
     let kb = KeyBlock::new(p, BN as u32, false);
     let m_tiles = f.seqlen_q.div_ceil(BM as u32);
     if let Some((lock, turn)) = dbias_turn::<BN, DET>(&kb, &mods) {
@@ -317,7 +318,7 @@ pub unsafe fn backward<
             let p: &BwdParams = unsafe { smem_ref(opaque(smem_base() + params_at)) };
             let f = &p.fwd;
             let kb = KeyBlock::new(p, BN as u32, true);
-            let mods = Mods::of::<MODS>(f);
+            let mods = Mods::of(f, MODS);
             let (group, m_tiles) = (f.kv_group, f.seqlen_q.div_ceil(BM as u32));
             let (warp, lane) = (tid / 32, tid % 32);
             let (g, t) = (lane / 4, lane % 4);
@@ -364,7 +365,7 @@ pub unsafe fn backward<
             // wgmma: dP is issued right behind S and computes while P is formed, and P stays in
             // registers for dS (one chunk: S and P are live together) where registers allow: not
             // beside d128's modifiers and the dbias group sum.
-            let keep_p = WGMMA && !(MODS && D > 64);
+            let keep_p = WGMMA && !(MODS == modifiers::ALL && D > 64);
             let mut dp_issued = [[[0f32; 4]; NC]; MS];
             let mut p_kept = [[[0f32; 4]; NC]; MS];
             for c in 0..(NS / NC) as u32 {
@@ -566,7 +567,7 @@ pub unsafe fn backward<
     // they must land before the tiles are overwritten, or they overwrite the zero dK/dV.
     let tid = opaque(tid);
     let kb = KeyBlock::new(p, BN as u32, true);
-    if let Some((lock, turn)) = dbias_turn::<BN, DET>(&kb, &Mods::of::<MODS>(f)) {
+    if let Some((lock, turn)) = dbias_turn::<BN, DET>(&kb, &Mods::of(f, MODS)) {
         unsafe { pass_turn(lock, turn + 1, tid) };
     }
     let lane = tid % 32;

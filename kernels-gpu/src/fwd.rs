@@ -9,7 +9,7 @@ use crate::mask::{MapRows, Tile, TileCursor, TileLine};
 use crate::scores::{Mods, WarpScores};
 use crate::softmax::OnlineSoftmax;
 use crate::tile::{Fragments, SmemTile, load_mask_bits_async};
-use dmattn_abi::{FwdParams, POSITION_BYTES, flags, mask_tile_bytes};
+use dmattn_abi::{FwdParams, POSITION_BYTES, flags, mask_tile_bytes, modifiers};
 
 /// The shared-memory tiles of one CTA: Q, K, V (`D` columns), the bias tile and the packed mask
 /// tile of the current key block, and the online softmax's state. The packed tile is row-major,
@@ -83,7 +83,8 @@ fn next_tile<const MODS: bool>(cursor: &mut TileCursor, n: u32, lane: u32, line:
 /// Const parameters: head dim `D`, tile `BM x BN`, `THREADS` per CTA, and the per-warp fragment
 /// counts derived from them (`MT = BM / (16 * warps)` row tiles, `NT = BN / 8` key n-tiles,
 /// `KT = D / 16` k-steps, `DT = D / 8` output n-tiles), spelled out because arrays cannot be
-/// sized by const-generic arithmetic. `MODS` selects the variant (see [`Mods`]).
+/// sized by const-generic arithmetic. `MODS` selects the variant with every modifier and split-KV
+/// (`modifiers::ALL`; see [`Mods`]) over the lean one (`NONE`).
 #[inline(always)]
 pub unsafe fn forward<
     E: Elem,
@@ -105,7 +106,7 @@ pub unsafe fn forward<
     }
     let threads = THREADS as u32;
     let sm = Smem::new(D, BM, BN);
-    let mods = Mods::of::<MODS>(p);
+    let mods = Mods::of(p, if MODS { modifiers::ALL } else { modifiers::NONE });
 
     let mut o = [[[0f32; 4]; DT]; MT];
     OnlineSoftmax::<MT>::at(sm.softmax, thread_idx(), threads).reset();

@@ -28,7 +28,7 @@ mod tile;
 
 use dmattn_abi::{
     BwdParams, BwdPreParams, BwdTile, CombineParams, ConvertParams, FwdParams, FwdTile, FwdOrderParams, FwdVariants, MaskPackParams,
-    SoftmaxRowsParams, bwd_tile, fwd_variants,
+    SoftmaxRowsParams, bwd_tile, fwd_variants, modifiers,
 };
 use elem::{Bf16, F16};
 
@@ -112,15 +112,15 @@ fwd_kernels! {
 }
 
 /// Backward entry points per (element type, head dim): `dmattn_bwd_<elem>_d<dim>[_mods][_det]`
-/// (score modifiers; deterministic accumulation), and the per-type delta and conversion passes.
+/// (score modifiers; deterministic accumulation).
 macro_rules! bwd_kernels {
     ($($elem:ty, $d:literal: $plain:ident, $mods:ident, $plain_det:ident, $mods_det:ident;)*) => {$(
-        bwd_kernels!(@one $plain, $elem, $d, false, false, false);
-        bwd_kernels!(@one $mods, $elem, $d, true, false, false);
-        bwd_kernels!(@one $plain_det, $elem, $d, false, true, false);
-        bwd_kernels!(@one $mods_det, $elem, $d, true, true, false);
+        bwd_kernels!(@one $plain, $elem, $d, modifiers::NONE, false, false);
+        bwd_kernels!(@one $mods, $elem, $d, modifiers::ALL, false, false);
+        bwd_kernels!(@one $plain_det, $elem, $d, modifiers::NONE, true, false);
+        bwd_kernels!(@one $mods_det, $elem, $d, modifiers::ALL, true, false);
     )*};
-    (@one $name:ident, $elem:ty, $d:literal, $with_mods:literal, $det:literal, $wgmma:literal) => {
+    (@one $name:ident, $elem:ty, $d:literal, $modifiers:expr, $det:literal, $wgmma:literal) => {
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: BwdParams) {
             const T: BwdTile = match bwd_tile($d, $det, $wgmma) { Some(t) => t, None => panic!() };
@@ -131,7 +131,7 @@ macro_rules! bwd_kernels {
                     { T.sdp_rows as usize }, { T.sdp_m_tiles() as usize }, { T.sdp_n_tiles() as usize }, { T.sdp_chunk_tiles() as usize },
                     { T.kv_keys as usize }, { T.kv_m_tiles() as usize }, { T.kv_d_tiles() as usize }, { T.block_m as usize / 16 },
                     { T.dq_rows as usize }, { T.dq_m_tiles() as usize }, { T.dq_d_tiles() as usize }, { T.dq_pass_tiles() as usize },
-                    { T.block_n as usize / 16 }, $with_mods, $det, $wgmma>(&p, T.params_offset())
+                    { T.block_n as usize / 16 }, { $modifiers }, $det, $wgmma>(&p, T.params_offset())
             }
         }
     };
@@ -154,20 +154,25 @@ bwd_kernels! {
 }
 
 /// The Hopper backward (the sm_90a module holds these and nothing else):
-/// `dmattn_bwd_sm90_<elem>_d<dim>[_mods]` (`dmattn_abi::names::BWD_WGMMA_PREFIX`).
+/// `dmattn_bwd_sm90_<elem>_d<dim>[_mask|_bias|_mods]` (`dmattn_abi::names::BWD_WGMMA_PREFIX`),
+/// with the lean modifier variants (`modifiers::MASK`, `BIAS`): without the softcap's code (and
+/// the bias's), a mask whose tiles are full costs nothing over no mask, and a bias's scores
+/// skip the softcap's derivative.
 macro_rules! bwd_wgmma_kernels {
-    ($($elem:ty, $d:literal: $plain:ident, $mods:ident;)*) => {$(
-        bwd_kernels!(@one $plain, $elem, $d, false, false, true);
-        bwd_kernels!(@one $mods, $elem, $d, true, false, true);
+    ($($elem:ty, $d:literal: $plain:ident, $mask:ident, $bias:ident, $mods:ident;)*) => {$(
+        bwd_kernels!(@one $plain, $elem, $d, modifiers::NONE, false, true);
+        bwd_kernels!(@one $mask, $elem, $d, modifiers::MASK, false, true);
+        bwd_kernels!(@one $bias, $elem, $d, modifiers::BIAS, false, true);
+        bwd_kernels!(@one $mods, $elem, $d, modifiers::ALL, false, true);
     )*};
 }
 
 #[cfg(target_feature = "sm_90a")]
 bwd_wgmma_kernels! {
-    Bf16, 64: dmattn_bwd_sm90_bf16_d64, dmattn_bwd_sm90_bf16_d64_mods;
-    Bf16, 128: dmattn_bwd_sm90_bf16_d128, dmattn_bwd_sm90_bf16_d128_mods;
-    F16, 64: dmattn_bwd_sm90_f16_d64, dmattn_bwd_sm90_f16_d64_mods;
-    F16, 128: dmattn_bwd_sm90_f16_d128, dmattn_bwd_sm90_f16_d128_mods;
+    Bf16, 64: dmattn_bwd_sm90_bf16_d64, dmattn_bwd_sm90_bf16_d64_mask, dmattn_bwd_sm90_bf16_d64_bias, dmattn_bwd_sm90_bf16_d64_mods;
+    Bf16, 128: dmattn_bwd_sm90_bf16_d128, dmattn_bwd_sm90_bf16_d128_mask, dmattn_bwd_sm90_bf16_d128_bias, dmattn_bwd_sm90_bf16_d128_mods;
+    F16, 64: dmattn_bwd_sm90_f16_d64, dmattn_bwd_sm90_f16_d64_mask, dmattn_bwd_sm90_f16_d64_bias, dmattn_bwd_sm90_f16_d64_mods;
+    F16, 128: dmattn_bwd_sm90_f16_d128, dmattn_bwd_sm90_f16_d128_mask, dmattn_bwd_sm90_f16_d128_bias, dmattn_bwd_sm90_f16_d128_mods;
 }
 
 /// Per element type: the backward's delta and conversion passes, the split-KV combine, and the

@@ -5,7 +5,7 @@ use crate::arch::{exp2, ld_shared_u16, ld_shared_u32, rcp};
 use crate::elem::Elem;
 use crate::mask::TileBounds;
 use crate::tile::SmemTile;
-use dmattn_abi::FwdParams;
+use dmattn_abi::{FwdParams, modifiers};
 
 pub const LOG2E: f32 = core::f32::consts::LOG2_E;
 
@@ -16,9 +16,8 @@ pub fn tanh(x: f32) -> f32 {
     1.0 - 2.0 * rcp(exp2(2.0 * LOG2E * x) + 1.0)
 }
 
-/// The score modifiers a launch uses. Kernels are instantiated twice: with `MODS = false` every
-/// modifier is compiled out (the lean variant for plain and causal attention, which needs fewer
-/// registers), with `MODS = true` they are read from the parameters.
+/// The score modifiers a launch uses, those its variant (`dmattn_abi::modifiers`) compiles out
+/// reading as absent: the lean variants need fewer registers and less code.
 #[derive(Clone, Copy)]
 pub struct Mods {
     pub mask: bool,
@@ -28,12 +27,16 @@ pub struct Mods {
 }
 
 impl Mods {
+    /// `variant` is a constant at every call site, so its tests fold away; a `BIAS` variant
+    /// runs only with a bias (the host's choice), so it needs no test for one.
     #[inline(always)]
-    pub fn of<const MODS: bool>(p: &FwdParams) -> Self {
-        if MODS {
-            Mods { mask: p.mask_bits.is_present(), bias: p.bias.is_present(), softcap: p.softcap, scale_log2: p.scale_log2 }
-        } else {
-            Mods { mask: false, bias: false, softcap: 0.0, scale_log2: p.scale_log2 }
+    pub fn of(p: &FwdParams, variant: u8) -> Self {
+        let all = variant == modifiers::ALL;
+        Mods {
+            mask: variant != modifiers::NONE && p.mask_bits.is_present(),
+            bias: variant == modifiers::BIAS || (all && p.bias.is_present()),
+            softcap: if all { p.softcap } else { 0.0 },
+            scale_log2: p.scale_log2,
         }
     }
 

@@ -16,7 +16,7 @@ use crate::tensor::Tensor;
 use cudarc::driver::CudaSlice;
 use dmattn_abi::{
     BLOCK_MAP_K, BLOCK_MAP_Q, BwdParams, BwdPreParams, CombineParams, ConvertParams, DeviceElem, FWD_ORDER_SMEM_BYTES, FWD_ORDER_WARPS, FwdOrderParams,
-    FwdParams, MaskPackParams, PRE_THREADS, QueryRows, View4, bwd_tile, flags, fwd_variants,
+    FwdParams, MaskPackParams, PRE_THREADS, QueryRows, View4, bwd_tile, flags, fwd_variants, modifiers,
 };
 use launch::{Launch, launch};
 use std::sync::Arc;
@@ -135,13 +135,18 @@ fn check_limits(d: &Dims, block_m: u32) -> Result<()> {
     limit("q", d.batch, 65535)
 }
 
-/// Whether a call needs the kernels with score modifiers (mask, bias or softcap).
-fn has_mods(p: &Problem) -> bool {
-    p.mask.is_some() || p.bias.is_some() || p.softcap > 0.0
+/// The leanest kernel variant (`dmattn_abi::modifiers`) with the score modifiers a call uses.
+fn modifiers_of(p: &Problem) -> u8 {
+    match (p.mask.is_some(), p.bias.is_some(), p.softcap > 0.0) {
+        (_, _, true) => modifiers::ALL,
+        (_, true, false) => modifiers::BIAS,
+        (true, false, false) => modifiers::MASK,
+        (false, false, false) => modifiers::NONE,
+    }
 }
 
-fn kernel_name(prefix: &str, elem: DeviceElem, head_dim: usize, mods: bool) -> String {
-    format!("{prefix}{}_d{head_dim}{}", elem.name(), if mods { "_mods" } else { "" })
+fn kernel_name(prefix: &str, elem: DeviceElem, head_dim: usize, modifiers: u8) -> String {
+    format!("{prefix}{}_d{head_dim}{}", elem.name(), modifiers::suffix(modifiers))
 }
 
 fn unsupported_head_dim(head_dim: usize) -> Error {
@@ -223,7 +228,8 @@ pub(crate) fn forward(dev: &CudaDevice, p: Problem, mut saved: Saved) -> Result<
     let variants = fwd_variants(d.head_dim as u32).ok_or_else(|| unsupported_head_dim(d.head_dim))?;
     // Split-KV runs in the modifier variant only (see `key_splits`).
     let (splits, split_tiles) = key_splits(dev, &d, variants.mods.block_m, variants.mods.block_n);
-    let (tile, mods) = match (has_mods(&p) || splits > 1, variants.plain) {
+    // The forward's variants: lean, or every modifier.
+    let (tile, mods) = match (modifiers_of(&p) != modifiers::NONE || splits > 1, variants.plain) {
         (false, Some(plain)) => (plain, false),
         _ => (variants.mods, true),
     };
@@ -232,7 +238,7 @@ pub(crate) fn forward(dev: &CudaDevice, p: Problem, mut saved: Saved) -> Result<
     let out = Tensor::empty(saved.q.shape(), p.dtype, &device)?;
     let lse = Tensor::empty(&lse_shape(&p), DType::F32, &device)?;
     let prepared = saved.mask.as_ref().map(|m| prepare_mask(dev, &p, m)).transpose()?;
-    let name = kernel_name(dmattn_abi::names::FWD_PREFIX, elem, d.head_dim, mods);
+    let name = kernel_name(dmattn_abi::names::FWD_PREFIX, elem, d.head_dim, if mods { modifiers::ALL } else { modifiers::NONE });
     let grid = (d.seqlen_q.div_ceil(tile.block_m as usize) as u32, d.heads as u32, d.batch as u32 * splits);
     let launch_fwd = |params| launch(dev, &Launch::kernel(&name, grid, tile.threads(), tile.smem_bytes()), params);
     if splits == 1 {
@@ -373,7 +379,12 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, determini
         kv_heads: d.kv_heads as u32,
     };
     let prefix = if tile.wgmma { dmattn_abi::names::BWD_WGMMA_PREFIX } else { dmattn_abi::names::BWD_PREFIX };
-    let mut name = kernel_name(prefix, elem, d.head_dim, has_mods(p));
+    // Only the Hopper backward has the lean modifier variants.
+    let variant = match modifiers_of(p) {
+        modifiers::MASK | modifiers::BIAS if !tile.wgmma => modifiers::ALL,
+        v => v,
+    };
+    let mut name = kernel_name(prefix, elem, d.head_dim, variant);
     if deterministic {
         name += dmattn_abi::names::DETERMINISTIC_SUFFIX;
     }
