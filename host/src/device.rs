@@ -116,8 +116,7 @@ impl CudaDevice {
         keep_freed_memory(&ctx)?;
         let stream = ctx.default_stream();
         let load = |deflated: &[u8]| -> Result<(Arc<CudaModule>, Vec<String>)> {
-            let ptx = String::from_utf8(miniz_oxide::inflate::decompress_to_vec(deflated).expect("build.rs deflated valid PTX"))
-                .expect("PTX is ASCII");
+            let ptx = ptx_text(deflated);
             let kernels = entry_names(&ptx);
             Ok((ctx.load_module(Ptx::from_src(ptx))?, kernels))
         };
@@ -254,6 +253,16 @@ fn keep_freed_memory(ctx: &CudaContext) -> Result<()> {
         unsafe { mem_pool::set_attribute(pool, attr, (&mut threshold as *mut u64).cast())? };
     }
     Ok(())
+}
+
+fn ptx_text(deflated: &[u8]) -> String {
+    String::from_utf8(miniz_oxide::inflate::decompress_to_vec(deflated).expect("build.rs deflated valid PTX")).expect("PTX is ASCII")
+}
+
+/// The kernel names of the shipped module with the Hopper kernels (`hopper`) or the portable one.
+#[cfg(test)]
+pub(crate) fn shipped_kernels(hopper: bool) -> Vec<String> {
+    entry_names(&ptx_text(if hopper { PTX_SM90A_DEFLATED } else { PTX_SM80_DEFLATED }))
 }
 
 /// The kernel (entry) names a PTX module declares, in order.

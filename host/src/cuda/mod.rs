@@ -15,7 +15,7 @@ use crate::problem::{Dims, Problem};
 use crate::tensor::Tensor;
 use cudarc::driver::CudaSlice;
 use dmattn_abi::{
-    BLOCK_MAP_K, BLOCK_MAP_Q, BwdParams, BwdPreParams, CombineParams, ConvertParams, DeviceElem, FWD_ORDER_SMEM_BYTES, FWD_ORDER_WARPS, FwdOrderParams,
+    BLOCK_MAP_K, BLOCK_MAP_Q, BwdParams, BwdTile, BwdPreParams, CombineParams, ConvertParams, DeviceElem, FWD_ORDER_SMEM_BYTES, FWD_ORDER_WARPS, FwdOrderParams,
     FwdParams, MaskPackParams, PRE_THREADS, QueryRows, View4, bwd_tile, flags, fwd_variants, modifiers,
 };
 use launch::{Launch, launch};
@@ -317,6 +317,19 @@ fn convert(dev: &CudaDevice, elem: DeviceElem, src: u64, dst: &Tensor, len: usiz
     launch(dev, &Launch::kernel(&name, (blocks, 1, 1), PRE_THREADS, 0), params)
 }
 
+/// The backward kernel of `tile` (the Hopper module's or the portable one's) for a call with
+/// `modifiers`: the leanest variant that module has.
+fn bwd_kernel_name(tile: &BwdTile, elem: DeviceElem, head_dim: usize, modifiers: u8, deterministic: bool) -> String {
+    let prefix = if tile.wgmma { dmattn_abi::names::BWD_WGMMA_PREFIX } else { dmattn_abi::names::BWD_PREFIX };
+    // Only the Hopper backward has the lean modifier variants.
+    let variant = match modifiers {
+        modifiers::MASK | modifiers::BIAS if !tile.wgmma => modifiers::ALL,
+        v => v,
+    };
+    let name = kernel_name(prefix, elem, head_dim, variant);
+    if deterministic { name + dmattn_abi::names::DETERMINISTIC_SUFFIX } else { name }
+}
+
 pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, deterministic: bool) -> Result<Gradients> {
     let (p, saved) = (&fwd.problem, &fwd.saved);
     let d = p.dims;
@@ -378,16 +391,7 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, determini
         bias_dims: p.bias.map_or([1; 4], |s| s.map(|x| x as u32)),
         kv_heads: d.kv_heads as u32,
     };
-    let prefix = if tile.wgmma { dmattn_abi::names::BWD_WGMMA_PREFIX } else { dmattn_abi::names::BWD_PREFIX };
-    // Only the Hopper backward has the lean modifier variants.
-    let variant = match modifiers_of(p) {
-        modifiers::MASK | modifiers::BIAS if !tile.wgmma => modifiers::ALL,
-        v => v,
-    };
-    let mut name = kernel_name(prefix, elem, d.head_dim, variant);
-    if deterministic {
-        name += dmattn_abi::names::DETERMINISTIC_SUFFIX;
-    }
+    let name = bwd_kernel_name(&tile, elem, d.head_dim, modifiers_of(p), deterministic);
     let grid = (n_blocks as u32, d.kv_heads as u32, d.batch as u32);
     // In deterministic mode CTAs wait on CTAs of lower block index, which the hardware
     // schedules first, so any grid size is safe.
@@ -404,4 +408,26 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, determini
         None => None,
     };
     Ok(Gradients { dq, dk, dv, dbias })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every backward kernel the host can ask for is in the module it loads it from: each head
+    /// dim, element type and mode, with and without the Hopper module, for every modifier set.
+    #[test]
+    fn every_backward_call_names_a_shipped_kernel() {
+        let shipped = [crate::device::shipped_kernels(false), crate::device::shipped_kernels(true)];
+        for head_dim in [32, 64, 96, 128, 192, 256] {
+            let modes = |e| [(e, false, false), (e, true, false), (e, false, true), (e, true, true)];
+            for (elem, deterministic, hopper) in [DeviceElem::Bf16, DeviceElem::F16].into_iter().flat_map(modes) {
+                let tile = bwd_tile(head_dim as u32, deterministic, hopper).unwrap();
+                for m in [modifiers::NONE, modifiers::MASK, modifiers::BIAS, modifiers::ALL] {
+                    let name = bwd_kernel_name(&tile, elem, head_dim, m, deterministic);
+                    assert!(shipped[tile.wgmma as usize].contains(&name), "{name} is not in the module the host loads it from");
+                }
+            }
+        }
+    }
 }
