@@ -237,6 +237,9 @@ pub struct BwdTile {
     /// Hopper variant (sm_90a module): each product is a warpgroup `wgmma` reading its operands
     /// from shared memory, so the warp grids are the warpgroups' (4 warps of 16 rows each).
     pub wgmma: bool,
+    /// The stages hold a bias tile: every tile but those that serve only calls without a bias
+    /// (`modifiers::NONE`, `MASK`), whose shared memory goes to a taller query tile instead.
+    pub bias: bool,
 }
 
 impl BwdTile {
@@ -279,7 +282,11 @@ impl BwdTile {
         }
     }
     pub const fn stage_bytes(&self) -> u32 {
-        bwd_stage_bytes(self.block_m, self.block_n, self.head_dim)
+        bwd_stage_bytes(self.block_m, self.block_n, self.head_dim, self.bias)
+    }
+    /// Whether the tile serves a call with the score modifiers `modifiers`.
+    pub const fn serves(&self, modifiers: u8) -> bool {
+        self.bias || modifiers == modifiers::NONE || modifiers == modifiers::MASK
     }
     /// K, V, then P and dS, then the stages, then each warp's dQ staging slice (not in the wgmma
     /// variant), then the kernel's copy of its parameters.
@@ -303,12 +310,12 @@ pub const BWD_PARAMS_BYTES: u32 = core::mem::size_of::<BwdParams>().next_multipl
 pub const BWD_DQ_STAGE_TILES: u32 = 2;
 pub const BWD_DQ_STAGE_BYTES: u32 = BWD_DQ_STAGE_TILES * 16 * 8 * 4;
 
-/// Bytes of one backward pipeline stage: Q, dO, bias, packed mask, lse and delta of one query
-/// tile (the kernel lays the stage out in this order), rounded up so that every stage's tiles
-/// start on the 1024-byte boundaries wgmma's swizzle atoms need.
-pub const fn bwd_stage_bytes(block_m: u32, block_n: u32, head_dim: u32) -> u32 {
+/// Bytes of one backward pipeline stage: Q, dO, bias (where `bias`), packed mask, lse and delta
+/// of one query tile (the kernel lays the stage out in this order), rounded up so that every
+/// stage's tiles start on the 1024-byte boundaries wgmma's swizzle atoms need.
+pub const fn bwd_stage_bytes(block_m: u32, block_n: u32, head_dim: u32, bias: bool) -> u32 {
     let (m, n, d) = (block_m, block_n, head_dim);
-    (2 * m * d * 2 + m * n * 2 + mask_tile_bytes(m, n) + 2 * m * 4).next_multiple_of(1024)
+    (2 * m * d * 2 + bias as u32 * m * n * 2 + mask_tile_bytes(m, n) + 2 * m * 4).next_multiple_of(1024)
 }
 
 /// Bytes of a packed mask tile in shared memory: one bit per score (forward and backward).
@@ -343,36 +350,39 @@ pub const BWD_DET_TILES: [BwdTile; 6] = [
 
 /// The Hopper (sm_90a, `wgmma`) tiles, for the default (atomic) mode: two warpgroups. S and dP
 /// are 64 rows x 64 keys per warpgroup, dK and dV 64 keys x d, dQ 64 rows x d/2; a warp's share
-/// is the 16 rows of the warpgroup's product it holds.
-pub const BWD_WGMMA_TILES: [BwdTile; 2] = [bwd_wgmma(64), bwd_wgmma(128)];
+/// is the 16 rows of the warpgroup's product it holds. At d64 calls without a bias take a
+/// 128-row tile (each warpgroup S and dP for 64 rows x 128 keys, dQ for 64 rows x d): twice the
+/// products per step for the step's fixed work; its stages have no room for a bias tile.
+pub const BWD_WGMMA_TILES: [BwdTile; 3] =
+    [BwdTile { block_m: 128, sdp_rows: 8, dq_rows: 8, bias: false, ..bwd_wgmma(64) }, bwd_wgmma(64), bwd_wgmma(128)];
 
 /// A tile: `sdp` is (warps along the rows of S and dP, chunks each warp computes its share in).
 const fn bwd(head_dim: u32, block_n: u32, stages: u32, sdp: (u32, u32), kv_keys: u32, dq_rows: u32) -> BwdTile {
-    BwdTile { head_dim, block_m: 64, block_n, stages, warps: 8, sdp_rows: sdp.0, sdp_chunks: sdp.1, kv_keys, dq_rows, wgmma: false }
+    BwdTile { head_dim, block_m: 64, block_n, stages, warps: 8, sdp_rows: sdp.0, sdp_chunks: sdp.1, kv_keys, dq_rows, wgmma: false, bias: true }
 }
 
 const fn bwd_wgmma(head_dim: u32) -> BwdTile {
     BwdTile { wgmma: true, ..bwd(head_dim, 128, 2, (4, 1), 8, 4) }
 }
 
-/// The backward tile for a head dim: the Hopper one where `wgmma` (the device runs the sm_90a
-/// module) and the table has one for the mode, else the `mma.sync` one of the deterministic
-/// variant or the default one.
-pub const fn bwd_tile(head_dim: u32, deterministic: bool, wgmma: bool) -> Option<BwdTile> {
+/// The backward tile for a head dim and a call's score modifiers (`modifiers`): the Hopper one
+/// where `wgmma` (the device runs the sm_90a module) and the table has one for the mode, else
+/// the `mma.sync` one of the deterministic variant or the default one.
+pub const fn bwd_tile(head_dim: u32, deterministic: bool, wgmma: bool, modifiers: u8) -> Option<BwdTile> {
     if wgmma
         && !deterministic
-        && let Some(t) = bwd_tile_in(&BWD_WGMMA_TILES, head_dim)
+        && let Some(t) = bwd_tile_in(&BWD_WGMMA_TILES, head_dim, modifiers)
     {
         return Some(t);
     }
-    bwd_tile_in(if deterministic { &BWD_DET_TILES } else { &BWD_TILES }, head_dim)
+    bwd_tile_in(if deterministic { &BWD_DET_TILES } else { &BWD_TILES }, head_dim, modifiers)
 }
 
-/// The tile of `tiles` for `head_dim`.
-const fn bwd_tile_in(tiles: &[BwdTile], head_dim: u32) -> Option<BwdTile> {
+/// The first tile of `tiles` for `head_dim` that serves `modifiers`.
+const fn bwd_tile_in(tiles: &[BwdTile], head_dim: u32, modifiers: u8) -> Option<BwdTile> {
     let mut i = 0;
     while i < tiles.len() {
-        if tiles[i].head_dim == head_dim {
+        if tiles[i].head_dim == head_dim && tiles[i].serves(modifiers) {
             return Some(tiles[i]);
         }
         i += 1;

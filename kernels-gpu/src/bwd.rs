@@ -43,34 +43,41 @@ struct Smem {
     ds: SmemTile,
     shape: (usize, usize, usize),
     stages: u32,
+    /// The stages hold a bias tile (`BwdTile::bias`).
+    bias: bool,
 }
 
 impl Smem {
     #[inline(always)]
-    fn new(d: usize, bm: usize, bn: usize, stages: usize) -> Self {
+    fn new(d: usize, bm: usize, bn: usize, stages: usize, bias: bool) -> Self {
         let k = SmemTile::new(smem_base(), bn, d * 2);
         let v = SmemTile::new(k.base + k.bytes(), bn, d * 2);
         let p = SmemTile::new(v.base + v.bytes(), bm, bn * 2);
         let ds = SmemTile::new(p.base + p.bytes(), bm, bn * 2);
-        Smem { k, v, p, ds, shape: (d, bm, bn), stages: stages as u32 }
+        Smem { k, v, p, ds, shape: (d, bm, bn), stages: stages as u32, bias }
+    }
+
+    #[inline(always)]
+    fn stage_bytes(&self) -> u32 {
+        let (d, bm, bn) = self.shape;
+        bwd_stage_bytes(bm as u32, bn as u32, d as u32, self.bias)
     }
 
     /// Warp `w`'s dQ staging slice, after the stages.
     #[inline(always)]
     fn dq_stage(&self, w: u32) -> u32 {
-        let (d, bm, bn) = self.shape;
-        self.ds.base + self.ds.bytes() + self.stages * bwd_stage_bytes(bm as u32, bn as u32, d as u32) + w * BWD_DQ_STAGE_BYTES
+        self.ds.base + self.ds.bytes() + self.stages * self.stage_bytes() + w * BWD_DQ_STAGE_BYTES
     }
 
     /// Pipeline stage `i` (computed, not indexed: a runtime index into an array of tiles would
-    /// put the array in local memory).
+    /// put the array in local memory). Without a bias tile, `bias` is empty (no variant that
+    /// runs on such a tile reads it).
     #[inline(always)]
     fn stage(&self, i: u32) -> Stage {
         let (d, bm, bn) = self.shape;
-        let bytes = bwd_stage_bytes(bm as u32, bn as u32, d as u32);
-        let q = SmemTile::new(self.ds.base + self.ds.bytes() + i * bytes, bm, d * 2);
+        let q = SmemTile::new(self.ds.base + self.ds.bytes() + i * self.stage_bytes(), bm, d * 2);
         let dout = SmemTile::new(q.base + q.bytes(), bm, d * 2);
-        let bias = SmemTile::new(dout.base + dout.bytes(), bm, bn * 2);
+        let bias = SmemTile::new(dout.base + dout.bytes(), if self.bias { bm } else { 0 }, bn * 2);
         let mask = bias.base + bias.bytes();
         let lse = mask + mask_tile_bytes(bm as u32, bn as u32);
         Stage { q, dout, bias, mask, lse, delta: lse + 4 * bm as u32 }
@@ -257,6 +264,7 @@ pub unsafe fn backward<
     const MODS: u8,
     const DET: bool,
     const WGMMA: bool,
+    const BIAS_TILE: bool,
 >(
     params: &BwdParams,
     params_at: u32,
@@ -266,14 +274,18 @@ pub unsafe fn backward<
         assert!(W % SR == 0 && MS * 16 * SR == BM && NS * 8 * (W / SR) == BN && NS % NC == 0 && NC % 2 == 0);
         assert!(W % KR == 0 && MKV * 16 * KR == BN && DKV * 8 * (W / KR) == D && DKV % 2 == 0);
         assert!(W % QR == 0 && MQ * 16 * QR == BM && DQT * 8 * (W / QR) == D && DQT % DQ == 0 && DQ % 2 == 0);
-        // wgmma: two warpgroups, each product's warp grid the warpgroups' (see `BwdTile`).
-        assert!(!WGMMA || (W == 8 && BM == 64 && SR == 4 && NC == NS && KR == 8 && QR == 4 && DQ == DQT && !DET));
+        // wgmma: two warpgroups, each product's warp grid the warpgroups' (see `BwdTile`): with
+        // 64 rows they split S, dP and dQ by keys and columns, with 128 rows by rows.
+        assert!(!WGMMA || (W == 8 && (BM == 64 && SR == 4 && QR == 4 || BM == 128 && SR == 8 && QR == 8)));
+        assert!(!WGMMA || (NC == NS && KR == 8 && DQ == DQT && !DET));
+        // A tile without a bias tile serves only variants without a bias.
+        assert!(BIAS_TILE || MODS == modifiers::NONE || MODS == modifiers::MASK);
     }
     let tid = thread_idx();
     let p = unsafe { params_in_smem(params, smem_base() + params_at, tid) };
     let f = &p.fwd;
     let threads = 32 * W as u32;
-    let sm = Smem::new(D, BM, BN, STAGES);
+    let sm = Smem::new(D, BM, BN, STAGES, BIAS_TILE);
     let mods = Mods::of(f, MODS);
     let kb = KeyBlock::new(p, BN as u32, false);
     let m_tiles = f.seqlen_q.div_ceil(BM as u32);
@@ -365,7 +377,7 @@ pub unsafe fn backward<
             // wgmma: dP is issued right behind S and computes while P is formed, and P stays in
             // registers for dS (one chunk: S and P are live together) where registers allow: not
             // in d128's softcap variant (`ALL`), beside the softcap's derivative and the dbias sum.
-            let keep_p = WGMMA && !(MODS == modifiers::ALL && D > 64);
+            let keep_p = WGMMA && NC <= 8 && !(MODS == modifiers::ALL && D > 64);
             let mut dp_issued = [[[0f32; 4]; NC]; MS];
             let mut p_kept = [[[0f32; 4]; NC]; MS];
             for c in 0..(NS / NC) as u32 {
@@ -375,9 +387,11 @@ pub unsafe fn backward<
                 let bounds = kb.vis.at_tile(row0, kb.col0).with_rows(rows_valid).shifted(r0 + g, 8 * nt0 + 2 * t);
                 warp_scores.init::<E, MS, NC>(&mut s, &mods, &bounds, check, mods.mask && !tile.full);
                 if WGMMA {
-                    // The warpgroup's 64 rows x keys from 8 nt0; this warp holds rows r0.
-                    wgmma_tiles::<E, NC, KT, 0, 0>(&mut s[0], |ks| st.q.wgmma_k_major(0, ks), |ks| sm.k.wgmma_k_major(8 * nt0, ks));
-                    wgmma_tiles::<E, NC, KT, 0, 0>(&mut dp_issued[0], |ks| st.dout.wgmma_k_major(0, ks), |ks| {
+                    // The warpgroup's 64 rows (from its first warp's) x keys from 8 nt0; this warp
+                    // holds rows r0.
+                    let wg_rows = r0 & !63;
+                    wgmma_tiles::<E, NC, KT, 0, 0>(&mut s[0], |ks| st.q.wgmma_k_major(wg_rows, ks), |ks| sm.k.wgmma_k_major(8 * nt0, ks));
+                    wgmma_tiles::<E, NC, KT, 0, 0>(&mut dp_issued[0], |ks| st.dout.wgmma_k_major(wg_rows, ks), |ks| {
                         sm.v.wgmma_k_major(8 * nt0, ks)
                     });
                     wgmma_wait::<1, NC>(&mut s[0]);
@@ -476,13 +490,14 @@ pub unsafe fn backward<
             // wgmma: dQ, dV and dK are issued at once and compute while dbias is added; dQ's
             // reductions then go out while dV and dK still compute.
             let (wq, wqd) = warp_at(warp, QR);
+            let q_row0 = 16 * MQ as u32 * wq;
             let mut dq_issued = [[[0f32; 4]; DQ]; MQ];
             if WGMMA {
                 // Aᵀ (M-major) from the P and dS tiles at the warpgroup's 64 keys, B (N-major) the
-                // whole dO and Q tiles; for dQ, the warpgroup's 64 rows x columns from chunk
-                // DQT wqd, K read N-major.
+                // whole dO and Q tiles; for dQ, the warpgroup's 64 rows (from its first warp's) x
+                // columns from chunk DQT wqd, K read N-major.
                 let keys = 8 * (warp / 4);
-                wgmma_tiles::<E, DQ, NK, 0, 1>(&mut dq_issued[0], |kk| sm.ds.wgmma_k_major(0, kk), |kk| {
+                wgmma_tiles::<E, DQ, NK, 0, 1>(&mut dq_issued[0], |kk| sm.ds.wgmma_k_major(q_row0 & !63, kk), |kk| {
                     sm.k.wgmma_mn_major(kk, DQT as u32 * wqd)
                 });
                 wgmma_tiles::<E, DKV, MK, 1, 1>(&mut dv[0], |kk| sm.p.wgmma_mn_major(kk, keys), |kk| st.dout.wgmma_mn_major(kk, 0));
@@ -515,7 +530,6 @@ pub unsafe fn backward<
             if DET {
                 unsafe { wait_turn(turn, kb.n_block, tid) };
             }
-            let q_row0 = 16 * MQ as u32 * wq;
             for pass in 0..(DQT / DQ) as u32 {
                 let c0 = DQT as u32 * wqd + pass * DQ as u32;
                 let mut dqt = [[[0f32; 4]; DQ]; MQ];

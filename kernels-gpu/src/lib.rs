@@ -123,7 +123,7 @@ macro_rules! bwd_kernels {
     (@one $name:ident, $elem:ty, $d:literal, $modifiers:expr, $det:literal, $wgmma:literal) => {
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: BwdParams) {
-            const T: BwdTile = match bwd_tile($d, $det, $wgmma) { Some(t) => t, None => panic!() };
+            const T: BwdTile = match bwd_tile($d, $det, $wgmma, $modifiers) { Some(t) => t, None => panic!() };
             const { assert!(T.wgmma == $wgmma) };
             unsafe {
                 bwd::backward::<$elem, $d, { T.block_m as usize }, { T.block_n as usize }, { T.stages as usize },
@@ -131,7 +131,7 @@ macro_rules! bwd_kernels {
                     { T.sdp_rows as usize }, { T.sdp_m_tiles() as usize }, { T.sdp_n_tiles() as usize }, { T.sdp_chunk_tiles() as usize },
                     { T.kv_keys as usize }, { T.kv_m_tiles() as usize }, { T.kv_d_tiles() as usize }, { T.block_m as usize / 16 },
                     { T.dq_rows as usize }, { T.dq_m_tiles() as usize }, { T.dq_d_tiles() as usize }, { T.dq_pass_tiles() as usize },
-                    { T.block_n as usize / 16 }, { $modifiers }, $det, $wgmma>(&p, T.params_offset())
+                    { T.block_n as usize / 16 }, { $modifiers }, $det, $wgmma, { T.bias }>(&p, T.params_offset())
             }
         }
     };

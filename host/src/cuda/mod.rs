@@ -334,7 +334,7 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, determini
     let (p, saved) = (&fwd.problem, &fwd.saved);
     let d = p.dims;
     let elem = check_operands(p, saved)?;
-    let tile = bwd_tile(d.head_dim as u32, deterministic, dev.has_wgmma()).ok_or_else(|| unsupported_head_dim(d.head_dim))?;
+    let tile = bwd_tile(d.head_dim as u32, deterministic, dev.has_wgmma(), modifiers_of(p)).ok_or_else(|| unsupported_head_dim(d.head_dim))?;
     check_limits(&d, tile.block_m)?;
     let device = saved.q.device();
     let dout_view = qkv_view(dout, "dout")?;
@@ -422,8 +422,8 @@ mod tests {
         for head_dim in [32, 64, 96, 128, 192, 256] {
             let modes = |e| [(e, false, false), (e, true, false), (e, false, true), (e, true, true)];
             for (elem, deterministic, hopper) in [DeviceElem::Bf16, DeviceElem::F16].into_iter().flat_map(modes) {
-                let tile = bwd_tile(head_dim as u32, deterministic, hopper).unwrap();
                 for m in [modifiers::NONE, modifiers::MASK, modifiers::BIAS, modifiers::ALL] {
+                    let tile = bwd_tile(head_dim as u32, deterministic, hopper, m).unwrap();
                     let name = bwd_kernel_name(&tile, elem, head_dim, m, deterministic);
                     assert!(shipped[tile.wgmma as usize].contains(&name), "{name} is not in the module the host loads it from");
                 }
