@@ -376,7 +376,8 @@ pub unsafe fn backward<
             let scores = |c: u32| WarpScores::new::<NC>(st.bias, st.mask, (BN / 8) as u32, r0, chunk_nt0(c), lane);
             // wgmma: dP is issued right behind S and computes while P is formed, and P stays in
             // registers for dS (one chunk: S and P are live together) where registers allow: not
-            // in d128's softcap variant (`ALL`), beside the softcap's derivative and the dbias sum.
+            // in d128's softcap variant (`ALL`), beside the softcap's derivative and the dbias sum,
+            // nor on the 128-row tile, whose S and dP already take 128.
             let keep_p = WGMMA && NC <= 8 && !(MODS == modifiers::ALL && D > 64);
             let mut dp_issued = [[[0f32; 4]; NC]; MS];
             let mut p_kept = [[[0f32; 4]; NC]; MS];
