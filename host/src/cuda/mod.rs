@@ -334,7 +334,8 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, determini
     let (p, saved) = (&fwd.problem, &fwd.saved);
     let d = p.dims;
     let elem = check_operands(p, saved)?;
-    let tile = bwd_tile(d.head_dim as u32, deterministic, dev.has_wgmma(), modifiers_of(p)).ok_or_else(|| unsupported_head_dim(d.head_dim))?;
+    let modifiers = modifiers_of(p);
+    let tile = bwd_tile(d.head_dim as u32, deterministic, dev.has_wgmma(), modifiers).ok_or_else(|| unsupported_head_dim(d.head_dim))?;
     check_limits(&d, tile.block_m)?;
     let device = saved.q.device();
     let dout_view = qkv_view(dout, "dout")?;
@@ -391,7 +392,7 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, determini
         bias_dims: p.bias.map_or([1; 4], |s| s.map(|x| x as u32)),
         kv_heads: d.kv_heads as u32,
     };
-    let name = bwd_kernel_name(&tile, elem, d.head_dim, modifiers_of(p), deterministic);
+    let name = bwd_kernel_name(&tile, elem, d.head_dim, modifiers, deterministic);
     let grid = (n_blocks as u32, d.kv_heads as u32, d.batch as u32);
     // In deterministic mode CTAs wait on CTAs of lower block index, which the hardware
     // schedules first, so any grid size is safe.
