@@ -70,30 +70,33 @@ pub struct FwdParams {
     pub order: u64,
 }
 
-/// Orders the forward's grid heaviest first (`FwdParams::order`): each warp counts the key
-/// tiles one CTA of the forward will visit into `work` (u32 per linear block index, x fastest);
-/// the CTA that takes the last ticket (`ticket`, a u32 that is 0 between launches and that this
-/// CTA resets) sorts them into `order`, a [`packed_position`] per CTA, by a counting sort over
-/// [`FWD_ORDER_BUCKETS`] work values (larger ones share the last bucket).
+/// Orders a masked grid heaviest first (`FwdParams::order`, which the backward's copy of the
+/// forward's parameters holds too): each warp counts the tiles one CTA will visit into `work`
+/// (u32 per linear block index, x fastest), the forward's key tiles or the backward's query
+/// tiles; the CTA that takes the last ticket (`ticket`, a u32 that is 0 between launches and
+/// that this CTA resets) sorts them into `order`, a [`packed_position`] per CTA, by a counting
+/// sort over [`ORDER_BUCKETS`] work values (larger ones share the last bucket).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct FwdOrderParams {
+pub struct OrderParams {
     pub fwd: FwdParams,
     pub work: u64,
     pub order: u64,
     pub ticket: u64,
+    /// The backward's [`BwdParams::kv_heads_first`].
+    pub kv_heads_first: u32,
 }
 
-/// Warps per CTA of the ordering pass (one forward CTA's count each).
-pub const FWD_ORDER_WARPS: u32 = 8;
-pub const FWD_ORDER_BUCKETS: u32 = 1024;
+/// Warps per CTA of the ordering pass (one counted CTA each).
+pub const ORDER_WARPS: u32 = 8;
+pub const ORDER_BUCKETS: u32 = 1024;
 /// The ordering pass's shared memory: a counter per bucket and a total per warp.
-pub const FWD_ORDER_SMEM_BYTES: u32 = 4 * (FWD_ORDER_BUCKETS + FWD_ORDER_WARPS);
+pub const ORDER_SMEM_BYTES: u32 = 4 * (ORDER_BUCKETS + ORDER_WARPS);
 
-/// Shared memory a forward CTA keeps its grid position in (a [`packed_position`]).
+/// Shared memory a CTA keeps its grid position in (a [`packed_position`]).
 pub const POSITION_BYTES: u32 = 8;
 
-/// A grid position as the forward's work order holds it: block x in the low 32 bits, y (< 2^16)
+/// A grid position as a work order holds it: block x in the low 32 bits, y (< 2^16)
 /// and z (< 2^16) above, so a CTA unpacks it with shifts.
 pub const fn packed_position(x: u32, y: u32, z: u32) -> u64 {
     x as u64 | (y as u64) << 32 | (z as u64) << 48
@@ -118,7 +121,7 @@ pub struct CombineParams {
     pub rows: QueryRows,
 }
 
-/// The query rows a warp-per-row pass walks (`batch * heads * seqlen_q` of `head_dim`).
+/// The query rows a row pass walks (`batch * heads * seqlen_q` of `head_dim`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct QueryRows {
@@ -131,6 +134,13 @@ pub struct QueryRows {
 impl QueryRows {
     pub const fn count(&self) -> u32 {
         self.batch * self.heads * self.seqlen_q
+    }
+
+    /// Lanes per row: a lane holds 8 elements (16 bytes) of a row, and a warp takes
+    /// `32 / lanes()` consecutive rows (a power of two: a row's lanes form a shuffle group).
+    pub const fn lanes(&self) -> u32 {
+        let lanes = self.head_dim.div_ceil(8).next_power_of_two();
+        if lanes < 32 { lanes } else { 32 }
     }
 }
 
@@ -155,6 +165,9 @@ pub struct BwdParams {
     /// The bias's shape `[mb, mh, mq, mk]`.
     pub bias_dims: [u32; 4],
     pub kv_heads: u32,
+    /// Nonzero: the grid is `(kv_heads, key tiles, batch)`, not `(key tiles, kv_heads, batch)`
+    /// (where a work order is given, the positions it holds are in this grid).
+    pub kv_heads_first: u32,
 }
 
 /// rowsum(dO * O) per query row: the backward's preprocessing pass.
@@ -289,9 +302,9 @@ impl BwdTile {
         self.bias || modifiers == modifiers::NONE || modifiers == modifiers::MASK
     }
     /// K, V, then P and dS, then the stages, then each warp's dQ staging slice (not in the wgmma
-    /// variant), then the kernel's copy of its parameters.
+    /// variant), then the kernel's copy of its parameters and its grid position.
     pub const fn smem_bytes(&self) -> u32 {
-        self.params_offset() + BWD_PARAMS_BYTES
+        self.params_offset() + BWD_PARAMS_BYTES + POSITION_BYTES
     }
     pub const fn params_offset(&self) -> u32 {
         let (m, n, d) = (self.block_m, self.block_n, self.head_dim);
@@ -567,6 +580,13 @@ pub mod modifiers {
             _ => "_mods",
         }
     }
+
+    /// Whether a backward variant runs where `BwdParams::kv_heads_first` and a work order
+    /// (`FwdParams::order`) place it: the lean ones (`MASK`, `BIAS`). The others read their block
+    /// index (the kernels at the register limit have no room to hold a placed position).
+    pub const fn bwd_placed(variant: u8) -> bool {
+        variant == MASK || variant == BIAS
+    }
 }
 
 /// Exported kernel names, built by one rule on both sides: `dmattn_fwd_<elem>_d<head_dim>`, with
@@ -585,6 +605,8 @@ pub mod names {
     pub const FWD_PREFIX: &str = "dmattn_fwd_";
     /// `dmattn_fwd_order_d<dim>`: the work order of that head dim's modifier variant.
     pub const FWD_ORDER_PREFIX: &str = "dmattn_fwd_order_d";
+    /// `dmattn_bwd_order_n<block_n>`: the work order of a backward with that key tile.
+    pub const BWD_ORDER_PREFIX: &str = "dmattn_bwd_order_n";
     /// `dmattn_softmax_rows_<elem>`: the materialising path's row softmax.
     pub const SOFTMAX_ROWS_PREFIX: &str = "dmattn_softmax_rows_";
 }

@@ -27,6 +27,11 @@ pub fn grid_dim_x() -> u32 {
     unsafe { nvptx::_grid_dim_x() as u32 }
 }
 
+#[inline(always)]
+pub fn grid_dim_y() -> u32 {
+    unsafe { nvptx::_grid_dim_y() as u32 }
+}
+
 /// CTA-wide barrier (collective).
 #[inline(always)]
 pub fn sync_threads() {

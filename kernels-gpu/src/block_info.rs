@@ -7,7 +7,7 @@
 //! few integer multiply-adds per iteration.
 use crate::arch::{block_idx, div, grid_dim_x, ld_global_nc_u64, ld_shared_u32, opaque, st_shared_v2};
 use crate::mask::Visibility;
-use dmattn_abi::{FwdParams, flags, packed_position, unpacked_position};
+use dmattn_abi::{FwdParams, packed_position, unpacked_position};
 
 #[derive(Clone, Copy)]
 pub struct BlockInfo<'a> {
@@ -49,7 +49,7 @@ impl<'a> BlockInfo<'a> {
             m_block,
             row0,
             rows_valid: p.seqlen_q - row0,
-            vis: Visibility { seqlen_q: p.seqlen_q, seqlen_k: p.seqlen_k, causal: p.flags & flags::CAUSAL != 0 },
+            vis: Visibility::of(p),
         }
     }
 

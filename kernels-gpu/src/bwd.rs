@@ -22,7 +22,10 @@ use crate::elem::{Elem, wgmma_wait};
 use crate::mask::{MapCols, TileCursor, Visibility};
 use crate::scores::{LOG2E, Mods, WarpScores};
 use crate::tile::{Fragments, SmemTile, load_mask_bits_async};
-use dmattn_abi::{BWD_DQ_STAGE_BYTES, BWD_DQ_STAGE_TILES, BwdParams, bwd_stage_bytes, flags, mask_tile_bytes, modifiers};
+use dmattn_abi::{
+    BWD_DQ_STAGE_BYTES, BWD_DQ_STAGE_TILES, BWD_PARAMS_BYTES, BwdParams, FwdParams, bwd_stage_bytes, flags, mask_tile_bytes, modifiers,
+    packed_position, unpacked_position,
+};
 
 /// One pipeline stage: everything that belongs to one (query tile, query head).
 #[derive(Clone, Copy)]
@@ -98,21 +101,28 @@ struct KeyBlock<'a> {
 }
 
 impl<'a> KeyBlock<'a> {
+    /// The CTA's key block at grid position `(n_block, kv_head, batch)` (see [`position`]).
     #[inline(always)]
-    fn new(p: &'a BwdParams, block_n: u32, hide: bool) -> Self {
-        let (n_block, kv_head, batch) = block_idx();
-        let (n_block, kv_head, batch) = if hide { (opaque(n_block), opaque(kv_head), opaque(batch)) } else { (n_block, kv_head, batch) };
+    fn at(p: &'a BwdParams, block_n: u32, (n_block, kv_head, batch): (u32, u32, u32)) -> Self {
         let f = &p.fwd;
         let col0 = n_block * block_n;
-        KeyBlock {
-            p,
-            n_block,
-            kv_head,
-            batch,
-            col0,
-            keys_valid: f.seqlen_k - col0,
-            vis: Visibility { seqlen_q: f.seqlen_q, seqlen_k: f.seqlen_k, causal: f.flags & flags::CAUSAL != 0 },
-        }
+        KeyBlock { p, n_block, kv_head, batch, col0, keys_valid: f.seqlen_k - col0, vis: Visibility::of(f) }
+    }
+
+    /// [`Self::at`] the CTA's position again, from opaque sources so that LLVM holds nothing
+    /// derived from it across the main loop: where `placed`, the copy [`position`] stored at
+    /// shared address `slot`, else the block index.
+    #[inline(always)]
+    fn reread(p: &'a BwdParams, block_n: u32, placed: bool, slot: u32) -> Self {
+        let at = if placed {
+            let slot = opaque(slot);
+            let (lo, hi) = unsafe { (ld_shared_u32(slot), ld_shared_u32(slot + 4)) };
+            unpacked_position(lo as u64 | (hi as u64) << 32)
+        } else {
+            let (x, y, z) = block_idx();
+            (opaque(x), opaque(y), opaque(z))
+        };
+        Self::at(p, block_n, at)
     }
 
     /// Query head `hg` of the group.
@@ -198,6 +208,30 @@ unsafe fn load_stage<const D: usize, const BM: usize, const BN: usize>(
             + 8 * (kb.batch as u64 * mb.stride[0] + head * mb.stride[1] + row0 as u64 * mb.stride[2] + (kb.col0 / 64) as u64);
         unsafe { load_mask_bits_async(st.mask, src, mb.stride[2], BM, BN, rows, tid, threads) };
     }
+}
+
+/// This CTA's (key tile, kv head, batch). Where `placed` (`modifiers::bwd_placed`): where the
+/// work order sends it (`fwd.order`), else its block index, the grid's x and y swapped where
+/// `kv_heads_first`; then also stored at shared address `slot` for [`KeyBlock::reread`] (every
+/// thread stores the same value, so each may read its own back without a barrier). Elsewhere
+/// the block index: held across the main loop, a stored copy costs registers (ptxas reads the
+/// block index's special registers again at will) that the kernels at the limit do not have.
+#[inline(always)]
+fn position(p: &BwdParams, placed: bool, slot: u32) -> (u32, u32, u32) {
+    let (bx, by, bz) = block_idx();
+    if !placed {
+        return (bx, by, bz);
+    }
+    let (x, y, z) = if p.fwd.order != 0 {
+        let (gx, gy) = (grid_dim_x(), grid_dim_y());
+        unpacked_position(unsafe { ld_global_nc_u64(p.fwd.order + 8 * (bx + gx * (by + gy * bz)) as u64) })
+    } else {
+        (bx, by, bz)
+    };
+    let at = if p.kv_heads_first != 0 { (y, x, z) } else { (x, y, z) };
+    let packed = packed_position(at.0, at.1, at.2);
+    unsafe { st_shared_v2(slot, [packed as u32, (packed >> 32) as u32]) };
+    at
 }
 
 /// Deterministic mode, with a bias whose gradient elements CTAs of several batches, kv heads or
@@ -287,7 +321,9 @@ pub unsafe fn backward<
     let threads = 32 * W as u32;
     let sm = Smem::new(D, BM, BN, STAGES, BIAS_TILE);
     let mods = Mods::of(f, MODS);
-    let kb = KeyBlock::new(p, BN as u32, false);
+    let slot = smem_base() + params_at + BWD_PARAMS_BYTES;
+    let placed = modifiers::bwd_placed(MODS);
+    let kb = KeyBlock::at(p, BN as u32, position(p, placed, slot));
     let m_tiles = f.seqlen_q.div_ceil(BM as u32);
     if let Some((lock, turn)) = dbias_turn::<BN, DET>(&kb, &mods) {
         unsafe { wait_turn(lock, turn, tid) };
@@ -305,7 +341,7 @@ pub unsafe fn backward<
 
     // Steps are (query tile, head of the group), tiles in order; a deterministic run also visits
     // the tiles it skips, to pass their dQ turns on.
-    let map = MapCols::<BM, BN>::new(&f.block_map, block_map_plane(p, &kb), map_planes(p), kb.n_block, &kb.vis);
+    let map = MapCols::<BM, BN>::new(&f.block_map, block_map_plane(f, kb.batch, kb.kv_head), map_planes(f), kb.n_block, &kb.vis);
     let mut cursor = TileCursor::new();
     let m_begin = kb.vis.query_tile_begin(kb.col0, BM as u32);
     let mut next_tile = cursor.next(m_begin, tid % 32, &map);
@@ -324,12 +360,14 @@ pub unsafe fn backward<
     // over its consecutive steps, and added to the dbias accumulator once per tile (a quarter of
     // the reductions at a group of 4).
     let mut dbias_sum = [[[0f32; 4]; NC]; MS];
+    // Per step, the parameters come from an opaque address (see `params_in_smem`).
+    let params_now = || -> &BwdParams { unsafe { smem_ref(opaque(smem_base() + params_at)) } };
     while let Some(tile) = next_tile {
-        for hg in 0..f.kv_group {
+        for hg in 0..params_now().fwd.kv_group {
             let tid = opaque(tid);
-            let p: &BwdParams = unsafe { smem_ref(opaque(smem_base() + params_at)) };
+            let p = params_now();
             let f = &p.fwd;
-            let kb = KeyBlock::new(p, BN as u32, true);
+            let kb = KeyBlock::reread(p, BN as u32, placed, slot);
             let mods = Mods::of(f, MODS);
             let (group, m_tiles) = (f.kv_group, f.seqlen_q.div_ceil(BM as u32));
             let (warp, lane) = (tid / 32, tid % 32);
@@ -349,7 +387,7 @@ pub unsafe fn backward<
             let (next_m, next_h) = if hg + 1 < group {
                 (Some(m), hg + 1)
             } else {
-                let map = MapCols::<BM, BN>::new(&f.block_map, block_map_plane(p, &kb), map_planes(p), kb.n_block, &kb.vis);
+                let map = MapCols::<BM, BN>::new(&f.block_map, block_map_plane(f, kb.batch, kb.kv_head), map_planes(f), kb.n_block, &kb.vis);
                 next_tile = cursor.next(m + 1, lane, &map);
                 (next_tile.map(|t| t.n), 0)
             };
@@ -581,7 +619,7 @@ pub unsafe fn backward<
     // to coalesced stores. A CTA whose key tile no query sees never waited for its K/V copies:
     // they must land before the tiles are overwritten, or they overwrite the zero dK/dV.
     let tid = opaque(tid);
-    let kb = KeyBlock::new(p, BN as u32, true);
+    let kb = KeyBlock::reread(p, BN as u32, placed, slot);
     if let Some((lock, turn)) = dbias_turn::<BN, DET>(&kb, &Mods::of(f, MODS)) {
         unsafe { pass_turn(lock, turn + 1, tid) };
     }
@@ -798,19 +836,18 @@ unsafe fn add_dbias<E: Elem, const BM: usize, const BN: usize, const V2: bool>(
     }
 }
 
-/// The block-map plane of the group's first query head.
+/// The block-map plane of the first query head of `kv_head`'s group.
 #[inline(always)]
-fn block_map_plane(p: &BwdParams, kb: &KeyBlock) -> u64 {
-    let m = &p.fwd.block_map;
-    let head = div(kb.head(0), p.fwd.mask_head_div) as u64;
-    m.ptr + kb.batch as u64 * m.stride[0] + head * m.stride[1]
+pub(crate) fn block_map_plane(f: &FwdParams, batch: u32, kv_head: u32) -> u64 {
+    let m = &f.block_map;
+    let head = div(kv_head * f.kv_group, f.mask_head_div) as u64;
+    m.ptr + batch as u64 * m.stride[0] + head * m.stride[1]
 }
 
 /// Planes the group's heads read: one per query head when the mask has one per query head
 /// (consecutive, stride 1 head), else the group shares one.
 #[inline(always)]
-fn map_planes(p: &BwdParams) -> u32 {
-    let f = &p.fwd;
+pub(crate) fn map_planes(f: &FwdParams) -> u32 {
     if f.mask_head_div == 1 && f.block_map.stride[1] != 0 && f.kv_group > 1 { f.kv_group } else { 1 }
 }
 

@@ -4,16 +4,21 @@ use crate::arch::*;
 use crate::elem::Elem;
 use dmattn_abi::{BwdPreParams, ConvertParams, PRE_THREADS, QueryRows};
 
-/// Runs `f(row, lane)` for every row of `rows` with one warp per row, grid-stride; a lane owns
-/// 8 elements (16 bytes) of the row, so head dims up to 256 fit one warp.
+/// Runs `f(row, lane, live)` for every row of `rows` in `[b, sq, h]` order (consecutive rows are
+/// consecutive heads of one query: adjacent in q, o and dO), `rows.lanes()` lanes per row,
+/// grid-stride. All lanes of a warp call `f` together, so that it may shuffle within a row's
+/// lanes; on rows past the end `live` is false, and `f` must not touch their memory.
 #[inline(always)]
-pub fn for_each_row(rows: &QueryRows, mut f: impl FnMut(u32, u32)) {
+pub fn for_each_row(rows: &QueryRows, mut f: impl FnMut(u32, u32, bool)) {
     let (tid, (bx, _, _)) = (thread_idx(), block_idx());
+    let (lanes, lane) = (rows.lanes(), tid % 32);
+    let per_warp = 32 / lanes;
     let warps = PRE_THREADS / 32;
-    let mut row = bx * warps + tid / 32;
-    while row < rows.count() {
-        f(row, tid % 32);
-        row += grid_dim_x() * warps;
+    let mut first = (bx * warps + tid / 32) * per_warp;
+    while first < rows.count() {
+        let row = first + lane / lanes;
+        f(row, lane % lanes, row < rows.count());
+        first += grid_dim_x() * warps * per_warp;
     }
 }
 
@@ -21,12 +26,14 @@ pub fn for_each_row(rows: &QueryRows, mut f: impl FnMut(u32, u32)) {
 #[inline(always)]
 pub unsafe fn delta<E: Elem>(p: &BwdPreParams) {
     let r = &p.rows;
-    for_each_row(r, |row, lane| {
-        let (i, bh) = (row % r.seqlen_q, row / r.seqlen_q);
-        let (b, h) = ((bh / r.heads) as u64, (bh % r.heads) as u64);
+    for_each_row(r, |row, lane, live| {
+        let (h, bi) = (row % r.heads, row / r.heads);
+        let (i, b) = (bi % r.seqlen_q, bi / r.seqlen_q);
         let mut acc = 0.0f32;
-        if 8 * lane < r.head_dim {
-            let at = |t: &dmattn_abi::View4| t.ptr + 2 * (b * t.stride[0] + i as u64 * t.stride[1] + h * t.stride[2]) + 16 * lane as u64;
+        if live && 8 * lane < r.head_dim {
+            let at = |t: &dmattn_abi::View4| {
+                t.ptr + 2 * (b as u64 * t.stride[0] + i as u64 * t.stride[1] + h as u64 * t.stride[2]) + 16 * lane as u64
+            };
             let (o, d) = unsafe { (ld_global_nc_v4(at(&p.o)), ld_global_nc_v4(at(&p.dout))) };
             for j in 0..4 {
                 let (o0, o1) = E::unpack(o[j]);
@@ -34,9 +41,14 @@ pub unsafe fn delta<E: Elem>(p: &BwdPreParams) {
                 acc += o0 * d0 + o1 * d1;
             }
         }
-        let sum = warp_sum(acc);
-        if lane == 0 {
-            unsafe { *(p.delta as *mut f32).add(row as usize) = sum };
+        // Sum over the row's lanes (an aligned group: the butterfly stays inside it).
+        let mut m = r.lanes() / 2;
+        while m > 0 {
+            acc += shfl_xor(acc, m);
+            m /= 2;
+        }
+        if live && lane == 0 {
+            unsafe { *(p.delta as *mut f32).add(((b * r.heads + h) * r.seqlen_q + i) as usize) = acc };
         }
     });
 }

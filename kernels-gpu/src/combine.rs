@@ -7,14 +7,17 @@ use dmattn_abi::CombineParams;
 
 const LOG2E: f32 = core::f32::consts::LOG2_E;
 
-/// One warp per query row (see [`for_each_row`]), rows in the partial O's `[b, sq, h]` order.
+/// Each query row on a group of lanes (see [`for_each_row`]), rows in the partial O's `[b, sq, h]` order.
 #[inline(always)]
 pub unsafe fn combine<E: Elem>(p: &CombineParams) {
     let r = &p.rows;
     let lse_part = p.lse_part as *const f32;
     let split_lse = r.count() as usize;
     let split_o = 2 * r.count() as u64 * r.head_dim as u64;
-    for_each_row(r, |row, lane| {
+    for_each_row(r, |row, lane, live| {
+        if !live {
+            return;
+        }
         let (h, bi) = (row % r.heads, row / r.heads);
         let (i, b) = (bi % r.seqlen_q, bi / r.seqlen_q);
         let lse_at = ((b * r.heads + h) * r.seqlen_q + i) as usize;

@@ -27,7 +27,7 @@ mod softmax_rows;
 mod tile;
 
 use dmattn_abi::{
-    BwdParams, BwdPreParams, BwdTile, CombineParams, ConvertParams, FwdParams, FwdTile, FwdOrderParams, FwdVariants, MaskPackParams,
+    BwdParams, BwdPreParams, BwdTile, CombineParams, ConvertParams, FwdParams, FwdTile, OrderParams, FwdVariants, MaskPackParams,
     SoftmaxRowsParams, bwd_tile, fwd_variants, modifiers,
 };
 use elem::{Bf16, F16};
@@ -48,11 +48,28 @@ pub unsafe extern "ptx-kernel" fn dmattn_mask_pack(p: MaskPackParams) {
 macro_rules! fwd_order_kernels {
     ($($d:literal: $name:ident;)*) => {$(
         #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $name(p: FwdOrderParams) {
+        pub unsafe extern "ptx-kernel" fn $name(p: OrderParams) {
             const T: FwdTile = variants($d).mods;
             unsafe { schedule::fwd_order::<{ T.block_m as usize }, { T.block_n as usize }>(&p) }
         }
     )*};
+}
+
+/// The backward's work order for each key tile size: `dmattn_bwd_order_n<block_n>`
+/// (`dmattn_abi::names::BWD_ORDER_PREFIX`).
+macro_rules! bwd_order_kernels {
+    ($($n:literal: $name:ident;)*) => {$(
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: OrderParams) {
+            unsafe { schedule::bwd_order::<$n>(&p) }
+        }
+    )*};
+}
+
+#[cfg(not(target_feature = "sm_90a"))]
+bwd_order_kernels! {
+    64: dmattn_bwd_order_n64;
+    128: dmattn_bwd_order_n128;
 }
 
 #[cfg(not(target_feature = "sm_90a"))]

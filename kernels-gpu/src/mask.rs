@@ -2,7 +2,7 @@
 //! element-wise masking, and whether one score is visible. Forward, backward and the tile-skip
 //! decision all read it.
 use crate::arch::{ballot, ld_global_nc_u8};
-use dmattn_abi::{BLOCK_MAP_K, BLOCK_MAP_Q, View4, block_class};
+use dmattn_abi::{BLOCK_MAP_K, BLOCK_MAP_Q, FwdParams, View4, block_class, flags};
 
 /// The causal rule and sequence bounds of one (batch, head): key `j` is visible to query `i` iff
 /// `j < sk` and, when causal, `j <= i + sk - sq` (aligned to the bottom-right corner).
@@ -14,6 +14,12 @@ pub struct Visibility {
 }
 
 impl Visibility {
+    /// The problem's bounds and causal rule.
+    #[inline(always)]
+    pub fn of(p: &FwdParams) -> Self {
+        Visibility { seqlen_q: p.seqlen_q, seqlen_k: p.seqlen_k, causal: p.flags & flags::CAUSAL != 0 }
+    }
+
     #[inline(always)]
     fn offset(&self) -> i64 {
         self.seqlen_k as i64 - self.seqlen_q as i64

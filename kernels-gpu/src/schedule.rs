@@ -1,40 +1,77 @@
-//! Which CTA runs which query tile. Under a mask, query tiles visit very different numbers of
-//! key tiles; run in grid order, the last wave is whatever is left, and SMs idle while a few
-//! heavy tiles finish. This pass orders the forward's grid heaviest first (longest processing
-//! time first), so the light tiles fill the gaps at the end. The work count reads the block map
-//! through the same `MapRows` and limits the forward walks.
+//! Which CTA runs which tile. Under a mask, tiles visit very different numbers of tiles of the
+//! other side; run in grid order, the last wave is whatever is left, and SMs idle while a few
+//! heavy CTAs finish. This pass orders a grid heaviest first (longest processing time first),
+//! so the light CTAs fill the gaps at the end: the forward's (query tiles, each visiting key
+//! tiles) and the backward's (key tiles, each visiting query tiles). The counts read the block
+//! map through the same `MapRows` / `MapCols` and limits the kernels' walks do.
 use crate::arch::*;
 use crate::block_info::BlockInfo;
-use crate::mask::{MapRows, TileLine};
-use dmattn_abi::{FWD_ORDER_BUCKETS, FWD_ORDER_WARPS, FwdOrderParams, packed_position};
+use crate::bwd::{block_map_plane, map_planes};
+use crate::mask::{MapCols, MapRows, TileLine, Visibility};
+use dmattn_abi::{BLOCK_MAP_Q, ORDER_BUCKETS, ORDER_WARPS, OrderParams, packed_position};
 
-const THREADS: u32 = 32 * FWD_ORDER_WARPS;
+const THREADS: u32 = 32 * ORDER_WARPS;
 /// Buckets each thread owns in the sort's prefix sum (consecutive ones).
-const BUCKETS_PER_THREAD: u32 = FWD_ORDER_BUCKETS / THREADS;
+const BUCKETS_PER_THREAD: u32 = ORDER_BUCKETS / THREADS;
 
-/// The work order of a `BM x BN` forward (modifier variant, no splits). Each warp counts the key
-/// tiles of one forward CTA, its lanes classifying 32 tiles at a time; the CTA that finishes
-/// last sorts all the counts (one launch, not a count pass and a sort pass).
+/// The work order of a `BM x BN` forward (modifier variant, no splits): a CTA's work is the key
+/// tiles its query tile visits.
 #[inline(always)]
-pub unsafe fn fwd_order<const BM: usize, const BN: usize>(p: &FwdOrderParams) {
-    const { assert!(FWD_ORDER_BUCKETS % THREADS == 0) };
+pub unsafe fn fwd_order<const BM: usize, const BN: usize>(p: &OrderParams) {
     let f = &p.fwd;
+    let grid = [f.seqlen_q.div_ceil(BM as u32), f.heads, f.batch];
+    unsafe {
+        order(p, grid, |bx, head, batch, lane| {
+            let b = BlockInfo::at::<true>(f, BM as u32, grid[0], (bx, head, batch));
+            let map = MapRows::<BM, BN>::new(&f.block_map, b.block_map(), b.m_block, &b.vis);
+            let (begin, end) = b.key_tiles(map.end());
+            visited(&map, begin, end, lane)
+        })
+    }
+}
+
+/// The work order of a backward with `BN`-key tiles: a CTA's work is the query tiles its key
+/// tile visits, counted in block-map rows (the query tile only scales it).
+#[inline(always)]
+pub unsafe fn bwd_order<const BN: usize>(p: &OrderParams) {
+    let f = &p.fwd;
+    let (n_blocks, kv_heads) = (f.seqlen_k.div_ceil(BN as u32), f.heads / f.kv_group);
+    let kv_first = p.kv_heads_first != 0;
+    let grid = if kv_first { [kv_heads, n_blocks, f.batch] } else { [n_blocks, kv_heads, f.batch] };
+    unsafe {
+        order(p, grid, |x, y, batch, lane| {
+            let (n_block, kv_head) = if kv_first { (y, x) } else { (x, y) };
+            let vis = Visibility::of(f);
+            let map = MapCols::<{ BLOCK_MAP_Q as usize }, BN>::new(&f.block_map, block_map_plane(f, batch, kv_head), map_planes(f), n_block, &vis);
+            visited(&map, vis.query_tile_begin(n_block * BN as u32, BLOCK_MAP_Q), map.end(), lane)
+        })
+    }
+}
+
+/// The tiles of `line` from `begin` to `end` that are visited, counted by a warp 32 at a time.
+#[inline(always)]
+fn visited(line: &impl TileLine, begin: u32, end: u32, lane: u32) -> u32 {
+    let (mut n, mut tiles) = (begin, 0);
+    while n < end {
+        let t = n + lane;
+        tiles += ballot(t < end && line.classify(t).0).count_ones();
+        n += 32;
+    }
+    tiles
+}
+
+/// Each warp counts the work of one CTA of `grid` (`work(x, y, z, lane)`, warp-collective); the
+/// CTA that finishes last sorts all the counts (one launch, not a count pass and a sort pass).
+#[inline(always)]
+unsafe fn order(p: &OrderParams, grid: [u32; 3], work: impl Fn(u32, u32, u32, u32) -> u32) {
+    const { assert!(ORDER_BUCKETS % THREADS == 0) };
     let tid = thread_idx();
     let lane = tid % 32;
-    let grid = [f.seqlen_q.div_ceil(BM as u32), f.heads, f.batch];
     let items = grid[0] * grid[1] * grid[2];
-    let item = block_idx().0 * FWD_ORDER_WARPS + tid / 32;
+    let item = block_idx().0 * ORDER_WARPS + tid / 32;
     if item < items {
-        let (bx, rest) = (item % grid[0], item / grid[0]);
-        let b = BlockInfo::at::<true>(f, BM as u32, grid[0], (bx, rest % f.heads, rest / f.heads));
-        let map = MapRows::<BM, BN>::new(&f.block_map, b.block_map(), b.m_block, &b.vis);
-        let (mut n, end) = b.key_tiles(map.end());
-        let mut tiles = 0;
-        while n < end {
-            let t = n + lane;
-            tiles += ballot(t < end && map.classify(t).0).count_ones();
-            n += 32;
-        }
+        let (x, rest) = (item % grid[0], item / grid[0]);
+        let tiles = work(x, rest % grid[1], rest / grid[1], lane);
         if lane == 0 {
             unsafe { *(p.work as *mut u32).add(item as usize) = tiles };
             fence_acq_rel_gpu();
@@ -56,15 +93,15 @@ pub unsafe fn fwd_order<const BM: usize, const BN: usize>(p: &FwdOrderParams) {
 /// work keep roughly their grid order (neighbouring query tiles of a head share its K/V in L2),
 /// though not exactly: slots within a bucket go by atomics.
 #[inline(always)]
-unsafe fn sort(p: &FwdOrderParams, [gx, gy, gz]: [u32; 3], tid: u32) {
+unsafe fn sort(p: &OrderParams, [gx, gy, gz]: [u32; 3], tid: u32) {
     let items = gx * gy * gz;
     let counts = smem_base();
-    let warp_totals = counts + 4 * FWD_ORDER_BUCKETS;
+    let warp_totals = counts + 4 * ORDER_BUCKETS;
     let own = counts + 4 * BUCKETS_PER_THREAD * tid;
     let bucket = |i: u32| {
         // Other CTAs wrote the counts: a strong load, never a stale cached copy.
         let work = unsafe { ld_acquire_u32(p.work + 4 * i as u64) };
-        counts + 4 * (FWD_ORDER_BUCKETS - 1 - work.min(FWD_ORDER_BUCKETS - 1))
+        counts + 4 * (ORDER_BUCKETS - 1 - work.min(ORDER_BUCKETS - 1))
     };
     for r in 0..BUCKETS_PER_THREAD {
         unsafe { st_shared_u32(own + 4 * r, 0) };
