@@ -1,6 +1,7 @@
 //! The fused backward kernel against the f64 CPU reference: every gradient (dq, dk, dv, dbias
-//! under every bias broadcast shape), GQA/MQA, causal, softcap, masks with empty tiles and rows;
-//! and the deterministic mode's bit-identical runs. Skips, saying why, without a CUDA device.
+//! under every bias broadcast shape), GQA/MQA, causal, softcap, masks with empty tiles and rows,
+//! grids run in a work order; and the deterministic mode's bit-identical runs. Skips, saying
+//! why, without a CUDA device.
 use dmattn::DType;
 use dmattn_tests::*;
 
@@ -78,5 +79,33 @@ fn empty_key_tiles_write_zero_gradients() {
             ..Case::new(2, 1, sk, 4, 2, 64)
         };
         check_gpu_backward(&case, ForwardPath::Fused, &gpu, seed as u64, false).unwrap();
+    }
+}
+
+/// Grids of more CTAs than today's GPUs have SMs, under masks whose key tiles visit different
+/// numbers of query tiles: on Hopper the lean variants run their CTAs heaviest first, each taking
+/// its key tile, kv head and batch from the work order, and with a bias broadcast over heads the
+/// kv heads of a key tile side by side (a swapped grid). Every key tile must still be covered
+/// exactly once (dK and dV are poisoned before the kernel runs).
+#[test]
+fn placed_grids() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = fresh_rng("placed_grids");
+    // (dtype, d, sq, sk, heads, kv heads, mask dims, bias dims, causal): 144-272 CTAs each.
+    let cases = [
+        (DType::BF16, 64, 300, 2000, 16, 8, [2, 1, 300, 2000], Some([2, 1, 300, 2000]), false),
+        (DType::F16, 128, 256, 1500, 12, 6, [2, 12, 256, 1500], None, true),
+        (DType::BF16, 64, 200, 2100, 8, 8, [1, 1, 200, 2100], Some([1, 1, 200, 2100]), false),
+    ];
+    for &(dtype, d, sq, sk, h, hk, mask, bias, causal) in &cases {
+        let case = Case {
+            mask: Some(mask),
+            mask_pattern: MaskPattern::Blocks(0.5),
+            bias,
+            causal,
+            dtype,
+            ..Case::new(2, sq, sk, h, hk, d)
+        };
+        check_gpu_backward(&case, ForwardPath::Fused, &gpu, rand::Rng::random(&mut rng), false).unwrap();
     }
 }
