@@ -402,12 +402,11 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, determini
     // CTAs run in grid order, x fastest: one kv head's key tiles side by side, so that their dQ
     // additions to a query tile meet in L2 and they share its Q and dO. A placed variant may run
     // otherwise where there is more than one wave (a single wave has neither a tail to balance
-    // nor waves to keep apart; H100, d64 1K blocks + bias: 0.24 ms in grid order, 0.29 kv heads
-    // first) and `bwd_placement_pays`: heaviest first under a mask, and with a bias every kv
-    // head adds to (broadcast over heads) the kv heads of a key tile side by side, so that their
-    // dbias additions meet in L2 rather than each wave's going through DRAM to the whole f32
-    // accumulator (H100, d64 8K, 50 % blocks + bias: 7.7 GB of DRAM traffic, 0.8 GB without
-    // the bias).
+    // nor waves to keep apart) and `bwd_placement_pays`: heaviest first under a mask, and with a
+    // bias every kv head adds to (broadcast over heads) the kv heads of a key tile side by side,
+    // so that their dbias additions meet in L2 rather than each wave's going through DRAM to the
+    // whole f32 accumulator (H100, d64 8K, 50 % blocks + bias: 7.7 GB of DRAM traffic, 0.8 GB
+    // without the bias).
     let (ctas, sms) = ((n_blocks * d.kv_heads * d.batch) as u64, dev.0.sms as u64);
     let placed = !deterministic && modifiers::bwd_placed(bwd_variant(&tile, modifiers)) && ctas > sms && bwd_placement_pays(dev, &d);
     let kv_heads_first = placed && d.kv_heads > 1 && p.bias.is_some_and(|s| s[1] == 1);
