@@ -131,6 +131,14 @@ impl<'a> KeyBlock<'a> {
         self.kv_head * self.p.fwd.kv_group + hg
     }
 
+    /// The head of a mask or bias operand with head divisor `head_div` that query head `h` of
+    /// this CTA's group reads: `h / head_div` without the division (a dependent chain of ~25
+    /// instructions per use and step), as the host's divisors are 1 or the group size.
+    #[inline(always)]
+    fn operand_head(&self, h: u32, head_div: u32) -> u32 {
+        if head_div == 1 { h } else { self.kv_head }
+    }
+
     /// Byte address of key row `col0` of a `[b, sk, hk, d]` 16-bit operand.
     #[inline(always)]
     fn kv_row(&self, t: &dmattn_abi::View4) -> u64 {
@@ -157,7 +165,7 @@ impl<'a> KeyBlock<'a> {
         t.ptr
             + elem
                 * (self.batch as u64 * s[0]
-                    + div(h, head_div) as u64 * s[1]
+                    + self.operand_head(h, head_div) as u64 * s[1]
                     + row as u64 * s[2]
                     + (self.col0 + c) as u64 * s[3])
     }
@@ -203,7 +211,7 @@ unsafe fn load_stage<const D: usize, const BM: usize, const BN: usize>(
     }
     if mods.mask {
         let mb = &f.mask_bits;
-        let head = div(h, f.mask_head_div) as u64;
+        let head = kb.operand_head(h, f.mask_head_div) as u64;
         let src = mb.ptr
             + 8 * (kb.batch as u64 * mb.stride[0] + head * mb.stride[1] + row0 as u64 * mb.stride[2] + (kb.col0 / 64) as u64);
         unsafe { load_mask_bits_async(st.mask, src, mb.stride[2], BM, BN, rows, tid, threads) };
@@ -840,7 +848,7 @@ unsafe fn add_dbias<E: Elem, const BM: usize, const BN: usize, const V2: bool>(
 #[inline(always)]
 pub(crate) fn block_map_plane(f: &FwdParams, batch: u32, kv_head: u32) -> u64 {
     let m = &f.block_map;
-    let head = div(kv_head * f.kv_group, f.mask_head_div) as u64;
+    let head = if f.mask_head_div == 1 { kv_head * f.kv_group } else { kv_head } as u64;
     m.ptr + batch as u64 * m.stride[0] + head * m.stride[1]
 }
 
