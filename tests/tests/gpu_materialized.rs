@@ -36,8 +36,11 @@ fn any_head_dim_and_unaligned_rows() {
 /// A shape too large for the CPU reference: the fused and the materialising forward agree
 /// element by element (b 1, h 4, hk 2, d 128, sq = sk = 4096, block mask and bias, bf16). Both
 /// round P to bf16; the materialising path also rounds S, so a logit x moves by up to
-/// 2^-8 |x|: the bound on each O element is relative to the row's scale, that on LSE is 2^-8 of
-/// the largest |logit| plus the fused forward's LSE tolerance.
+/// 2^-8 |x| and each probability by that relatively. An O row is a convex combination of V
+/// rows, so its error is bounded relative to V's scale (its own size shrinks where the weights
+/// spread: a bound relative to the row's own rms failed on an H100 at 1.05 of it, 1.2e-2 on a
+/// row of rms 0.2); that on LSE is 2^-8 of the largest |logit| plus the fused forward's LSE
+/// tolerance.
 #[test]
 fn large_shape_matches_fused() {
     let Some(gpu) = gpu() else { return };
@@ -59,13 +62,15 @@ fn large_shape_matches_fused() {
         let (o, o_ref) = (mat.out.to_f64_vec().unwrap(), fused.out.to_f64_vec().unwrap());
         let (lse, lse_ref) = (mat.lse.to_f64_vec().unwrap(), fused.lse.to_f64_vec().unwrap());
         assert!(o.iter().all(|x| x.is_finite()), "non-finite output for {case:?}");
-        // Each (b, i, h) row of d values against its own size.
+        let v = inputs.v.to_f64_vec().unwrap();
+        let v_rms = (v.iter().map(|x| x * x).sum::<f64>() / v.len() as f64).sqrt();
+        let bound = 2.5e-2 * v_rms + 1e-3;
+        // Each (b, i, h) row of d values against V's scale.
         let mut worst = 0.0f64;
         for (r, (a, b)) in o.chunks(d).zip(o_ref.chunks(d)).enumerate() {
-            let rms = b.iter().map(|x| x * x).sum::<f64>().sqrt() / (d as f64).sqrt();
             let err = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
-            assert!(err <= 5e-2 * rms + 1e-3, "causal {causal}: out row {r}: max err {err:.3e}, row rms {rms:.3e}");
-            worst = worst.max(err / (5e-2 * rms + 1e-3));
+            assert!(err <= bound, "causal {causal}: out row {r}: max err {err:.3e}, bound {bound:.3e}");
+            worst = worst.max(err / bound);
         }
         let lse_err = max_abs_err_inf(&lse, &lse_ref);
         let err = rel_err(&o, &o_ref);
