@@ -111,7 +111,9 @@ impl<'a> KeyBlock<'a> {
 
     /// [`Self::at`] the CTA's position again, from opaque sources so that LLVM holds nothing
     /// derived from it across the main loop: where `placed`, the copy [`position`] stored at
-    /// shared address `slot`, else the block index.
+    /// shared address `slot`, else the block index. (The forward's `reread_position` does the
+    /// same; calling it here instead reordered the d96/d128 kernels' code into 4-20 bytes of
+    /// spills.)
     #[inline(always)]
     fn reread(p: &'a BwdParams, block_n: u32, placed: bool, slot: u32) -> Self {
         let at = if placed {
