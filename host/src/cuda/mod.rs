@@ -409,7 +409,8 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, determini
     // without the bias).
     let (ctas, sms) = ((n_blocks * d.kv_heads * d.batch) as u64, dev.0.sms as u64);
     let placed = !deterministic && modifiers::bwd_placed(bwd_variant(&tile, modifiers)) && ctas > sms && bwd_placement_pays(dev, &d);
-    let kv_heads_first = placed && d.kv_heads > 1 && p.bias.is_some_and(|s| s[1] == 1);
+    // Key tiles then count along grid y and in a packed position's y: both 16-bit.
+    let kv_heads_first = placed && d.kv_heads > 1 && p.bias.is_some_and(|s| s[1] == 1) && n_blocks <= u16::MAX as usize;
     let mut params = BwdParams {
         fwd: fwd_p,
         dout: dout_view,
