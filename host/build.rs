@@ -1,10 +1,16 @@
-//! Builds `kernels-gpu` to PTX (rustc's NVPTX backend, linked by `dmattn-ptx-builder`) and leaves
-//! it in `OUT_DIR`: as text (for `cargo xtask ptxas`) and deflated, which the library embeds (the
-//! text is ~8 MB, about a tenth of that deflated). Runs again only when the kernel or ABI sources change.
-use dmattn_ptx_builder::{PtxBuild, link_if_invoked};
+//! Chooses the PTX the library embeds. The modules committed in `ptx/` (zstd-compressed, with the
+//! digest of the kernel sources they were built from in `ptx/SOURCES`) serve every user: the
+//! packaged crate, which carries no kernel sources, and any checkout whose kernel sources match
+//! the digest. Where they do not match (a kernel developer's edit), or `DMATTN_PTX_FROM_SOURCE=1`,
+//! the kernels are built here with their pinned nightly (installed through rustup where missing)
+//! and embedded as text; `cargo xtask ptx` then updates `ptx/`.
+use dmattn_ptx_builder::{KernelSources, MODULES, link_if_invoked};
 use std::env;
 use std::path::PathBuf;
 use std::process::ExitCode;
+
+/// Set when the build embeds freshly built PTX text rather than the committed modules.
+const FROM_SOURCE_CFG: &str = "dmattn_kernels_from_source";
 
 fn main() -> ExitCode {
     // rustc calls this same executable back as the nvptx linker.
@@ -12,19 +18,29 @@ fn main() -> ExitCode {
         return code;
     }
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
+    println!("cargo::rustc-check-cfg=cfg({FROM_SOURCE_CFG})");
+    println!("cargo::rerun-if-changed=ptx");
+    println!("cargo::rerun-if-env-changed=DMATTN_PTX_FROM_SOURCE");
+    let Some(sources) = KernelSources::beside(&manifest) else {
+        return ExitCode::SUCCESS; // the packaged crate: the committed modules
+    };
+    for input in sources.inputs() {
+        println!("cargo::rerun-if-changed={}", input.display());
+    }
+    let committed = std::fs::read_to_string(manifest.join("ptx/SOURCES")).unwrap_or_default();
+    let digest = sources.digest().expect("read the kernel sources");
+    let forced = env::var_os("DMATTN_PTX_FROM_SOURCE").is_some_and(|v| v == "1");
+    if !forced && committed.split_whitespace().next() == Some(digest.as_str()) {
+        return ExitCode::SUCCESS;
+    }
+    if !forced {
+        println!("cargo::warning=the kernel sources differ from those of the committed PTX (host/ptx): building them with the pinned nightly; `cargo xtask ptx` updates host/ptx");
+    }
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
-    let kernels = manifest.join("../kernels-gpu");
-    for dir in ["../kernels-gpu/src", "../kernels-gpu/Cargo.toml", "../abi/src", "../ptx-builder/src"] {
-        println!("cargo:rerun-if-changed={dir}");
+    for module in MODULES {
+        let ptx = sources.build(&module, &out.join(format!("kernels-{}", module.arch)));
+        std::fs::copy(&ptx, out.join(module.file())).expect("copy the built PTX into OUT_DIR");
     }
-    // sm_80 PTX runs on Ampere and (JIT-compiled by the driver) on Hopper; the sm_90a module
-    // holds the kernels that use Hopper's wgmma, loaded only on compute capability 9.0.
-    for (arch, ptx_isa) in [("sm_80", "ptx78"), ("sm_90a", "ptx81")] {
-        let ptx = PtxBuild { crate_dir: kernels.clone(), arch, ptx_isa, target_dir: out.join(format!("kernels-{arch}")) }.build();
-        let text = std::fs::read(&ptx).expect("read the built PTX");
-        let name = format!("dmattn_{}.ptx", arch.replace('_', ""));
-        std::fs::write(out.join(&name), &text).expect("write PTX into OUT_DIR");
-        std::fs::write(out.join(format!("{name}.deflate")), miniz_oxide::deflate::compress_to_vec(&text, 9)).expect("write deflated PTX");
-    }
+    println!("cargo::rustc-cfg={FROM_SOURCE_CFG}");
     ExitCode::SUCCESS
 }

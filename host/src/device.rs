@@ -9,11 +9,31 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
 
-/// The PTX built from `kernels-gpu` by `build.rs`, deflated.
-const PTX_SM80_DEFLATED: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/dmattn_sm80.ptx.deflate"));
+/// A PTX module as the library carries it (`build.rs` chooses which; a build uses one variant).
+#[derive(Clone, Copy)]
+#[allow(dead_code)]
+enum EmbeddedPtx {
+    /// Committed in `ptx/`, zstd-compressed.
+    Zstd(&'static [u8]),
+    /// Built from the kernel sources by `build.rs`.
+    Text(&'static str),
+}
+
+macro_rules! embedded_ptx {
+    ($stem:literal) => {{
+        #[cfg(not(dmattn_kernels_from_source))]
+        let ptx = EmbeddedPtx::Zstd(include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/ptx/", $stem, ".ptx.zst")));
+        #[cfg(dmattn_kernels_from_source)]
+        let ptx = EmbeddedPtx::Text(include_str!(concat!(env!("OUT_DIR"), "/", $stem, ".ptx")));
+        ptx
+    }};
+}
+
+/// Every kernel, for sm_80 and newer (the driver compiles it for the GPU at hand).
+const PTX_SM80: EmbeddedPtx = embedded_ptx!("dmattn_sm80");
 /// The kernels that use Hopper's wgmma, for compute capability 9.0 exactly (sm_90a code runs
 /// on no other GPU).
-const PTX_SM90A_DEFLATED: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/dmattn_sm90a.ptx.deflate"));
+const PTX_SM90A: EmbeddedPtx = embedded_ptx!("dmattn_sm90a");
 
 /// What one compiled kernel holds per thread.
 #[derive(Clone, Debug)]
@@ -115,16 +135,16 @@ impl CudaDevice {
         unsafe { ctx.disable_event_tracking() };
         keep_freed_memory(&ctx)?;
         let stream = ctx.default_stream();
-        let load = |deflated: &[u8]| -> Result<(Arc<CudaModule>, Vec<String>)> {
-            let ptx = ptx_text(deflated);
+        let load = |embedded: EmbeddedPtx| -> Result<(Arc<CudaModule>, Vec<String>)> {
+            let ptx = ptx_text(embedded);
             let kernels = entry_names(&ptx);
             Ok((ctx.load_module(Ptx::from_src(ptx))?, kernels))
         };
-        let mut modules = vec![load(PTX_SM80_DEFLATED)?];
+        let mut modules = vec![load(PTX_SM80)?];
         // The Hopper module is PTX 8.1: a driver older than CUDA 12.1 cannot compile it, and the
         // portable module then serves every call.
         if (major, minor) == (9, 0)
-            && let Ok(hopper) = load(PTX_SM90A_DEFLATED)
+            && let Ok(hopper) = load(PTX_SM90A)
         {
             modules.push(hopper);
         }
@@ -255,14 +275,22 @@ fn keep_freed_memory(ctx: &CudaContext) -> Result<()> {
     Ok(())
 }
 
-fn ptx_text(deflated: &[u8]) -> String {
-    String::from_utf8(miniz_oxide::inflate::decompress_to_vec(deflated).expect("build.rs deflated valid PTX")).expect("PTX is ASCII")
+fn ptx_text(embedded: EmbeddedPtx) -> String {
+    match embedded {
+        EmbeddedPtx::Text(text) => text.to_string(),
+        EmbeddedPtx::Zstd(bytes) => {
+            let mut text = String::new();
+            let mut decoder = ruzstd::decoding::StreamingDecoder::new(bytes).expect("the committed PTX is a zstd frame");
+            std::io::Read::read_to_string(&mut decoder, &mut text).expect("the committed PTX decompresses to text");
+            text
+        }
+    }
 }
 
 /// The kernel names of the shipped module with the Hopper kernels (`hopper`) or the portable one.
 #[cfg(test)]
 pub(crate) fn shipped_kernels(hopper: bool) -> Vec<String> {
-    entry_names(&ptx_text(if hopper { PTX_SM90A_DEFLATED } else { PTX_SM80_DEFLATED }))
+    entry_names(&ptx_text(if hopper { PTX_SM90A } else { PTX_SM80 }))
 }
 
 /// The kernel (entry) names a PTX module declares, in order.

@@ -10,6 +10,8 @@
 #![feature(abi_ptx, stdarch_nvptx, asm_experimental_arch)]
 // The sm_90a build instantiates only the Hopper backward: the other kernels' code goes unused.
 #![cfg_attr(target_feature = "sm_90a", allow(dead_code, unused_imports))]
+// Each module expands only its own kernels' macros.
+#![allow(unused_macros)]
 
 mod arch;
 mod block_info;

@@ -1,10 +1,15 @@
-//! Builds a `#![no_std]` kernel crate to PTX, the job `cuda_builder` does elsewhere.
+//! Builds dmattn's `#![no_std]` kernel crate to PTX, the job `cuda_builder` does elsewhere, and
+//! says whether the PTX committed beside the host crate (`host/ptx/`) is the build of the kernel
+//! sources present.
 //!
-//! rustc compiles the crate for `nvptx64-nvidia-cuda` (with `-Zbuild-std=core`) and then calls
-//! the target's linker with LLVM bitcode objects. The usual linker (`llvm-bitcode-linker`) is not
-//! distributable here, so the calling build script names *itself* as the linker: run
-//! [`link_if_invoked`] first thing in `main`, and when rustc calls back it links the bitcode with
-//! the nightly's `llvm-tools` (`llvm-link`, `opt`, `llc`) and writes the PTX.
+//! rustc compiles the crate for `nvptx64-nvidia-cuda` (with `-Zbuild-std=core`) on the pinned
+//! nightly named by the kernel crate's `rust-toolchain.toml`, and then calls the target's linker
+//! with LLVM bitcode objects. The usual linker (`llvm-bitcode-linker`) is not distributable here,
+//! so the calling program names *itself* as the linker: run [`link_if_invoked`] first thing in
+//! `main`, and when rustc calls back it links the bitcode with the nightly's `llvm-tools`
+//! (`llvm-link`, `opt`, `llc`) and writes the PTX.
+//!
+//! Only kernel developers need the nightly: everyone else builds against the committed modules.
 use std::env;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -16,62 +21,215 @@ const LINKER_MODE: &str = "DMATTN_PTX_LINKER_MODE";
 const LLVM_BIN: &str = "DMATTN_PTX_LLVM_BIN";
 const TARGET: &str = "nvptx64-nvidia-cuda";
 
-/// One PTX module to build from a kernel crate.
-pub struct PtxBuild {
-    /// The kernel crate's directory (holding its `Cargo.toml`).
-    pub crate_dir: PathBuf,
+/// One PTX module the host loads.
+#[derive(Clone, Copy, Debug)]
+pub struct Module {
+    /// File stem: `dmattn_{name}.ptx`.
+    pub name: &'static str,
     /// GPU architecture, e.g. `sm_80`.
     pub arch: &'static str,
     /// PTX ISA feature, e.g. `ptx78`.
     pub ptx_isa: &'static str,
-    /// Directory for the nested build's artifacts.
-    pub target_dir: PathBuf,
 }
 
-impl PtxBuild {
-    /// Compiles the crate and returns the path of the PTX file. Panics with the compiler's
-    /// message on failure: this runs inside a build script, where a panic is the error report.
-    pub fn build(&self) -> PathBuf {
-        let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let me = env::current_exe().expect("build script path");
-        let rustflags = [
-            format!("-Ctarget-cpu={}", self.arch),
-            format!("-Ctarget-feature=+{}", self.ptx_isa),
-        ]
-        .join("\x1f");
-        let mut cmd = Command::new(cargo);
-        cmd.current_dir(&self.crate_dir)
-            .args(["build", "--release", "--target", TARGET, "-Zbuild-std=core"])
-            .arg("--target-dir")
-            .arg(&self.target_dir)
-            .env("CARGO_ENCODED_RUSTFLAGS", rustflags)
-            .env("CARGO_TARGET_NVPTX64_NVIDIA_CUDA_LINKER", &me)
-            .env(LINKER_MODE, "1")
-            .env(LLVM_BIN, llvm_bin_dir());
-        // The outer build's settings must not leak into the device build.
-        for var in ["RUSTFLAGS", "CARGO_BUILD_TARGET", "CARGO_TARGET_DIR", "RUSTC_WORKSPACE_WRAPPER"] {
-            cmd.env_remove(var);
-        }
-        let status = cmd.status().expect("failed to run cargo for the kernel crate");
-        assert!(status.success(), "building the kernel crate for {TARGET} failed");
-        let name = crate_name(&self.crate_dir);
-        self.target_dir.join(TARGET).join("release").join(format!("{name}.ptx"))
+impl Module {
+    /// The PTX file's name.
+    pub fn file(&self) -> String {
+        format!("dmattn_{}.ptx", self.name)
     }
 }
 
-/// The `llvm-tools` binaries of the toolchain running this build.
-fn llvm_bin_dir() -> PathBuf {
-    let rustc = env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
-    let out = Command::new(rustc).args(["--print", "sysroot"]).output().expect("rustc --print sysroot");
-    let sysroot = PathBuf::from(String::from_utf8(out.stdout).expect("utf-8 sysroot").trim());
-    let host = env::var("HOST").expect("HOST is set for build scripts");
-    let bin = sysroot.join("lib/rustlib").join(host).join("bin");
-    assert!(
-        bin.join("llc").exists(),
-        "{} has no llc: install the toolchain's llvm-tools component (rust-toolchain.toml lists it)",
-        bin.display()
-    );
-    bin
+/// sm_80 PTX runs on Ampere and (JIT-compiled by the driver) on Hopper; the sm_90a module holds
+/// the kernels that use Hopper's wgmma, loaded only on compute capability 9.0.
+pub const MODULES: [Module; 2] =
+    [Module { name: "sm80", arch: "sm_80", ptx_isa: "ptx78" }, Module { name: "sm90a", arch: "sm_90a", ptx_isa: "ptx81" }];
+
+/// The files whose contents decide the PTX, relative to the workspace root: the kernel crate (its
+/// sources, manifest, lock file and pinned toolchain), the ABI it shares with the host, and this
+/// link step.
+const KERNEL_INPUTS: [&str; 7] = [
+    "kernels-gpu/Cargo.toml",
+    "kernels-gpu/Cargo.lock",
+    "kernels-gpu/rust-toolchain.toml",
+    "kernels-gpu/src",
+    "abi/Cargo.toml",
+    "abi/src",
+    "ptx-builder/src",
+];
+
+/// The kernel sources of a workspace checkout; absent from the packaged crate.
+pub struct KernelSources {
+    /// The workspace root.
+    pub root: PathBuf,
+}
+
+impl KernelSources {
+    /// The sources beside a host crate at `host_dir`, if they are there (a git or path
+    /// dependency, or the workspace itself; not the packaged crate).
+    pub fn beside(host_dir: &Path) -> Option<Self> {
+        let root = host_dir.parent()?;
+        root.join("kernels-gpu/src/lib.rs").is_file().then(|| KernelSources { root: root.to_path_buf() })
+    }
+
+    /// The crate the kernels are compiled from.
+    pub fn kernel_crate(&self) -> PathBuf {
+        self.root.join("kernels-gpu")
+    }
+
+    /// Every input file and directory, for `cargo:rerun-if-changed`.
+    pub fn inputs(&self) -> impl Iterator<Item = PathBuf> + '_ {
+        KERNEL_INPUTS.iter().map(|p| self.root.join(p))
+    }
+
+    /// A digest of every input file (relative path and contents, line endings normalised so that
+    /// a checkout with CRLF endings agrees): equal digests mean the same PTX from the pinned
+    /// toolchain. FNV-1a, 64 bits: it detects edits, it is not a security hash.
+    pub fn digest(&self) -> std::io::Result<String> {
+        let mut files = Vec::new();
+        for input in KERNEL_INPUTS {
+            collect_files(&self.root, Path::new(input), &mut files)?;
+        }
+        files.sort();
+        let mut h = Fnv1a::default();
+        for rel in files {
+            let bytes = std::fs::read(self.root.join(&rel))?;
+            let text: Vec<u8> = bytes.iter().enumerate().filter(|&(i, &b)| !(b == b'\r' && bytes.get(i + 1) == Some(&b'\n'))).map(|(_, &b)| b).collect();
+            let name = rel.to_string_lossy().replace('\\', "/");
+            h.write(&(name.len() as u64).to_le_bytes());
+            h.write(name.as_bytes());
+            h.write(&(text.len() as u64).to_le_bytes());
+            h.write(&text);
+        }
+        Ok(format!("{:016x}", h.0))
+    }
+
+    /// The pinned nightly's channel, from the kernel crate's `rust-toolchain.toml`.
+    pub fn channel(&self) -> String {
+        let path = self.kernel_crate().join("rust-toolchain.toml");
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        text.lines()
+            .filter_map(|l| l.trim().strip_prefix("channel"))
+            .filter_map(|rest| rest.trim().strip_prefix('='))
+            .map(|v| v.trim().trim_matches('"').to_string())
+            .next()
+            .unwrap_or_else(|| panic!("{} names no channel", path.display()))
+    }
+
+    /// Builds `module` with the pinned nightly (installed through rustup where missing) into
+    /// `target_dir` and returns the path of the PTX file. Panics with the compiler's message on
+    /// failure: this runs inside build scripts and xtask, where a panic is the error report.
+    pub fn build(&self, module: &Module, target_dir: &Path) -> PathBuf {
+        let toolchain = Nightly::ensure(&self.channel());
+        let me = env::current_exe().expect("path of the running program");
+        let rustflags = [format!("-Ctarget-cpu={}", module.arch), format!("-Ctarget-feature=+{}", module.ptx_isa)].join("\x1f");
+        let mut cmd = toolchain.command("cargo");
+        cmd.current_dir(self.kernel_crate())
+            .args(["build", "--release", "--locked", "--target", TARGET, "-Zbuild-std=core"])
+            .arg("--target-dir")
+            .arg(target_dir)
+            .env("CARGO_ENCODED_RUSTFLAGS", rustflags)
+            .env("CARGO_TARGET_NVPTX64_NVIDIA_CUDA_LINKER", &me)
+            .env(LINKER_MODE, "1")
+            .env(LLVM_BIN, &toolchain.llvm_bin);
+        // The outer build's settings (a stable cargo's own rustc among them) must not leak into
+        // the device build.
+        for var in [
+            "CARGO", "RUSTC", "RUSTDOC", "RUSTC_WRAPPER", "RUSTC_WORKSPACE_WRAPPER", "RUSTFLAGS", "RUSTUP_TOOLCHAIN",
+            "CARGO_BUILD_TARGET", "CARGO_TARGET_DIR", "CARGO_BUILD_RUSTC", "CARGO_BUILD_RUSTC_WRAPPER",
+        ] {
+            cmd.env_remove(var);
+        }
+        let status = cmd.status().expect("failed to run cargo for the kernel crate");
+        assert!(status.success(), "building the kernel crate for {TARGET} ({}) failed", module.arch);
+        let name = crate_name(&self.kernel_crate());
+        target_dir.join(TARGET).join("release").join(format!("{name}.ptx"))
+    }
+}
+
+/// Every file under `rel` (a file or a directory) in `root`.
+fn collect_files(root: &Path, rel: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+    let path = root.join(rel);
+    if path.is_dir() {
+        for entry in std::fs::read_dir(&path)? {
+            collect_files(root, &rel.join(entry?.file_name()), out)?;
+        }
+    } else {
+        out.push(rel.to_path_buf());
+    }
+    Ok(())
+}
+
+struct Fnv1a(u64);
+
+impl Default for Fnv1a {
+    fn default() -> Self {
+        Fnv1a(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fnv1a {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+}
+
+/// The pinned nightly, run through rustup.
+struct Nightly {
+    channel: String,
+    /// Its `llvm-tools` binaries.
+    llvm_bin: PathBuf,
+}
+
+impl Nightly {
+    /// The toolchain `channel` with the components the device build needs, installed through
+    /// rustup where missing (rustup no longer installs a `rust-toolchain.toml`'s channel on
+    /// first use).
+    fn ensure(channel: &str) -> Nightly {
+        let mut nightly = Nightly { channel: channel.to_string(), llvm_bin: PathBuf::new() };
+        if let Some(sysroot) = nightly.sysroot()
+            && sysroot.join("lib/rustlib/src/rust/library/core").is_dir()
+            && let Some(bin) = nightly.llvm_bin(&sysroot)
+            && bin.join("llc").exists()
+        {
+            nightly.llvm_bin = bin;
+            return nightly;
+        }
+        println!("cargo:warning=installing the kernels' pinned toolchain {channel} (rust-src, llvm-tools) through rustup");
+        let status = Command::new("rustup")
+            .args(["toolchain", "install", channel, "--profile", "minimal", "--component", "rust-src,llvm-tools"])
+            .status()
+            .unwrap_or_else(|e| panic!("building the kernels needs rustup to install {channel}: {e}"));
+        assert!(status.success(), "rustup toolchain install {channel} failed");
+        let sysroot = nightly.sysroot().unwrap_or_else(|| panic!("{channel} is not usable after installing it"));
+        nightly.llvm_bin = nightly.llvm_bin(&sysroot).unwrap_or_else(|| panic!("{channel}'s rustc names no host"));
+        assert!(nightly.llvm_bin.join("llc").exists(), "{} has no llc after installing llvm-tools", nightly.llvm_bin.display());
+        nightly
+    }
+
+    /// `program` of this toolchain, through `rustup run`.
+    fn command(&self, program: &str) -> Command {
+        let mut cmd = Command::new("rustup");
+        cmd.args(["run", &self.channel, program]);
+        cmd
+    }
+
+    /// What this toolchain's rustc prints for `args`, if it runs.
+    fn rustc(&self, args: &[&str]) -> Option<String> {
+        let out = self.command("rustc").args(args).env_remove("RUSTUP_TOOLCHAIN").output().ok()?;
+        out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    fn sysroot(&self) -> Option<PathBuf> {
+        self.rustc(&["--print", "sysroot"]).map(|s| PathBuf::from(s.trim()))
+    }
+
+    /// The `llvm-tools` binaries under `sysroot`, in the directory of rustc's host triple.
+    fn llvm_bin(&self, sysroot: &Path) -> Option<PathBuf> {
+        let host = self.rustc(&["-vV"])?.lines().find_map(|l| l.strip_prefix("host: ").map(str::to_string))?;
+        Some(sysroot.join("lib/rustlib").join(host).join("bin"))
+    }
 }
 
 /// The library name cargo gives the crate's artifact (its package name, `-` as `_`).
@@ -255,6 +413,36 @@ mod tests {
         assert!(lines[0].ends_with("(i32 %0) convergent #3, !srcloc !2"), "{}", lines[0]);
         assert!(lines[1].ends_with("() convergent"), "{}", lines[1]);
         assert!(!lines[2].contains("convergent"), "{}", lines[2]);
+    }
+
+    /// A scratch workspace holding every kernel input.
+    fn scratch(name: &str, lib: &[u8]) -> KernelSources {
+        let root = env::temp_dir().join(format!("dmattn-ptx-builder-{name}-{}", std::process::id()));
+        for dir in ["kernels-gpu/src", "abi/src", "ptx-builder/src"] {
+            std::fs::create_dir_all(root.join(dir)).unwrap();
+        }
+        for file in ["kernels-gpu/Cargo.toml", "kernels-gpu/Cargo.lock", "abi/Cargo.toml", "abi/src/lib.rs", "ptx-builder/src/lib.rs"] {
+            std::fs::write(root.join(file), format!("{file}\n")).unwrap();
+        }
+        std::fs::write(root.join("kernels-gpu/rust-toolchain.toml"), "[toolchain]\nchannel = \"nightly-2000-01-01\"\n").unwrap();
+        std::fs::write(root.join("kernels-gpu/src/lib.rs"), lib).unwrap();
+        KernelSources::beside(&root.join("host")).expect("the scratch workspace has kernel sources")
+    }
+
+    #[test]
+    fn digest_follows_contents_not_line_endings() {
+        let a = scratch("a", b"fn k() {}\n// x\n");
+        let crlf = scratch("crlf", b"fn k() {}\r\n// x\r\n");
+        let edited = scratch("edited", b"fn k() {}\n// y\n");
+        assert_eq!(a.digest().unwrap(), crlf.digest().unwrap());
+        assert_ne!(a.digest().unwrap(), edited.digest().unwrap());
+        // A new file is an input too.
+        std::fs::write(a.root.join("kernels-gpu/src/extra.rs"), "").unwrap();
+        assert_ne!(a.digest().unwrap(), crlf.digest().unwrap());
+        assert_eq!(a.channel(), "nightly-2000-01-01");
+        for s in [a, crlf, edited] {
+            std::fs::remove_dir_all(&s.root).unwrap();
+        }
     }
 
     #[test]

@@ -3,6 +3,7 @@ mod bench;
 mod demo;
 mod pack;
 mod plot;
+mod ptx;
 mod ptxas;
 mod report;
 
@@ -22,6 +23,13 @@ enum Task {
     /// Masked, biased, causal attention on the GPU if there is one (else the CPU), checked
     /// against the f64 reference.
     Demo,
+    /// Rebuilds the committed PTX modules (host/ptx) from the kernel sources with the pinned
+    /// nightly (installed through rustup where missing).
+    Ptx {
+        /// Only check that the committed modules are that build, byte for byte.
+        #[arg(long)]
+        check: bool,
+    },
     /// Assembles the PTX with ptxas for each architecture (the Hopper module for sm_90a) and
     /// fails on register spills.
     Ptxas {
@@ -77,8 +85,13 @@ fn cargo() -> Command {
 }
 
 fn main() -> ExitCode {
+    // `cargo xtask ptx` builds the kernels, and rustc calls this program back as their linker.
+    if let Some(code) = dmattn_ptx_builder::link_if_invoked() {
+        return code;
+    }
     let result = match Cli::parse().task {
         Task::Demo => demo::run(),
+        Task::Ptx { check } => ptx::run(check),
         Task::Ptxas { ptxas, arch } => ptxas::run(ptxas, &arch),
         Task::GpuPack { out } => pack::run(&out),
         Task::Bench { quick, groups, from, results, font } => bench::run(&bench::Options { quick, groups, from, results, font }),

@@ -70,8 +70,8 @@ pub fn run(out: &Path) -> Result<(), String> {
     }
     crate::run(cargo().args(["build", "--release", "-p", "dmattn-bench"]))?;
     std::fs::copy(root().join("target/release/dmattn-bench"), bin.join("dmattn-bench")).map_err(|e| e.to_string())?;
-    for module in ["sm80", "sm90a"] {
-        std::fs::copy(crate::ptxas::built_ptx(module)?, out.join(format!("dmattn_{module}.ptx"))).map_err(|e| e.to_string())?;
+    for module in dmattn_ptx_builder::MODULES {
+        std::fs::write(out.join(module.file()), crate::ptx::embedded(&module)?).map_err(|e| e.to_string())?;
     }
     std::fs::copy(root().join("bench/peers.py"), out.join("peers.py")).map_err(|e| format!("bench/peers.py: {e}"))?;
     std::fs::write(out.join("run.sh"), RUN_SH).map_err(|e| e.to_string())?;

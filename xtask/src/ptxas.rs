@@ -1,25 +1,7 @@
 //! `cargo xtask ptxas`: assemble the shipped PTX for each architecture, print every kernel's
 //! registers, stack and spills, and fail if any kernel spills.
-use crate::{cargo, root};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-/// The PTX module `module` (`sm80` or `sm90a`) the last build of `dmattn` embedded (newest of
-/// all profiles' build outputs).
-pub fn built_ptx(module: &str) -> Result<PathBuf, String> {
-    let mut found: Vec<(std::time::SystemTime, PathBuf)> = Vec::new();
-    for profile in ["debug", "release"] {
-        let dir = root().join("target").join(profile).join("build");
-        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            let ptx = entry.path().join(format!("out/dmattn_{module}.ptx"));
-            if let Ok(meta) = ptx.metadata() {
-                found.push((meta.modified().unwrap(), ptx));
-            }
-        }
-    }
-    found.sort();
-    found.pop().map(|(_, p)| p).ok_or_else(|| "no built PTX found under target/*/build/dmattn-*/out".into())
-}
 
 fn find_ptxas(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
     if let Some(p) = explicit.or_else(|| std::env::var_os("PTXAS").map(PathBuf::from)) {
@@ -66,12 +48,15 @@ fn parse(report: &str) -> Vec<(String, u32, u32, u32, u32)> {
 /// Checks the portable module for each of `archs`, and the Hopper module for sm_90a (the only
 /// GPU it runs on).
 pub fn run(ptxas: Option<PathBuf>, archs: &[String]) -> Result<(), String> {
-    crate::run(cargo().args(["build", "--quiet", "-p", "dmattn"]))?;
     let ptxas = find_ptxas(ptxas)?;
+    let dir = std::env::temp_dir().join(format!("dmattn-ptxas-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let mut failures = Vec::new();
     let sm90a = ["sm_90a".to_string()];
-    for (ptx, arch) in archs.iter().map(|a| ("sm80", a)).chain(sm90a.iter().map(|a| ("sm90a", a))) {
-        let ptx = built_ptx(ptx)?;
+    for (module, arch) in archs.iter().map(|a| ("sm80", a)).chain(sm90a.iter().map(|a| ("sm90a", a))) {
+        let module = crate::ptx::module(module);
+        let ptx = dir.join(module.file());
+        std::fs::write(&ptx, crate::ptx::embedded(&module)?).map_err(|e| e.to_string())?;
         let out = Command::new(&ptxas)
             .args([&format!("-arch={arch}"), "-v", "-o", "/dev/null"])
             .arg(&ptx)
@@ -83,7 +68,7 @@ pub fn run(ptxas: Option<PathBuf>, archs: &[String]) -> Result<(), String> {
         }
         let mut rows = parse(&report);
         rows.sort();
-        println!("ptxas -arch={arch} ({})", ptx.display());
+        println!("ptxas -arch={arch} ({})", module.file());
         println!("{:<30} {:>5} {:>6} {:>13}", "kernel", "regs", "stack", "spill st/ld");
         for (name, regs, stack, st, ld) in &rows {
             println!("{name:<30} {regs:>5} {stack:>6} {:>13}", format!("{st}/{ld}"));
