@@ -1,5 +1,7 @@
 //! The public entry point: a builder that validates one attention call and runs it on the
 //! inputs' device.
+use crate::buffers::{self, Expected};
+use crate::cpu::lse_dtype;
 use crate::cuda;
 use crate::device::{CudaDevice, Device};
 use crate::error::{Error, Result};
@@ -23,11 +25,34 @@ use crate::cpu;
 /// # Ok(()) }
 /// ```
 pub fn attention<'a>(q: &'a Tensor, k: &'a Tensor, v: &'a Tensor) -> Attention<'a> {
-    Attention { inputs: Inputs { q, k, v, mask: None, bias: None, causal: false, scale: None, softcap: 0.0, deterministic: false } }
+    Attention {
+        inputs: Inputs { q, k, v, mask: None, bias: None, causal: false, scale: None, softcap: 0.0, deterministic: false },
+        into: ForwardBuffers::default(),
+    }
 }
 
 pub struct Attention<'a> {
     inputs: Inputs<'a>,
+    into: ForwardBuffers<'a>,
+}
+
+/// Caller-provided buffers a forward writes instead of allocating its outputs.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct ForwardBuffers<'a> {
+    pub out: Option<&'a Tensor>,
+    pub lse: Option<&'a Tensor>,
+}
+
+/// Caller-provided buffers a backward writes its gradients into instead of allocating them
+/// ([`Forward::backward_into`]); each `None` is allocated as usual. dq and dbias must be
+/// contiguous; dk and dv may have the strides k and v may have. None may overlap another buffer
+/// or a tensor the call reads. CUDA tensors only.
+#[derive(Clone, Copy, Default)]
+pub struct GradientBuffers<'a> {
+    pub dq: Option<&'a Tensor>,
+    pub dk: Option<&'a Tensor>,
+    pub dv: Option<&'a Tensor>,
+    pub dbias: Option<&'a Tensor>,
 }
 
 impl<'a> Attention<'a> {
@@ -71,11 +96,32 @@ impl<'a> Attention<'a> {
         self
     }
 
+    /// Writes O into `out` (q's shape and dtype, on q's device; the strides q may have) instead of
+    /// allocating it. It may not overlap an input. CUDA tensors only.
+    pub fn out(mut self, out: &'a Tensor) -> Self {
+        self.into.out = Some(out);
+        self
+    }
+
+    /// Writes LSE into `lse` (contiguous `[batch, heads, seqlen_q]` f32 on q's device) instead of
+    /// allocating it. CUDA tensors only.
+    pub fn lse(mut self, lse: &'a Tensor) -> Self {
+        self.into.lse = Some(lse);
+        self
+    }
+
     /// Runs the forward pass. O has q's shape and dtype; LSE is `[batch, heads, seqlen_q]`
     /// (natural log, f32; f64 for f64 inputs). A query row with no visible key gets O = 0 and
     /// LSE = -inf.
     pub fn forward(self) -> Result<Forward> {
         self.run(cuda::forward)
+    }
+
+    /// The tensors the call reads, by argument name.
+    fn reads(&self) -> Vec<(&'static str, &'a Tensor)> {
+        let i = &self.inputs;
+        let optional = [("mask", i.mask), ("bias", i.bias)].into_iter().filter_map(|(a, t)| t.map(|t| (a, t)));
+        [("q", i.q), ("k", i.k), ("v", i.v)].into_iter().chain(optional).collect()
     }
 
     /// The unfused path: materialises S and P, O(batch·heads·sq·sk) memory; for baselines and
@@ -89,13 +135,26 @@ impl<'a> Attention<'a> {
     /// large for the device's memory is a typed error. On the CPU this is the CPU forward, which
     /// materialises already.
     pub fn forward_materialized(self) -> Result<Forward> {
-        self.run(cuda::forward_materialized)
+        if self.into.out.is_some() || self.into.lse.is_some() {
+            return Err(Error::Unsupported { what: "caller-provided output buffers for forward_materialized".into(), backend: "CUDA" });
+        }
+        self.run(|dev, p, saved, _| cuda::forward_materialized(dev, p, saved))
     }
 
     /// Validates the call and runs it on the inputs' device: the CPU backend, or `on_cuda`.
-    fn run(self, on_cuda: fn(&CudaDevice, Problem, Saved) -> Result<Forward>) -> Result<Forward> {
+    fn run(self, on_cuda: fn(&CudaDevice, Problem, Saved, ForwardBuffers) -> Result<Forward>) -> Result<Forward> {
         let problem = Problem::new(&self.inputs)?;
         let i = &self.inputs;
+        let d = problem.dims;
+        let lse_shape = [d.batch, d.heads, d.seqlen_q];
+        let dests: Vec<_> = [
+            self.into.out.map(|t| ("out", t, Expected { shape: i.q.shape(), dtype: problem.dtype, contiguous: false })),
+            self.into.lse.map(|t| ("lse", t, Expected { shape: &lse_shape, dtype: lse_dtype(problem.dtype), contiguous: true })),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        buffers::check(&i.q.device(), &dests, &self.reads())?;
         let saved = Saved {
             q: i.q.clone(),
             k: i.k.clone(),
@@ -109,7 +168,7 @@ impl<'a> Attention<'a> {
                 let (out, lse) = cpu::forward(&problem, &saved)?;
                 Ok(Forward { out, lse, problem, saved })
             }
-            Device::Cuda(dev) => on_cuda(&dev, problem, saved),
+            Device::Cuda(dev) => on_cuda(&dev, problem, saved, self.into),
         }
     }
 }
@@ -149,6 +208,12 @@ pub struct Gradients {
 impl Forward {
     /// Gradients given `dout`, the gradient of the loss with respect to `out`.
     pub fn backward(&self, dout: &Tensor) -> Result<Gradients> {
+        self.backward_into(dout, GradientBuffers::default())
+    }
+
+    /// [`Forward::backward`], writing the gradients into the caller's buffers where given (the
+    /// returned tensors then share their memory).
+    pub fn backward_into(&self, dout: &Tensor, into: GradientBuffers) -> Result<Gradients> {
         if dout.shape() != self.out.shape() {
             return Err(Error::Shape { arg: "dout", expected: format!("{:?} (the shape of out)", self.out.shape()), got: dout.shape().to_vec() });
         }
@@ -158,9 +223,29 @@ impl Forward {
         if !dout.device().same(&self.out.device()) {
             return Err(Error::Device { arg: "dout", expected: self.out.device().to_string(), got: dout.device().to_string() });
         }
+        let s = &self.saved;
+        if into.dbias.is_some() && s.bias.is_none() {
+            return Err(Error::Param { arg: "dbias", reason: "the call has no bias".into() });
+        }
+        fn like(t: &Tensor, contiguous: bool) -> Expected<'_> {
+            Expected { shape: t.shape(), dtype: t.dtype(), contiguous }
+        }
+        let bias_like = s.bias.as_ref().map(|b| like(b, true));
+        let dests: Vec<_> = [
+            into.dq.map(|t| ("dq", t, like(&s.q, true))),
+            into.dk.map(|t| ("dk", t, like(&s.k, false))),
+            into.dv.map(|t| ("dv", t, like(&s.v, false))),
+            into.dbias.zip(bias_like).map(|(t, want)| ("dbias", t, want)),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        let optional = [("mask", &s.mask), ("bias", &s.bias)].into_iter().filter_map(|(a, t)| t.as_ref().map(|t| (a, t)));
+        let reads: Vec<_> = [("q", &s.q), ("k", &s.k), ("v", &s.v), ("out", &self.out), ("lse", &self.lse), ("dout", dout)].into_iter().chain(optional).collect();
+        buffers::check(&self.out.device(), &dests, &reads)?;
         match self.out.device() {
             Device::Cpu => cpu::backward(&self.problem, &self.saved, &self.out, &self.lse, dout),
-            Device::Cuda(dev) => cuda::backward(&dev, self, dout, self.problem.deterministic),
+            Device::Cuda(dev) => cuda::backward(&dev, self, dout, into),
         }
     }
 }

@@ -1,9 +1,10 @@
 //! Where tensors live and kernels run: the CPU, or one CUDA device with its stream and the
 //! loaded kernel module.
 use crate::error::{Error, Result};
+use crate::memory::DeviceBuffer;
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::result::{self, mem_pool};
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, sys};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, sys};
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
 use std::fmt;
@@ -71,7 +72,7 @@ impl Device {
     pub fn same(&self, other: &Device) -> bool {
         match (self, other) {
             (Device::Cpu, Device::Cpu) => true,
-            (Device::Cuda(a), Device::Cuda(b)) => Arc::ptr_eq(&a.0, &b.0),
+            (Device::Cuda(a), Device::Cuda(b)) => a.same_context(b),
             _ => false,
         }
     }
@@ -81,7 +82,7 @@ impl fmt::Display for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Device::Cpu => write!(f, "cpu"),
-            Device::Cuda(d) => write!(f, "cuda:{} ({})", d.0.ctx.ordinal(), d.name()),
+            Device::Cuda(d) => write!(f, "cuda:{} ({})", d.context().ordinal(), d.name()),
         }
     }
 }
@@ -92,49 +93,63 @@ impl fmt::Debug for Device {
     }
 }
 
-/// A CUDA context with one stream (all work is ordered on it) and the kernel module, loaded once.
+/// A CUDA context with the stream dmattn's work is ordered on, and dmattn's kernels loaded into
+/// the context. Cheap to clone; [`CudaDevice::with_stream`] gives the same context and kernels on
+/// another stream.
+///
+/// [`CudaDevice::new`] makes a context of dmattn's own; [`CudaDevice::from_stream`] takes a
+/// caller's (the primary context PyTorch and candle use, or any other) and stream, and leaves the
+/// context's settings as they are. A forward or backward call queues its work on the stream of
+/// its `q` and returns without waiting for it: it neither synchronises nor reads device data on
+/// the host, so it can be captured into a CUDA graph on a capturing stream.
 #[derive(Clone)]
 pub struct CudaDevice(pub(crate) Arc<CudaInner>);
 
 pub(crate) struct CudaInner {
-    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) kernels: Arc<Kernels>,
     pub(crate) stream: Arc<CudaStream>,
+    /// cuBLAS on `stream`, created on first use (the materialising path's products).
+    blas: OnceLock<CudaBlas>,
+    /// The work-order passes' ticket counter, a u32 (0 between launches; the pass resets it, and
+    /// the stream keeps this stream's launches apart).
+    order_ticket: DeviceBuffer,
+}
+
+/// dmattn's kernels loaded into one context, shared by every [`CudaDevice`] on it.
+pub(crate) struct Kernels {
+    ctx: Arc<CudaContext>,
     /// The loaded modules, each with its kernel names in PTX order: sm_80, and on Hopper sm_90a.
     modules: Vec<(Arc<CudaModule>, Vec<String>)>,
     /// Functions by name, with the dynamic shared memory they were cleared for.
     functions: Mutex<HashMap<String, (CudaFunction, u32)>>,
-    /// cuBLAS on `stream`, created on first use (the materialising path's products).
-    blas: OnceLock<CudaBlas>,
     name: String,
     /// Streaming multiprocessors: how many CTAs fill the GPU.
     pub(crate) sms: u32,
     /// L2 cache size.
     pub(crate) l2_bytes: usize,
-    /// The forward ordering pass's ticket counter (0 between launches; the pass resets it, and
-    /// the one stream keeps launches apart).
-    order_ticket: CudaSlice<u32>,
 }
 
-impl CudaDevice {
-    pub fn new(ordinal: usize) -> Result<Self> {
-        // cudarc loads libcuda lazily and panics if it is absent: ask first.
-        if !unsafe { sys::is_culib_present() } {
-            return Err(Error::NoCuda("libcuda.so (the NVIDIA driver) is not installed".into()));
-        }
-        let count = CudaContext::device_count()?;
-        if ordinal >= count as usize {
-            return Err(Error::NoCuda(format!("device {ordinal} requested, {count} present")));
-        }
-        let ctx = CudaContext::new(ordinal)?;
+/// The kernels loaded per context (a module loaded twice into one context would be compiled
+/// twice), by the context's handle. The entries live as long as the process: a context holds
+/// its modules until it is destroyed.
+fn loaded_kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
+    static LOADED: Mutex<Vec<(usize, Arc<Kernels>)>> = Mutex::new(Vec::new());
+    let mut loaded = LOADED.lock().unwrap();
+    let handle = ctx.cu_ctx() as usize;
+    if let Some((_, kernels)) = loaded.iter().find(|(h, _)| *h == handle) {
+        return Ok(kernels.clone());
+    }
+    let kernels = Arc::new(Kernels::load(ctx)?);
+    loaded.push((handle, kernels.clone()));
+    Ok(kernels)
+}
+
+impl Kernels {
+    fn load(ctx: &Arc<CudaContext>) -> Result<Self> {
         let (major, minor) = ctx.compute_capability()?;
         if major < 8 {
             return Err(Error::NoCuda(format!("compute capability {major}.{minor}; dmattn needs 8.0 or newer")));
         }
-        // Every buffer and launch goes through this one stream, so cudarc's cross-stream event
-        // tracking is redundant work.
-        unsafe { ctx.disable_event_tracking() };
-        keep_freed_memory(&ctx)?;
-        let stream = ctx.default_stream();
         let load = |embedded: EmbeddedPtx| -> Result<(Arc<CudaModule>, Vec<String>)> {
             let ptx = ptx_text(embedded);
             let kernels = entry_names(&ptx);
@@ -148,25 +163,78 @@ impl CudaDevice {
         {
             modules.push(hopper);
         }
-        let name = ctx.name()?;
-        let sms = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
-        let l2_bytes = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as usize;
-        let functions = Mutex::new(HashMap::new());
-        let order_ticket = stream.alloc_zeros::<u32>(1)?;
-        let inner = CudaInner { ctx, stream, modules, functions, blas: OnceLock::new(), name, sms, l2_bytes, order_ticket };
-        Ok(Self(Arc::new(inner)))
+        Ok(Kernels {
+            ctx: ctx.clone(),
+            modules,
+            functions: Mutex::new(HashMap::new()),
+            name: ctx.name()?,
+            sms: ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32,
+            l2_bytes: ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as usize,
+        })
+    }
+}
+
+/// A typed error, not a panic, where the driver is missing (cudarc loads libcuda lazily and
+/// panics if it is absent).
+fn driver_present() -> Result<()> {
+    if unsafe { sys::is_culib_present() } { Ok(()) } else { Err(Error::NoCuda("libcuda.so (the NVIDIA driver) is not installed".into())) }
+}
+
+impl CudaDevice {
+    /// Device `ordinal` in a context of dmattn's own, with a stream of its own.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        driver_present()?;
+        let count = CudaContext::device_count()?;
+        if ordinal >= count as usize {
+            return Err(Error::NoCuda(format!("device {ordinal} requested, {count} present")));
+        }
+        let ctx = CudaContext::new(ordinal)?;
+        // Every buffer and launch of this context object goes through one stream, so cudarc's
+        // cross-stream event tracking is redundant work. (The flag belongs to this object, not
+        // to the driver's context that others may share.)
+        unsafe { ctx.disable_event_tracking() };
+        keep_freed_memory(&ctx)?;
+        Self::on(loaded_kernels(&ctx)?, ctx.new_stream()?)
+    }
+
+    /// dmattn on a caller's stream and its context: every call's work is queued on `stream`,
+    /// after the work the caller queued there before. The context's settings (event tracking,
+    /// the memory pool's release threshold) are left as the caller set them. The kernels are
+    /// loaded once per context.
+    pub fn from_stream(stream: Arc<CudaStream>) -> Result<Self> {
+        driver_present()?;
+        Self::on(loaded_kernels(stream.context())?, stream)
+    }
+
+    /// The same context and kernels, with work queued on `stream` (a stream of this context).
+    pub fn with_stream(&self, stream: Arc<CudaStream>) -> Result<Self> {
+        if stream.context().cu_ctx() != self.0.kernels.ctx.cu_ctx() {
+            return Err(Error::Device { arg: "stream", expected: format!("a stream of {}'s context", self.name()), got: "a stream of another context".into() });
+        }
+        Self::on(self.0.kernels.clone(), stream)
+    }
+
+    fn on(kernels: Arc<Kernels>, stream: Arc<CudaStream>) -> Result<Self> {
+        let order_ticket = DeviceBuffer::filled(&stream, 4, 0)?;
+        Ok(Self(Arc::new(CudaInner { kernels, stream, blas: OnceLock::new(), order_ticket })))
     }
 
     pub fn name(&self) -> &str {
-        &self.0.name
+        &self.0.kernels.name
     }
 
+    /// The stream this device's work is queued on.
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.0.stream
     }
 
     pub fn context(&self) -> &Arc<CudaContext> {
-        &self.0.ctx
+        self.0.stream.context()
+    }
+
+    /// Whether `other` is the same context (its memory is addressable from here).
+    pub(crate) fn same_context(&self, other: &CudaDevice) -> bool {
+        self.context().cu_ctx() == other.context().cu_ctx()
     }
 
     /// Hands the memory that freed buffers left cached in the device's allocation pool back to
@@ -174,7 +242,7 @@ impl CudaDevice {
     /// calls do not map their buffers afresh each time.
     pub fn release_cached_memory(&self) -> Result<()> {
         self.synchronize()?;
-        if let Some(pool) = alloc_pool(&self.0.ctx)? {
+        if let Some(pool) = alloc_pool(self.context())? {
             // Safety: the pool is the device's current one, returned by the driver.
             unsafe { mem_pool::trim_to(pool, 0)? };
         }
@@ -183,11 +251,10 @@ impl CudaDevice {
 
     /// Address of the forward ordering pass's ticket counter.
     pub(crate) fn order_ticket(&self) -> u64 {
-        use cudarc::driver::DevicePtr;
-        self.0.order_ticket.device_ptr(&self.0.stream).0
+        self.0.order_ticket.ptr()
     }
 
-    /// Waits for all queued work; surfaces asynchronous kernel errors.
+    /// Waits for all work queued on this device's stream; surfaces asynchronous kernel errors.
     pub fn synchronize(&self) -> Result<()> {
         Ok(self.0.stream.synchronize()?)
     }
@@ -207,9 +274,19 @@ impl CudaDevice {
         Ok(self.0.blas.get_or_init(|| blas))
     }
 
+    /// Streaming multiprocessors.
+    pub(crate) fn sms(&self) -> u32 {
+        self.0.kernels.sms
+    }
+
+    /// L2 cache bytes.
+    pub(crate) fn l2_bytes(&self) -> usize {
+        self.0.kernels.l2_bytes
+    }
+
     /// Whether the Hopper (sm_90a, wgmma) kernels are loaded.
     pub(crate) fn has_wgmma(&self) -> bool {
-        self.0.modules.len() > 1
+        self.0.kernels.modules.len() > 1
     }
 
     /// Every kernel of dmattn's modules as the driver compiled it for this GPU. The driver's own
@@ -217,6 +294,7 @@ impl CudaDevice {
     /// shipped kernel spills here.
     pub fn kernel_resources(&self) -> Result<Vec<KernelResources>> {
         self.0
+            .kernels
             .modules
             .iter()
             .flat_map(|(module, kernels)| kernels.iter().map(move |name| (module, name)))
@@ -234,13 +312,14 @@ impl CudaDevice {
     /// The kernel `name`, cleared to use `smem_bytes` of dynamic shared memory (above 48 KB a
     /// kernel must opt in).
     pub(crate) fn function(&self, name: &str, smem_bytes: u32) -> Result<CudaFunction> {
-        let mut functions = self.0.functions.lock().unwrap();
+        let kernels = &self.0.kernels;
+        let mut functions = kernels.functions.lock().unwrap();
         if let Some((f, cleared)) = functions.get(name)
             && *cleared >= smem_bytes
         {
             return Ok(f.clone());
         }
-        let module = self.0.modules.iter().find(|(_, kernels)| kernels.iter().any(|k| k == name)).map_or(&self.0.modules[0].0, |(m, _)| m);
+        let module = kernels.modules.iter().find(|(_, names)| names.iter().any(|k| k == name)).map_or(&kernels.modules[0].0, |(m, _)| m);
         let f = module.load_function(name)?;
         f.set_attribute(
             sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

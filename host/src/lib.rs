@@ -20,16 +20,18 @@
 //! # Ok(()) }
 //! ```
 mod attention;
+mod buffers;
 mod cpu;
 mod cuda;
 mod device;
 mod dtype;
 mod error;
+mod memory;
 mod problem;
 mod reference;
 mod tensor;
 
-pub use attention::{Attention, Forward, Gradients, attention};
+pub use attention::{Attention, Forward, GradientBuffers, Gradients, attention};
 pub use device::{CudaDevice, Device, KernelResources};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};

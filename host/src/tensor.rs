@@ -2,8 +2,10 @@
 use crate::device::{CudaDevice, Device};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
-use cudarc::driver::result::memset_d8_async;
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use crate::memory::DeviceBuffer;
+use cudarc::driver::result::memcpy_dtoh_async;
+use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DeviceRepr};
+use std::any::Any;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -18,7 +20,33 @@ pub fn set_output_poisoning(on: bool) {
 #[derive(Clone)]
 pub(crate) enum Storage {
     Cpu(Arc<Vec<u8>>),
-    Cuda(Arc<CudaSlice<u8>>, CudaDevice),
+    Cuda(Arc<DeviceMemory>, CudaDevice),
+}
+
+/// Device memory a tensor reads or writes.
+pub(crate) enum DeviceMemory {
+    /// Allocated by dmattn on its device's stream (freed there, in stream order, when the last
+    /// tensor over it is dropped).
+    Owned(DeviceBuffer),
+    /// The caller's: `bytes` bytes at `ptr`, kept allocated by `owner` or, without one, by the
+    /// caller's promise ([`Tensor::from_raw_parts`]).
+    External { ptr: u64, bytes: usize, _owner: Option<Arc<dyn Any + Send + Sync>> },
+}
+
+impl DeviceMemory {
+    fn bytes(&self) -> usize {
+        match self {
+            DeviceMemory::Owned(buf) => buf.bytes(),
+            DeviceMemory::External { bytes, .. } => *bytes,
+        }
+    }
+
+    fn ptr(&self) -> u64 {
+        match self {
+            DeviceMemory::Owned(buf) => buf.ptr(),
+            DeviceMemory::External { ptr, .. } => *ptr,
+        }
+    }
 }
 
 /// A strided view of storage. Strides are in elements; dimensions of size 1 may have any stride.
@@ -112,8 +140,8 @@ impl Tensor {
         let storage = match device {
             Device::Cpu => Storage::Cpu(Arc::new(bytes)),
             Device::Cuda(dev) => {
-                let buf = dev.stream().clone_htod(&bytes)?;
-                Storage::Cuda(Arc::new(buf), dev.clone())
+                let buf = DeviceBuffer::from_host(dev.stream(), &bytes)?;
+                Storage::Cuda(Arc::new(DeviceMemory::Owned(buf)), dev.clone())
             }
         };
         Ok(Tensor { storage, dtype, layout })
@@ -129,17 +157,81 @@ impl Tensor {
         let storage = match device {
             Device::Cpu => Storage::Cpu(Arc::new(vec![if poison { 0xFF } else { 0 }; bytes])),
             Device::Cuda(dev) => {
-                // Safety: every element is written before it is read, by the kernel producing
-                // this output or by the poison fill below.
-                let mut buf = unsafe { dev.stream().alloc::<u8>(bytes.max(1))? };
-                if poison {
-                    let (ptr, _guard) = buf.device_ptr_mut(dev.stream());
-                    unsafe { memset_d8_async(ptr, 0xFF, bytes.max(1), dev.stream().cu_stream())? };
-                }
-                Storage::Cuda(Arc::new(buf), dev.clone())
+                // Every element is written before it is read, by the kernel producing this
+                // output, or shows as NaN.
+                let buf = if poison { DeviceBuffer::filled(dev.stream(), bytes, 0xFF)? } else { DeviceBuffer::uninit(dev.stream(), bytes)? };
+                Storage::Cuda(Arc::new(DeviceMemory::Owned(buf)), dev.clone())
             }
         };
         Ok(Tensor { storage, dtype, layout })
+    }
+
+    /// A contiguous tensor of `shape` over a caller's device buffer, without a copy: the tensor
+    /// keeps `slice` alive, and dmattn reads or writes it on `device`'s stream, after the work
+    /// queued there. Where the context tracks events (cudarc's default), the stream also waits
+    /// for the last write to `slice` on another stream. `slice` must belong to `device`'s
+    /// context and hold exactly the shape's elements; [`Tensor::as_strided`] gives other views.
+    pub fn from_cuda_slice<T: Element + DeviceRepr>(slice: impl Into<Arc<CudaSlice<T>>>, shape: &[usize], device: &CudaDevice) -> Result<Tensor> {
+        let slice = slice.into();
+        let arg = "slice";
+        if slice.context().cu_ctx() != device.context().cu_ctx() {
+            return Err(Error::Device { arg, expected: format!("{}", Device::Cuda(device.clone())), got: "a buffer of another CUDA context".into() });
+        }
+        let layout = Layout::contiguous(shape);
+        if slice.len() != layout.numel() {
+            return Err(Error::Shape { arg, expected: format!("{} elements for shape {shape:?}", slice.len()), got: shape.to_vec() });
+        }
+        let (ptr, _record) = slice.device_ptr(device.stream());
+        let bytes = slice.len() * T::DTYPE.size_in_bytes();
+        let memory = DeviceMemory::External { ptr, bytes, _owner: Some(slice.clone()) };
+        Ok(Tensor { storage: Storage::Cuda(Arc::new(memory), device.clone()), dtype: T::DTYPE, layout })
+    }
+
+    /// A contiguous tensor of `shape` over the memory a caller's view covers, without a copy.
+    ///
+    /// # Safety
+    /// The viewed memory must stay allocated, and be written by nobody else, until the returned
+    /// tensor, every tensor made from it and every [`crate::Forward`] holding it are dropped and
+    /// the work dmattn queued on `device`'s stream over it has finished; the view's writes on
+    /// other streams must be ordered before `device`'s stream by the caller.
+    pub unsafe fn from_cuda_view<T: Element + DeviceRepr>(view: &CudaView<'_, T>, shape: &[usize], device: &CudaDevice) -> Result<Tensor> {
+        let (ptr, _record) = view.device_ptr(device.stream());
+        let layout = Layout::contiguous(shape);
+        if view.len() != layout.numel() {
+            return Err(Error::Shape { arg: "view", expected: format!("{} elements for shape {shape:?}", view.len()), got: shape.to_vec() });
+        }
+        // Safety: forwarded to the caller.
+        unsafe { Tensor::from_raw_parts(ptr, view.len(), T::DTYPE, layout, device, None) }
+    }
+
+    /// A tensor over `len` elements of `dtype` at device address `ptr` in `device`'s context,
+    /// seen through `layout` (shape, strides and offset in elements), without a copy: how a
+    /// framework (PyTorch's `data_ptr()`, a candle storage) lends its memory. `owner`, if given,
+    /// is kept alive as long as the memory is used.
+    ///
+    /// # Safety
+    /// `ptr` must address `len` elements of `dtype` of device memory of `device`'s context that
+    /// stays allocated, and is written by nobody else, as long as `owner` lives, or without an
+    /// owner until the tensor, every tensor made from it and every [`crate::Forward`] holding it
+    /// are dropped and the work dmattn queued over it on `device`'s stream has finished. Writes
+    /// by others must be ordered before that stream's work by the caller.
+    pub unsafe fn from_raw_parts(
+        ptr: u64,
+        len: usize,
+        dtype: DType,
+        layout: Layout,
+        device: &CudaDevice,
+        owner: Option<Arc<dyn Any + Send + Sync>>,
+    ) -> Result<Tensor> {
+        if ptr == 0 && len > 0 {
+            return Err(Error::Param { arg: "ptr", reason: "a null device address".into() });
+        }
+        if !ptr.is_multiple_of(dtype.size_in_bytes() as u64) {
+            return Err(Error::Param { arg: "ptr", reason: format!("{ptr:#x} is not aligned to its {:?} elements", dtype) });
+        }
+        let memory = DeviceMemory::External { ptr, bytes: len * dtype.size_in_bytes(), _owner: owner };
+        let whole = Tensor { storage: Storage::Cuda(Arc::new(memory), device.clone()), dtype, layout: Layout::contiguous(&[len]) };
+        whole.as_strided(&layout.shape, &layout.strides, layout.offset)
     }
 
     /// A view of the same storage with another shape, strides (elements) and offset.
@@ -160,7 +252,7 @@ impl Tensor {
     pub(crate) fn storage_len(&self) -> usize {
         let bytes = match &self.storage {
             Storage::Cpu(b) => b.len(),
-            Storage::Cuda(b, _) => b.len(),
+            Storage::Cuda(b, _) => b.bytes(),
         };
         bytes / self.dtype.size_in_bytes()
     }
@@ -192,7 +284,14 @@ impl Tensor {
     fn host_bytes(&self) -> Result<Arc<Vec<u8>>> {
         match &self.storage {
             Storage::Cpu(b) => Ok(b.clone()),
-            Storage::Cuda(buf, dev) => Ok(Arc::new(dev.stream().clone_dtoh(buf.as_ref())?)),
+            Storage::Cuda(memory, dev) => {
+                let mut bytes = vec![0u8; memory.bytes()];
+                // Safety: the memory holds `bytes.len()` bytes (an owned buffer's length, or the
+                // caller's promise for external memory); the copy is complete after the sync.
+                unsafe { memcpy_dtoh_async(&mut bytes, memory.ptr(), dev.stream().cu_stream())? };
+                dev.synchronize()?;
+                Ok(Arc::new(bytes))
+            }
         }
     }
 
@@ -224,16 +323,20 @@ impl Tensor {
         Tensor::from_bytes(packed, self.dtype, Layout::contiguous(&self.layout.shape), device)
     }
 
-    /// Device address of the first element (CUDA tensors only).
-    pub(crate) fn device_ptr(&self) -> Option<u64> {
+    /// Device address of the first element (CUDA tensors; `None` on the CPU). Work dmattn
+    /// queued over it is ordered on the tensor's device's stream.
+    pub fn device_ptr(&self) -> Option<u64> {
         match &self.storage {
-            Storage::Cuda(buf, dev) => {
-                // Event tracking is off on our context, so the guard records nothing.
-                let (ptr, _guard) = buf.device_ptr(dev.stream());
-                Some(ptr + (self.layout.offset * self.dtype.size_in_bytes()) as u64)
-            }
+            Storage::Cuda(memory, _) => Some(memory.ptr() + (self.layout.offset * self.dtype.size_in_bytes()) as u64),
             Storage::Cpu(_) => None,
         }
+    }
+
+    /// The device range `[start, end)` of the bytes this tensor's elements may touch (CUDA
+    /// tensors): for telling whether two tensors can overlap.
+    pub(crate) fn device_range(&self) -> Option<(u64, u64)> {
+        let start = self.device_ptr()?;
+        Some((start, start + ((self.layout.extent() - self.layout.offset) * self.dtype.size_in_bytes()) as u64))
     }
 }
 

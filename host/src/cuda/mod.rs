@@ -6,14 +6,14 @@ mod materialized;
 
 pub(crate) use materialized::forward as forward_materialized;
 
-use crate::attention::{Forward, Gradients, Saved};
+use crate::attention::{Forward, ForwardBuffers, GradientBuffers, Gradients, Saved};
 use crate::cpu::lse_shape;
 use crate::device::CudaDevice;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::problem::{Dims, Problem};
 use crate::tensor::Tensor;
-use cudarc::driver::CudaSlice;
+use crate::memory::DeviceBuffer;
 use dmattn_abi::{
     BLOCK_MAP_K, BLOCK_MAP_Q, BwdParams, BwdTile, BwdPreParams, CombineParams, ConvertParams, DeviceElem, ORDER_SMEM_BYTES, ORDER_WARPS, OrderParams,
     FwdParams, MaskPackParams, PRE_THREADS, QueryRows, View4, bwd_tile, flags, fwd_variants, modifiers,
@@ -73,7 +73,7 @@ fn broadcast_operand(d: &Dims, t: &Tensor) -> (View4, u32) {
 #[derive(Clone)]
 pub(crate) struct PreparedMask {
     /// The packed words, then the classes.
-    _buf: Arc<CudaSlice<u8>>,
+    _buf: Arc<DeviceBuffer>,
     classes: View4,
     bits: View4,
     head_div: u32,
@@ -83,19 +83,15 @@ fn prepare_mask(dev: &CudaDevice, p: &Problem, mask: &Tensor) -> Result<Prepared
     let [mb, mh, mq, mk] = p.mask.expect("mask shape");
     let d = &p.dims;
     let (q_blocks, k_blocks) = (mq.div_ceil(BLOCK_MAP_Q as usize), d.seqlen_k.div_ceil(BLOCK_MAP_K as usize));
-    let stream = dev.stream();
-    // Safety: the pack kernel writes every word and every class of this buffer.
+    // The pack kernel writes every word and every class of this buffer.
     let bits_bytes = 8 * mb * mh * mq * k_blocks;
-    let buf = unsafe { stream.alloc::<u8>(bits_bytes + mb * mh * q_blocks * k_blocks)? };
+    let buf = DeviceBuffer::uninit(dev.stream(), bits_bytes + mb * mh * q_blocks * k_blocks)?;
     let mut view = broadcast_view(mask);
     // A key-broadcast mask is read as sk keys of stride 0, so it packs like any other.
     if mk == 1 {
         view.stride[3] = 0;
     }
-    let bits = {
-        use cudarc::driver::DevicePtr;
-        buf.device_ptr(stream).0
-    };
+    let bits = buf.ptr();
     let params = MaskPackParams {
         mask: view,
         classes: bits + bits_bytes as u64,
@@ -205,7 +201,7 @@ fn fwd_params(p: &Problem, saved: &Saved, out: &Tensor, lse: &Tensor, mask: Opti
 fn key_splits(dev: &CudaDevice, d: &Dims, block_m: u32, block_n: u32) -> (u32, u32) {
     let ctas = d.seqlen_q.div_ceil(block_m as usize) * d.heads * d.batch;
     let k_tiles = d.seqlen_k.div_ceil(block_n as usize);
-    let target = (2 * dev.0.sms as usize).div_ceil(ctas).min(k_tiles / 2).min(128).min(65535 / d.batch);
+    let target = (2 * dev.sms() as usize).div_ceil(ctas).min(k_tiles / 2).min(128).min(65535 / d.batch);
     if target < 2 {
         return (1, k_tiles as u32);
     }
@@ -224,7 +220,15 @@ fn row_blocks(d: &Dims) -> u32 {
     (d.batch * d.heads * d.seqlen_q).div_ceil(per_block).clamp(1, 4096) as u32
 }
 
-pub(crate) fn forward(dev: &CudaDevice, p: Problem, mut saved: Saved) -> Result<Forward> {
+/// The caller's buffer where given, else a new one.
+fn output(provided: Option<&Tensor>, shape: &[usize], dtype: DType, device: &crate::Device) -> Result<Tensor> {
+    match provided {
+        Some(t) => Ok(t.clone()),
+        None => Tensor::empty(shape, dtype, device),
+    }
+}
+
+pub(crate) fn forward(dev: &CudaDevice, p: Problem, mut saved: Saved, into: ForwardBuffers) -> Result<Forward> {
     let d = p.dims;
     let elem = check_operands(&p, &saved)?;
     let variants = fwd_variants(d.head_dim as u32).ok_or_else(|| unsupported_head_dim(d.head_dim))?;
@@ -237,8 +241,8 @@ pub(crate) fn forward(dev: &CudaDevice, p: Problem, mut saved: Saved) -> Result<
     };
     check_limits(&d, tile.block_m)?;
     let device = saved.q.device();
-    let out = Tensor::empty(saved.q.shape(), p.dtype, &device)?;
-    let lse = Tensor::empty(&lse_shape(&p), DType::F32, &device)?;
+    let out = output(into.out, saved.q.shape(), p.dtype, &device)?;
+    let lse = output(into.lse, &lse_shape(&p), DType::F32, &device)?;
     let prepared = saved.mask.as_ref().map(|m| prepare_mask(dev, &p, m)).transpose()?;
     let name = kernel_name(dmattn_abi::names::FWD_PREFIX, elem, d.head_dim, if mods { modifiers::ALL } else { modifiers::NONE });
     let grid = (d.seqlen_q.div_ceil(tile.block_m as usize) as u32, d.heads as u32, d.batch as u32 * splits);
@@ -288,7 +292,7 @@ pub(crate) fn forward(dev: &CudaDevice, p: Problem, mut saved: Saved) -> Result<
 fn order_pays(dev: &CudaDevice, d: &Dims, grid: (u32, u32, u32)) -> bool {
     let ctas = grid.0 as u64 * grid.1 as u64 * grid.2 as u64;
     let kv_bytes = 2 * 2 * d.batch * d.kv_heads * d.seqlen_k * d.head_dim;
-    ctas > dev.0.sms as u64 && ctas <= u32::MAX as u64 && kv_bytes <= dev.0.l2_bytes
+    ctas > dev.sms() as u64 && ctas <= u32::MAX as u64 && kv_bytes <= dev.l2_bytes()
 }
 
 /// Whether the backward's placement (a work order, kv heads first) pays: both give up the grid
@@ -298,30 +302,27 @@ fn order_pays(dev: &CudaDevice, d: &Dims, grid: (u32, u32, u32)) -> bool {
 /// d128 4K) 4.5-10 % faster; of 268 MB, d128 8K 3-17 % slower and d64 16K unchanged.
 fn bwd_placement_pays(dev: &CudaDevice, d: &Dims) -> bool {
     let q_dout_bytes = 2 * 2 * d.batch * d.heads * d.seqlen_q * d.head_dim;
-    q_dout_bytes <= 3 * dev.0.l2_bytes
+    q_dout_bytes <= 3 * dev.l2_bytes()
 }
 
 /// A work order (`FwdParams::order`) for a grid of `grid` CTAs from the ordering kernel `name`:
 /// each CTA's visited tiles counted from the block map and sorted heaviest first, in one
 /// launch. The buffer holds the order (u64 per CTA), then the counts (u32 per CTA).
-fn work_order(dev: &CudaDevice, name: &str, fwd: &FwdParams, grid: (u32, u32, u32), kv_heads_first: bool) -> Result<(CudaSlice<u8>, u64)> {
-    use cudarc::driver::DevicePtr;
+fn work_order(dev: &CudaDevice, name: &str, fwd: &FwdParams, grid: (u32, u32, u32), kv_heads_first: bool) -> Result<(DeviceBuffer, u64)> {
     let ctas = (grid.0 * grid.1 * grid.2) as usize;
-    let stream = dev.stream();
-    // Safety: the pass writes a count for every CTA before reading it, and fills every slot.
-    let buf = unsafe { stream.alloc::<u8>(12 * ctas)? };
-    let order = buf.device_ptr(stream).0;
+    // The pass writes a count for every CTA before reading it, and fills every slot.
+    let buf = DeviceBuffer::uninit(dev.stream(), 12 * ctas)?;
+    let order = buf.ptr();
     let params = OrderParams { fwd: *fwd, work: order + 8 * ctas as u64, order, ticket: dev.order_ticket(), kv_heads_first: kv_heads_first as u32 };
     let blocks = ctas.div_ceil(ORDER_WARPS as usize) as u32;
     launch(dev, &Launch::kernel(name, (blocks, 1, 1), 32 * ORDER_WARPS, ORDER_SMEM_BYTES), params)?;
     Ok((buf, order))
 }
 
-/// A zeroed f32 or u32 device buffer of `n` elements and its address.
-fn zeroed<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(dev: &CudaDevice, n: usize) -> Result<(CudaSlice<T>, u64)> {
-    use cudarc::driver::DevicePtr;
-    let buf = dev.stream().alloc_zeros::<T>(n.max(1))?;
-    let ptr = buf.device_ptr(dev.stream()).0;
+/// A zeroed device buffer of `n` f32 or u32 elements and its address.
+fn zeroed(dev: &CudaDevice, n: usize) -> Result<(DeviceBuffer, u64)> {
+    let buf = DeviceBuffer::filled(dev.stream(), 4 * n, 0)?;
+    let ptr = buf.ptr();
     Ok((buf, ptr))
 }
 
@@ -350,8 +351,9 @@ fn bwd_kernel_name(tile: &BwdTile, elem: DeviceElem, head_dim: usize, modifiers:
     if deterministic { name + dmattn_abi::names::DETERMINISTIC_SUFFIX } else { name }
 }
 
-pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, deterministic: bool) -> Result<Gradients> {
+pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, into: GradientBuffers) -> Result<Gradients> {
     let (p, saved) = (&fwd.problem, &fwd.saved);
+    let deterministic = p.deterministic;
     let d = p.dims;
     let elem = check_operands(p, saved)?;
     let modifiers = modifiers_of(p);
@@ -361,7 +363,7 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, determini
     let dout_view = qkv_view(dout, "dout")?;
 
     // delta = rowsum(dO * O).
-    let (_delta, delta) = zeroed::<f32>(dev, d.batch * d.heads * d.seqlen_q)?;
+    let (_delta, delta) = zeroed(dev, d.batch * d.heads * d.seqlen_q)?;
     let pre = BwdPreParams {
         o: qkv_view(&fwd.out, "out")?,
         dout: dout_view,
@@ -374,13 +376,13 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, determini
 
     // Accumulators, outputs and (deterministic mode) turn counters.
     let (m_tiles, n_blocks) = (d.seqlen_q.div_ceil(tile.block_m as usize), d.seqlen_k.div_ceil(tile.block_n as usize));
-    let (_dq_acc, dq_acc) = zeroed::<f32>(dev, d.batch * d.seqlen_q * d.heads * d.head_dim)?;
+    let (_dq_acc, dq_acc) = zeroed(dev, d.batch * d.seqlen_q * d.heads * d.head_dim)?;
     let bias_len = p.bias.map_or(0, |s| s.iter().product::<usize>());
-    let (_dbias_acc, dbias_acc) = zeroed::<f32>(dev, bias_len)?;
-    let (_dq_turns, dq_turns) = zeroed::<u32>(dev, if deterministic { d.batch * d.heads * m_tiles } else { 0 })?;
-    let (_dbias_turns, dbias_turns) = zeroed::<u32>(dev, if deterministic { d.batch * d.kv_heads * n_blocks } else { 0 })?;
-    let dk = Tensor::empty(saved.k.shape(), p.dtype, &device)?;
-    let dv = Tensor::empty(saved.v.shape(), p.dtype, &device)?;
+    let (_dbias_acc, dbias_acc) = zeroed(dev, bias_len)?;
+    let (_dq_turns, dq_turns) = zeroed(dev, if deterministic { d.batch * d.heads * m_tiles } else { 0 })?;
+    let (_dbias_turns, dbias_turns) = zeroed(dev, if deterministic { d.batch * d.kv_heads * n_blocks } else { 0 })?;
+    let dk = output(into.dk, saved.k.shape(), p.dtype, &device)?;
+    let dv = output(into.dv, saved.v.shape(), p.dtype, &device)?;
 
     // The fused forward prepared the mask; after the materialising forward it is prepared here.
     let prepared = match (&saved.gpu, &saved.mask) {
@@ -407,7 +409,7 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, determini
     // so that their dbias additions meet in L2 rather than each wave's going through DRAM to the
     // whole f32 accumulator (H100, d64 8K, 50 % blocks + bias: 7.7 GB of DRAM traffic, 0.8 GB
     // without the bias).
-    let (ctas, sms) = ((n_blocks * d.kv_heads * d.batch) as u64, dev.0.sms as u64);
+    let (ctas, sms) = ((n_blocks * d.kv_heads * d.batch) as u64, dev.sms() as u64);
     let placed = !deterministic && modifiers::bwd_placed(bwd_variant(&tile, modifiers)) && ctas > sms && bwd_placement_pays(dev, &d);
     // Key tiles then count along grid y and in a packed position's y: both 16-bit.
     let kv_heads_first = placed && d.kv_heads > 1 && p.bias.is_some_and(|s| s[1] == 1) && n_blocks <= u16::MAX as usize;
@@ -442,11 +444,11 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, determini
     }
     launch(dev, &Launch::kernel(&name, grid, tile.threads(), tile.smem_bytes()), params)?;
 
-    let dq = Tensor::empty(saved.q.shape(), p.dtype, &device)?;
+    let dq = output(into.dq, saved.q.shape(), p.dtype, &device)?;
     convert(dev, elem, dq_acc, &dq, dq.layout().numel())?;
     let dbias = match &saved.bias {
         Some(b) => {
-            let db = Tensor::empty(b.shape(), b.dtype(), &device)?;
+            let db = output(into.dbias, b.shape(), b.dtype(), &device)?;
             convert(dev, elem, dbias_acc, &db, bias_len)?;
             Some(db)
         }

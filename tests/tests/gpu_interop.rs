@@ -1,0 +1,297 @@
+//! dmattn over a caller's memory, context and stream: tensors wrapping cudarc buffers (strided,
+//! with poisoned padding the kernels must neither read nor write), caller-provided outputs and
+//! gradients, work ordered on the caller's stream without a host synchronisation, and forward +
+//! backward captured into a CUDA graph and replayed. Every result is compared bit for bit with
+//! dmattn's own tensors on its own stream (deterministic backward). Skips without a CUDA device.
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr, sys};
+use dmattn::{CudaDevice, DType, Device, Element, GradientBuffers, Tensor};
+use dmattn_tests::*;
+use half::{bf16, f16};
+use proptest::prelude::*;
+use std::sync::Arc;
+
+/// A caller as a framework is one: its own handle on the device's primary context (cudarc's
+/// defaults: event tracking on), its own stream, dmattn on that stream.
+struct Caller {
+    stream: Arc<CudaStream>,
+    dev: CudaDevice,
+}
+
+fn caller() -> Option<Caller> {
+    gpu()?;
+    let ctx = CudaContext::new(0).unwrap();
+    let stream = ctx.new_stream().unwrap();
+    let dev = CudaDevice::from_stream(stream.clone()).unwrap();
+    Some(Caller { stream, dev })
+}
+
+/// A value whose bits the kernels never write and must never read: NaN (true for masks).
+trait Junk: Element + DeviceRepr {
+    const JUNK: Self;
+}
+impl Junk for bf16 {
+    const JUNK: Self = bf16::NAN;
+}
+impl Junk for f16 {
+    const JUNK: Self = f16::NAN;
+}
+impl Junk for f32 {
+    const JUNK: Self = f32::NAN;
+}
+impl Junk for bool {
+    const JUNK: Self = true;
+}
+
+/// How a caller's buffer holds a `[b, s, h, d]` tensor.
+#[derive(Clone, Copy, PartialEq)]
+enum Holding {
+    Contiguous,
+    /// One junk head before the `h` real ones in every row: head stride d, row stride (h+1)·d,
+    /// offset d.
+    PaddedHeads,
+}
+
+fn wrap<T: Junk>(c: &Caller, data: Vec<T>, shape: &[usize], holding: Holding) -> Tensor {
+    if holding == Holding::Contiguous {
+        return Tensor::from_cuda_slice(c.stream.clone_htod(&data).unwrap(), shape, &c.dev).unwrap();
+    }
+    let [b, s, h, d] = <[usize; 4]>::try_from(shape).unwrap();
+    let padded: Vec<T> = data.chunks(h * d).flat_map(|row| std::iter::repeat_n(T::JUNK, d).chain(row.iter().copied())).collect();
+    let slice: CudaSlice<T> = c.stream.clone_htod(&padded).unwrap();
+    let full = Tensor::from_cuda_slice(slice, &[b, s, h + 1, d], &c.dev).unwrap();
+    full.as_strided(shape, &[s * (h + 1) * d, (h + 1) * d, d, 1], d).unwrap()
+}
+
+/// `host` (a CPU tensor) copied into a caller's buffer held as `holding`.
+fn caller_copy(c: &Caller, host: &Tensor, holding: Holding) -> Tensor {
+    match host.dtype() {
+        DType::BF16 => wrap::<bf16>(c, host.to_vec().unwrap(), host.shape(), holding),
+        DType::F16 => wrap::<f16>(c, host.to_vec().unwrap(), host.shape(), holding),
+        DType::F32 => wrap::<f32>(c, host.to_vec().unwrap(), host.shape(), holding),
+        DType::Bool => wrap::<bool>(c, host.to_vec().unwrap(), host.shape(), holding),
+        other => panic!("no GPU {other:?}"),
+    }
+}
+
+/// A caller's buffer of junk for an output of `shape` and `dtype`.
+fn caller_junk(c: &Caller, shape: &[usize], dtype: DType, holding: Holding) -> Tensor {
+    let n = shape.iter().product();
+    match dtype {
+        DType::BF16 => wrap(c, vec![bf16::NAN; n], shape, holding),
+        DType::F16 => wrap(c, vec![f16::NAN; n], shape, holding),
+        DType::F32 => wrap(c, vec![f32::NAN; n], shape, holding),
+        other => panic!("no GPU output of {other:?}"),
+    }
+}
+
+fn values(t: &Tensor) -> Vec<f64> {
+    t.to_f64_vec().unwrap()
+}
+
+/// Every element of the storage behind a padded-heads view other than the view's own: still junk.
+fn padding_untouched(view: &Tensor) -> bool {
+    let [b, s, h, d] = <[usize; 4]>::try_from(view.shape()).unwrap();
+    let full = view.as_strided(&[b, s, h + 1, d], &[s * (h + 1) * d, (h + 1) * d, d, 1], 0).unwrap();
+    values(&full).chunks((h + 1) * d).all(|row| row[..d].iter().all(|x| x.is_nan()))
+}
+
+/// The inputs of a case as the caller holds them: q, k, v with padded heads, mask and bias as
+/// their (broadcast) shapes.
+fn caller_inputs(c: &Caller, host: &Inputs) -> Inputs {
+    Inputs {
+        q: caller_copy(c, &host.q, Holding::PaddedHeads),
+        k: caller_copy(c, &host.k, Holding::PaddedHeads),
+        v: caller_copy(c, &host.v, Holding::PaddedHeads),
+        mask: host.mask.as_ref().map(|m| caller_copy(c, m, Holding::Contiguous)),
+        bias: host.bias.as_ref().map(|b| caller_copy(c, b, Holding::Contiguous)),
+    }
+}
+
+/// Outputs and gradients (out, lse, dq, dk, dv, dbias) as f64 values.
+type Results = Vec<Vec<f64>>;
+
+/// dmattn's own tensors on its own stream: the reference each caller-side run must equal.
+fn own_results(case: &Case, host: &Inputs, dout: &Tensor, gpu: &Device) -> Results {
+    let on = host.to(gpu);
+    let fwd = case.call(&on).deterministic(true).forward().unwrap();
+    let g = fwd.backward(&dout.to_device(gpu).unwrap()).unwrap();
+    let mut r = vec![values(&fwd.out), values(&fwd.lse), values(&g.dq), values(&g.dk), values(&g.dv)];
+    r.extend(g.dbias.as_ref().map(values));
+    r
+}
+
+/// The caller's output and gradient buffers for `case`, all junk.
+struct Buffers {
+    out: Tensor,
+    lse: Tensor,
+    dq: Tensor,
+    dk: Tensor,
+    dv: Tensor,
+    dbias: Option<Tensor>,
+}
+
+impl Buffers {
+    fn new(c: &Caller, case: &Case) -> Self {
+        let (q, kv) = (case.q_shape(), case.kv_shape());
+        Buffers {
+            out: caller_junk(c, &q, case.dtype, Holding::PaddedHeads),
+            lse: caller_junk(c, &[case.batch, case.heads, case.seqlen_q], DType::F32, Holding::Contiguous),
+            dq: caller_junk(c, &q, case.dtype, Holding::Contiguous),
+            dk: caller_junk(c, &kv, case.dtype, Holding::PaddedHeads),
+            dv: caller_junk(c, &kv, case.dtype, Holding::PaddedHeads),
+            dbias: case.bias.map(|s| caller_junk(c, &s, case.dtype, Holding::Contiguous)),
+        }
+    }
+
+    fn grads(&self) -> GradientBuffers<'_> {
+        GradientBuffers { dq: Some(&self.dq), dk: Some(&self.dk), dv: Some(&self.dv), dbias: self.dbias.as_ref() }
+    }
+
+    /// Forward and backward of `case` over the caller's `inputs` into these buffers, queued on
+    /// the caller's stream; nothing waits for it.
+    fn run(&self, case: &Case, inputs: &Inputs, dout: &Tensor) -> dmattn::Result<()> {
+        let fwd = case.call(inputs).deterministic(true).out(&self.out).lse(&self.lse).forward()?;
+        fwd.backward_into(dout, self.grads())?;
+        Ok(())
+    }
+
+    fn results(&self) -> Results {
+        let mut r = vec![values(&self.out), values(&self.lse), values(&self.dq), values(&self.dk), values(&self.dv)];
+        r.extend(self.dbias.as_ref().map(values));
+        r
+    }
+}
+
+const NAMES: [&str; 6] = ["out", "lse", "dq", "dk", "dv", "dbias"];
+
+fn same_bits(got: &Results, want: &Results) -> Result<(), String> {
+    if got.len() != want.len() {
+        return Err(format!("{} results, expected {}", got.len(), want.len()));
+    }
+    for ((g, w), name) in got.iter().zip(want).zip(NAMES) {
+        if let Some(i) = (0..w.len()).find(|&i| g[i] != w[i] && !(g[i].is_nan() && w[i].is_nan())) {
+            return Err(format!("{name}[{i}] = {} where dmattn's own tensors give {}", g[i], w[i]));
+        }
+    }
+    Ok(())
+}
+
+/// Random cases over every axis the kernels branch on: the caller's strided buffers and
+/// provided outputs give dmattn's own results bit for bit, and the padding stays junk.
+#[test]
+fn callers_buffers_and_stream_give_own_results() {
+    let (Some(gpu), Some(c)) = (gpu(), caller()) else { return };
+    gpu_property(300, 300, |(case, seed)| {
+        let host = case.inputs(&mut seeded_rng(seed));
+        let dout = gpu_dout(&case, seed ^ 0x5EED);
+        let want = own_results(&case, &host, &dout, &gpu);
+        let inputs = caller_inputs(&c, &host);
+        let bufs = Buffers::new(&c, &case);
+        bufs.run(&case, &inputs, &caller_copy(&c, &dout, Holding::Contiguous)).map_err(|e| TestCaseError::fail(format!("{e} for {case:?}")))?;
+        same_bits(&bufs.results(), &want).map_err(|e| TestCaseError::fail(format!("{e} for {case:?}")))?;
+        for (name, t) in [("q", &inputs.q), ("out", &bufs.out), ("dk", &bufs.dk), ("dv", &bufs.dv)] {
+            prop_assert!(padding_untouched(t), "{name}: the padding between heads changed for {case:?}");
+        }
+        Ok(())
+    });
+}
+
+/// A case with every step of a call: mask preparation, the work-order pass (more CTAs than
+/// SMs), bias, GQA, causal; and a decode case that splits the keys and combines.
+fn pipeline_cases() -> [Case; 2] {
+    let train = Case {
+        dtype: DType::BF16,
+        mask: Some([2, 4, 1024, 1024]),
+        mask_pattern: MaskPattern::Blocks(0.5),
+        bias: Some([1, 16, 1024, 1024]),
+        causal: true,
+        ..Case::new(2, 1024, 1024, 16, 4, 64)
+    };
+    let decode = Case { dtype: DType::BF16, mask: Some([1, 1, 1, 16384]), bias: Some([1, 2, 1, 16384]), ..Case::new(1, 1, 16384, 4, 2, 128) };
+    [train, decode]
+}
+
+/// Copies `src`'s elements into `dst`'s memory (same shape, both caller buffers), queued on the
+/// caller's stream.
+fn overwrite(c: &Caller, dst: &Tensor, src: &Tensor) {
+    let bytes = src.layout().numel() * src.dtype().size_in_bytes();
+    assert!(dst.layout().is_contiguous() || dst.shape() == src.shape());
+    // Safety: both are live caller buffers holding `bytes` bytes from their first element
+    // (contiguous, or the same padded layout, copied whole with its padding).
+    let (d, s) = (dst.device_ptr().unwrap(), src.device_ptr().unwrap());
+    let span = if dst.layout().is_contiguous() { bytes } else { (dst.layout().strides[0] * dst.shape()[0] - dst.layout().offset) * src.dtype().size_in_bytes() };
+    unsafe { cudarc::driver::result::memcpy_dtod_async(d, s, span, c.stream.cu_stream()).unwrap() };
+}
+
+/// Work is queued on the caller's stream, after what the caller queued there, and the call
+/// returns without waiting for it: with a second of copies queued ahead and q overwritten
+/// behind them, the stream is still busy when forward and backward return, and the results are
+/// those of the new q.
+#[test]
+fn calls_queue_on_the_callers_stream_without_waiting() {
+    let (Some(gpu), Some(c)) = (gpu(), caller()) else { return };
+    let case = &pipeline_cases()[0];
+    let mut rng = fresh_rng("gpu_interop_order");
+    let (first, second) = (case.inputs(&mut rng), case.inputs(&mut rng));
+    let dout = gpu_dout(case, 7);
+    let want = own_results(case, &Inputs { q: second.q.clone(), ..first.to(&Device::Cpu) }, &dout, &gpu);
+    let inputs = caller_inputs(&c, &first);
+    let new_q = caller_copy(&c, &second.q, Holding::PaddedHeads);
+    let dout = caller_copy(&c, &dout, Holding::Contiguous);
+    let bufs = Buffers::new(&c, case);
+    c.stream.synchronize().unwrap();
+
+    // A few hundred milliseconds of copies on the caller's stream, then the new q.
+    let (a, mut b) = (c.stream.alloc_zeros::<u8>(1 << 30).unwrap(), c.stream.alloc_zeros::<u8>(1 << 30).unwrap());
+    for _ in 0..300 {
+        c.stream.memcpy_dtod(&a, &mut b).unwrap();
+    }
+    overwrite(&c, &inputs.q, &new_q);
+    bufs.run(case, &inputs, &dout).unwrap();
+    // Safety: a live stream of the bound context.
+    let status = unsafe { sys::cuStreamQuery(c.stream.cu_stream()) };
+    assert_eq!(status, sys::CUresult::CUDA_ERROR_NOT_READY, "the stream was idle when the calls returned: something waited");
+    same_bits(&bufs.results(), &want).unwrap();
+}
+
+/// Forward and backward captured into a CUDA graph on the caller's stream (mask preparation and
+/// work-order passes included, the Forward dropped inside the capture so that its temporary
+/// buffers are freed by the graph), then replayed on fresh inputs written into the same
+/// buffers: each replay equals dmattn's own eager results on those inputs, bit for bit.
+#[test]
+fn graph_replays_equal_eager_calls() {
+    let (Some(gpu), Some(c)) = (gpu(), caller()) else { return };
+    let mut rng = fresh_rng("gpu_interop_graph");
+    for case in pipeline_cases() {
+        let host = case.inputs(&mut rng);
+        let inputs = caller_inputs(&c, &host);
+        let dout_host = gpu_dout(&case, 11);
+        let dout = caller_copy(&c, &dout_host, Holding::Contiguous);
+        let bufs = Buffers::new(&c, &case);
+        // Eager first: the functions are loaded and cleared for their shared memory outside
+        // the capture.
+        bufs.run(&case, &inputs, &dout).unwrap();
+        same_bits(&bufs.results(), &own_results(&case, &host, &dout_host, &gpu)).unwrap();
+
+        c.stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+        let captured = bufs.run(&case, &inputs, &dout);
+        let graph = c.stream.end_capture(sys::CUgraphInstantiate_flags(0));
+        captured.unwrap();
+        let graph = graph.unwrap().expect("the capture recorded work");
+        for replay in 0..3 {
+            let fresh = case.inputs(&mut rng);
+            let fresh_dout = gpu_dout(&case, 100 + replay);
+            let staged = caller_inputs(&c, &fresh);
+            for (dst, src) in [(&inputs.q, &staged.q), (&inputs.k, &staged.k), (&inputs.v, &staged.v)] {
+                overwrite(&c, dst, src);
+            }
+            for (dst, src) in [(&inputs.mask, &staged.mask), (&inputs.bias, &staged.bias)] {
+                overwrite(&c, dst.as_ref().unwrap(), src.as_ref().unwrap());
+            }
+            overwrite(&c, &dout, &caller_copy(&c, &fresh_dout, Holding::Contiguous));
+            graph.launch().unwrap();
+            let want = own_results(&case, &fresh, &fresh_dout, &gpu);
+            same_bits(&bufs.results(), &want).unwrap_or_else(|e| panic!("replay {replay} of {case:?}: {e}"));
+        }
+    }
+}
