@@ -69,6 +69,8 @@ impl Device {
         matches!(self, Device::Cuda(_))
     }
 
+    /// Whether tensors on `self` and `other` can meet in one call: both the CPU, or one CUDA
+    /// context (whatever their streams; a call queues its work on its q's stream).
     pub fn same(&self, other: &Device) -> bool {
         match (self, other) {
             (Device::Cpu, Device::Cpu) => true,

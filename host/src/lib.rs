@@ -19,6 +19,40 @@
 //! assert_eq!(fwd.out.shape(), &[1, 128, 4, 64]);
 //! # Ok(()) }
 //! ```
+//!
+//! ## Over a framework's memory and stream
+//!
+//! [`CudaDevice::from_stream`] puts dmattn on a caller's stream (and its context, e.g. the
+//! primary context PyTorch and candle use); [`Tensor::from_cuda_slice`],
+//! [`Tensor::from_cuda_view`] and [`Tensor::from_raw_parts`] wrap the caller's buffers without a
+//! copy; [`Attention::out`], [`Attention::lse`] and [`Forward::backward_into`] write into the
+//! caller's buffers. Calls queue their work on that stream and return without waiting, so a
+//! forward with its backward can be captured into a CUDA graph (drop the [`Forward`] before the
+//! capture ends, so that the graph also frees its temporary buffers, and give every output and
+//! gradient a caller's buffer). `cudarc` is re-exported for the types these take.
+//!
+//! ```
+//! # fn main() -> dmattn::Result<()> {
+//! use dmattn::cudarc::driver::CudaContext;
+//! use dmattn::{CudaDevice, Tensor, attention};
+//! use half::bf16;
+//! # if dmattn::Device::cuda(0).is_err() { return Ok(()); } // no GPU here
+//! // The caller's context (the device's primary one), stream and buffers.
+//! let stream = CudaContext::new(0)?.new_stream()?;
+//! let (b, s, h, d) = (1, 256, 4, 64);
+//! let x = |f: f32| (0..b * s * h * d).map(|i| bf16::from_f32((i as f32 * f).sin())).collect::<Vec<_>>();
+//! let (q, k, v) = (stream.clone_htod(&x(0.3))?, stream.clone_htod(&x(0.7))?, stream.clone_htod(&x(1.1))?);
+//! let out = stream.alloc_zeros::<bf16>(b * s * h * d)?;
+//!
+//! let dev = CudaDevice::from_stream(stream.clone())?;
+//! let wrap = |buf| Tensor::from_cuda_slice(buf, &[b, s, h, d], &dev);
+//! let (q, k, v, out) = (wrap(q)?, wrap(k)?, wrap(v)?, wrap(out)?);
+//! let fwd = attention(&q, &k, &v).causal(true).out(&out).forward()?; // queued on `stream`
+//! stream.synchronize()?;
+//! assert!(out.to_f64_vec()?.iter().all(|x| x.is_finite()));
+//! # let _ = fwd;
+//! # Ok(()) }
+//! ```
 mod attention;
 mod buffers;
 mod cpu;
@@ -31,6 +65,8 @@ mod problem;
 mod reference;
 mod tensor;
 
+pub use cudarc;
+pub use half;
 pub use attention::{Attention, Forward, GradientBuffers, Gradients, attention};
 pub use device::{CudaDevice, Device, KernelResources};
 pub use dtype::{DType, Element};

@@ -150,7 +150,11 @@ impl Buffers {
     /// Forward and backward of `case` over the caller's `inputs` into these buffers, queued on
     /// the caller's stream; nothing waits for it.
     fn run(&self, case: &Case, inputs: &Inputs, dout: &Tensor) -> dmattn::Result<()> {
-        let fwd = case.call(inputs).deterministic(true).out(&self.out).lse(&self.lse).forward()?;
+        self.run_with(case, inputs, dout, true)
+    }
+
+    fn run_with(&self, case: &Case, inputs: &Inputs, dout: &Tensor, deterministic: bool) -> dmattn::Result<()> {
+        let fwd = case.call(inputs).deterministic(deterministic).out(&self.out).lse(&self.lse).forward()?;
         fwd.backward_into(dout, self.grads())?;
         Ok(())
     }
@@ -196,16 +200,17 @@ fn callers_buffers_and_stream_give_own_results() {
     });
 }
 
-/// A case with every step of a call: mask preparation, the work-order pass (more CTAs than
-/// SMs), bias, GQA, causal; and a decode case that splits the keys and combines.
+/// A case with every step of a call: mask preparation, the forward's and (default mode) the
+/// backward's work-order passes and kv-heads-first placement (more CTAs than an H100 has SMs, a
+/// bias shared by the heads), GQA, causal; and a decode case that splits the keys and combines.
 fn pipeline_cases() -> [Case; 2] {
     let train = Case {
         dtype: DType::BF16,
-        mask: Some([2, 4, 1024, 1024]),
+        mask: Some([2, 8, 2048, 2048]),
         mask_pattern: MaskPattern::Blocks(0.5),
-        bias: Some([1, 16, 1024, 1024]),
+        bias: Some([1, 1, 2048, 2048]),
         causal: true,
-        ..Case::new(2, 1024, 1024, 16, 4, 64)
+        ..Case::new(2, 2048, 2048, 16, 8, 64)
     };
     let decode = Case { dtype: DType::BF16, mask: Some([1, 1, 1, 16384]), bias: Some([1, 2, 1, 16384]), ..Case::new(1, 1, 16384, 4, 2, 128) };
     [train, decode]
@@ -254,15 +259,32 @@ fn calls_queue_on_the_callers_stream_without_waiting() {
     same_bits(&bufs.results(), &want).unwrap();
 }
 
+/// Outputs bit for bit; gradients, whose additions a default-mode backward makes in any order,
+/// within the GPU tolerance of bf16 (a replay over stale inputs or missing work errs by O(1)).
+/// Measured on the result, not on the size of its sums as `check_gpu_backward` does, so the
+/// bound leaves room for cancellation: the decode case's dq (16K keys summed) erred by 4e-3.
+fn same_up_to_addition_order(got: &Results, want: &Results) -> Result<(), String> {
+    same_bits(&got[..2].to_vec(), &want[..2].to_vec())?;
+    for ((g, w), name) in got[2..].iter().zip(&want[2..]).zip(&NAMES[2..]) {
+        let err = rel_err(g, w);
+        if !(g.iter().all(|x| x.is_finite()) && err <= gpu_tolerance(DType::BF16)) {
+            return Err(format!("{name}: rel err {err:.2e} against dmattn's own deterministic run"));
+        }
+    }
+    Ok(())
+}
+
 /// Forward and backward captured into a CUDA graph on the caller's stream (mask preparation and
 /// work-order passes included, the Forward dropped inside the capture so that its temporary
 /// buffers are freed by the graph), then replayed on fresh inputs written into the same
-/// buffers: each replay equals dmattn's own eager results on those inputs, bit for bit.
+/// buffers: each replay equals dmattn's own eager results on those inputs, bit for bit in
+/// deterministic mode (the default mode's backward adds in any order, and places its CTAs by a
+/// work-order pass of its own).
 #[test]
 fn graph_replays_equal_eager_calls() {
     let (Some(gpu), Some(c)) = (gpu(), caller()) else { return };
     let mut rng = fresh_rng("gpu_interop_graph");
-    for case in pipeline_cases() {
+    for (case, deterministic) in pipeline_cases().into_iter().flat_map(|c| [(c.clone(), true), (c, false)]) {
         let host = case.inputs(&mut rng);
         let inputs = caller_inputs(&c, &host);
         let dout_host = gpu_dout(&case, 11);
@@ -270,11 +292,12 @@ fn graph_replays_equal_eager_calls() {
         let bufs = Buffers::new(&c, &case);
         // Eager first: the functions are loaded and cleared for their shared memory outside
         // the capture.
-        bufs.run(&case, &inputs, &dout).unwrap();
-        same_bits(&bufs.results(), &own_results(&case, &host, &dout_host, &gpu)).unwrap();
+        let check = if deterministic { same_bits } else { same_up_to_addition_order };
+        bufs.run_with(&case, &inputs, &dout, deterministic).unwrap();
+        check(&bufs.results(), &own_results(&case, &host, &dout_host, &gpu)).unwrap();
 
         c.stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
-        let captured = bufs.run(&case, &inputs, &dout);
+        let captured = bufs.run_with(&case, &inputs, &dout, deterministic);
         let graph = c.stream.end_capture(sys::CUgraphInstantiate_flags(0));
         captured.unwrap();
         let graph = graph.unwrap().expect("the capture recorded work");
@@ -291,7 +314,7 @@ fn graph_replays_equal_eager_calls() {
             overwrite(&c, &dout, &caller_copy(&c, &fresh_dout, Holding::Contiguous));
             graph.launch().unwrap();
             let want = own_results(&case, &fresh, &fresh_dout, &gpu);
-            same_bits(&bufs.results(), &want).unwrap_or_else(|e| panic!("replay {replay} of {case:?}: {e}"));
+            check(&bufs.results(), &want).unwrap_or_else(|e| panic!("replay {replay} of {case:?} (deterministic: {deterministic}): {e}"));
         }
     }
 }
