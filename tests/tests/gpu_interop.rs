@@ -216,20 +216,20 @@ fn pipeline_cases() -> [Case; 2] {
     [train, decode]
 }
 
-/// Copies `src`'s elements into `dst`'s memory (same shape, both caller buffers), queued on the
-/// caller's stream.
+/// Copies `src`'s buffer over `dst`'s (both caller buffers of one layout: contiguous, or
+/// padded heads copied whole with their padding), queued on the caller's stream.
 fn overwrite(c: &Caller, dst: &Tensor, src: &Tensor) {
-    let bytes = src.layout().numel() * src.dtype().size_in_bytes();
-    assert!(dst.layout().is_contiguous() || dst.shape() == src.shape());
-    // Safety: both are live caller buffers holding `bytes` bytes from their first element
-    // (contiguous, or the same padded layout, copied whole with its padding).
+    assert_eq!((dst.layout(), dst.dtype()), (src.layout(), src.dtype()), "overwrite copies between equal layouts");
+    let l = src.layout();
+    // From the first element to the end of the storage: the last row's padding comes first.
+    let bytes = (l.strides[0] * l.shape[0] - l.offset) * src.dtype().size_in_bytes();
     let (d, s) = (dst.device_ptr().unwrap(), src.device_ptr().unwrap());
-    let span = if dst.layout().is_contiguous() { bytes } else { (dst.layout().strides[0] * dst.shape()[0] - dst.layout().offset) * src.dtype().size_in_bytes() };
-    unsafe { cudarc::driver::result::memcpy_dtod_async(d, s, span, c.stream.cu_stream()).unwrap() };
+    // Safety: both are live buffers holding `bytes` bytes from their first element.
+    unsafe { cudarc::driver::result::memcpy_dtod_async(d, s, bytes, c.stream.cu_stream()).unwrap() };
 }
 
 /// Work is queued on the caller's stream, after what the caller queued there, and the call
-/// returns without waiting for it: with a second of copies queued ahead and q overwritten
+/// returns without waiting for it: with a few hundred milliseconds of copies queued ahead and q overwritten
 /// behind them, the stream is still busy when forward and backward return, and the results are
 /// those of the new q.
 #[test]
