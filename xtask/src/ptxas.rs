@@ -49,7 +49,7 @@ fn parse(report: &str) -> Vec<(String, u32, u32, u32, u32)> {
 /// GPU it runs on).
 pub fn run(ptxas: Option<PathBuf>, archs: &[String]) -> Result<(), String> {
     let ptxas = find_ptxas(ptxas)?;
-    let dir = std::env::temp_dir().join(format!("dmattn-ptxas-{}", std::process::id()));
+    let dir = crate::root().join("target/ptxas");
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let mut failures = Vec::new();
     let sm90a = ["sm_90a".to_string()];
