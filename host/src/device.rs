@@ -179,7 +179,22 @@ impl Kernels {
 /// A typed error, not a panic, where the driver is missing (cudarc loads libcuda lazily and
 /// panics if it is absent).
 fn driver_present() -> Result<()> {
-    if unsafe { sys::is_culib_present() } { Ok(()) } else { Err(Error::NoCuda("libcuda.so (the NVIDIA driver) is not installed".into())) }
+    if library_present("cuda") || library_present("nvcuda") {
+        Ok(())
+    } else {
+        Err(Error::NoCuda("libcuda.so (the NVIDIA driver) is not installed".into()))
+    }
+}
+
+/// Whether the CUDA library `name` loads under one of the names cudarc's dynamic loading tries
+/// for it (with CUDA 12 bindings). Where CUDA is linked at build time instead (another crate in
+/// the program asked cudarc for that), the library is loaded already and this holds.
+pub(crate) fn library_present(name: &str) -> bool {
+    use std::env::consts::{DLL_PREFIX, DLL_SUFFIX};
+    let base = format!("{DLL_PREFIX}{name}{DLL_SUFFIX}");
+    let versioned = ["12", "11", "10", "9", "1"].map(|v| format!("{base}.{v}"));
+    // Safety: loading a CUDA library runs its initialisers, which have no preconditions.
+    std::iter::once(base).chain(versioned).any(|lib| unsafe { libloading::Library::new(lib) }.is_ok())
 }
 
 impl CudaDevice {
@@ -268,7 +283,7 @@ impl CudaDevice {
             return Ok(blas);
         }
         // cudarc loads libcublas lazily and panics if it is absent: ask first.
-        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+        if !library_present("cublas") {
             let what = "the materialising path without libcublas.so (cuBLAS is not installed)".into();
             return Err(Error::Unsupported { what, backend: "CUDA" });
         }
