@@ -318,3 +318,44 @@ fn graph_replays_equal_eager_calls() {
         }
     }
 }
+
+/// Bad caller buffers get a typed error naming the argument, before anything is queued: every
+/// buffer of the call is still junk afterwards. On the CPU, caller buffers are not taken.
+#[test]
+fn bad_buffers_are_rejected_before_any_work() {
+    let cpu = Case { dtype: DType::F32, bias: Some([1, 2, 1, 40]), ..Case::new(1, 20, 40, 2, 1, 32) };
+    let host = cpu.inputs(&mut fresh_rng("gpu_interop_bad_cpu"));
+    let out = Tensor::from_fn(&cpu.q_shape(), DType::F32, &Device::Cpu, |_| 0.0).unwrap();
+    let r = cpu.call(&host).out(&out).forward();
+    assert!(matches!(r, Err(dmattn::Error::Unsupported { .. })), "a CPU out buffer: {:?}", r.err());
+
+    let Some(c) = caller() else { return };
+    let case = Case { dtype: DType::BF16, bias: Some([1, 2, 1, 256]), ..Case::new(1, 128, 256, 4, 2, 64) };
+    let host = case.inputs(&mut fresh_rng("gpu_interop_bad"));
+    let inputs = caller_inputs(&c, &host);
+    let bufs = Buffers::new(&c, &case);
+    let arg = |r: dmattn::Result<dmattn::Forward>| match r {
+        Err(e @ (dmattn::Error::Shape { .. } | dmattn::Error::DType { .. } | dmattn::Error::Layout { .. } | dmattn::Error::Param { .. })) => e.to_string(),
+        other => panic!("expected a typed error, got {:?}", other.map(|_| "a result")),
+    };
+    let wrong_shape = caller_junk(&c, &[1, 128, 4, 32], DType::BF16, Holding::Contiguous);
+    assert!(arg(case.call(&inputs).out(&wrong_shape).forward()).contains("`out`"));
+    let wrong_dtype = caller_junk(&c, &case.q_shape(), DType::F32, Holding::Contiguous);
+    assert!(arg(case.call(&inputs).out(&wrong_dtype).forward()).contains("`out`"));
+    let strided_lse = caller_junk(&c, &[1, 4, 128, 2], DType::F32, Holding::Contiguous).as_strided(&[1, 4, 128], &[1024, 256, 2], 0).unwrap();
+    assert!(arg(case.call(&inputs).lse(&strided_lse).forward()).contains("`lse`"));
+    // Writing O over q: the overlap is found through q's padded view.
+    let over_q = inputs.q.clone();
+    assert!(arg(case.call(&inputs).out(&over_q).forward()).contains("overlaps `q`"));
+    let fwd = case.call(&inputs).forward().unwrap();
+    let dout = caller_copy(&c, &gpu_dout(&case, 3), Holding::Contiguous);
+    let over_dout = GradientBuffers { dq: Some(&dout), ..bufs.grads() };
+    let e = fwd.backward_into(&dout, over_dout).err().expect("dq over dout is rejected").to_string();
+    assert!(e.contains("`dq`") && e.contains("overlaps `dout`"), "{e}");
+    let no_bias = case.call(&Inputs { bias: None, ..caller_inputs(&c, &host) }).forward().unwrap();
+    let e = no_bias.backward_into(&dout, bufs.grads()).err().expect("dbias without a bias is rejected").to_string();
+    assert!(e.contains("`dbias`"), "{e}");
+    for (name, t) in [("out", &bufs.out), ("lse", &bufs.lse), ("dq", &bufs.dq), ("dk", &bufs.dk), ("dv", &bufs.dv)] {
+        assert!(values(t).iter().all(|x| x.is_nan()), "{name} was written by a rejected call");
+    }
+}
