@@ -70,11 +70,13 @@ impl Device {
     }
 
     /// Whether tensors on `self` and `other` can meet in one call: both the CPU, or one CUDA
-    /// context (whatever their streams; a call queues its work on its q's stream).
+    /// context and stream. (Memory dmattn allocated is freed in its stream's order, which only
+    /// that stream's work is sure to precede; a tensor for another stream is a new view,
+    /// [`crate::Tensor::from_raw_parts`], whose lifetime the caller answers for.)
     pub fn same(&self, other: &Device) -> bool {
         match (self, other) {
             (Device::Cpu, Device::Cpu) => true,
-            (Device::Cuda(a), Device::Cuda(b)) => a.same_context(b),
+            (Device::Cuda(a), Device::Cuda(b)) => a.same_context(b) && a.stream().cu_stream() == b.stream().cu_stream(),
             _ => false,
         }
     }
@@ -84,7 +86,7 @@ impl fmt::Display for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Device::Cpu => write!(f, "cpu"),
-            Device::Cuda(d) => write!(f, "cuda:{} ({})", d.context().ordinal(), d.name()),
+            Device::Cuda(d) => write!(f, "cuda:{} ({}, stream {:?})", d.context().ordinal(), d.name(), d.stream().cu_stream()),
         }
     }
 }

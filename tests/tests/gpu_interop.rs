@@ -355,6 +355,10 @@ fn bad_buffers_are_rejected_before_any_work() {
     let no_bias = case.call(&Inputs { bias: None, ..caller_inputs(&c, &host) }).forward().unwrap();
     let e = no_bias.backward_into(&dout, bufs.grads()).err().expect("dbias without a bias is rejected").to_string();
     assert!(e.contains("`dbias`"), "{e}");
+    // A tensor of dmattn's own stream does not meet the caller's stream in one call.
+    let own_k = host.k.to_device(&gpu().unwrap()).unwrap();
+    let r = dmattn::attention(&inputs.q, &own_k, &inputs.v).forward();
+    assert!(matches!(&r, Err(dmattn::Error::Device { arg: "k", .. })), "k on another stream: {:?}", r.err());
     for (name, t) in [("out", &bufs.out), ("lse", &bufs.lse), ("dq", &bufs.dq), ("dk", &bufs.dk), ("dv", &bufs.dv)] {
         assert!(values(t).iter().all(|x| x.is_nan()), "{name} was written by a rejected call");
     }
