@@ -54,6 +54,8 @@
 //! # Ok(()) }
 //! ```
 mod attention;
+#[cfg(feature = "candle")]
+pub mod candle;
 mod buffers;
 mod cpu;
 mod cuda;

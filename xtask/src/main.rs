@@ -45,6 +45,10 @@ enum Task {
     GpuPack {
         #[arg(long, default_value = ".gpu-pack")]
         out: PathBuf,
+        /// Also the `candle` feature's test and example (built apart: they link CUDA, which the
+        /// rest of the suite does not), after `eval "$(bash .ci/cuda-for-candle.sh)"`.
+        #[arg(long)]
+        candle: bool,
     },
     /// Times dmattn, its cuBLAS baseline and the PyTorch peers on this machine's GPU and writes
     /// markdown tables and a plot under bench/results/ (case grid and files: bench/SCHEMA.md).
@@ -93,7 +97,7 @@ fn main() -> ExitCode {
         Task::Demo => demo::run(),
         Task::Ptx { check } => ptx::run(check),
         Task::Ptxas { ptxas, arch } => ptxas::run(ptxas, &arch),
-        Task::GpuPack { out } => pack::run(&out),
+        Task::GpuPack { out, candle } => pack::run(&out, candle),
         Task::Bench { quick, groups, from, results, font } => bench::run(&bench::Options { quick, groups, from, results, font }),
     };
     match result {

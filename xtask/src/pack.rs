@@ -27,6 +27,18 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
     printf '%-40s %s (%ss)\n' "$name" "$([ $rc = 0 ] && echo ok || echo "FAILED rc=$rc")" $(( $(date +%s) - start ))
     if [ $rc != 0 ]; then status=1; tail -n 60 "$logs/$name.log"; fi
   done
+  # The candle feature's test and example (`gpu-pack --candle`), compressed to travel.
+  if [ -f "$here/candle.tar.xz" ]; then
+    tar -xJf "$here/candle.tar.xz" -C "$here"
+    for t in "$here"/candle/*; do
+      name=$(basename "$t")
+      timeout "${DMATTN_TEST_TIMEOUT:-400}" "$t" > "$logs/$name.log" 2>&1; rc=$?
+      if grep -q "SKIPPED" "$logs/$name.log"; then rc=99; fi
+      printf '%-40s %s\n' "$name" "$([ $rc = 0 ] && echo ok || echo "FAILED rc=$rc")"
+      if [ $rc != 0 ]; then status=1; fi
+      tail -n 3 "$logs/$name.log"
+    done
+  fi
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   "$here/bin/dmattn-bench" --out "$results" "$@" 2>&1 | tee "$results/dmattn-bench.log"
@@ -42,7 +54,7 @@ fi
 exit $status
 "#;
 
-pub fn run(out: &Path) -> Result<(), String> {
+pub fn run(out: &Path, candle: bool) -> Result<(), String> {
     let out = root().join(out);
     let bin = out.join("bin");
     let _ = std::fs::remove_dir_all(&out);
@@ -59,22 +71,64 @@ pub fn run(out: &Path) -> Result<(), String> {
         return Err("building the tests failed".into());
     }
     let mut tests = 0;
-    for line in String::from_utf8_lossy(&output.stdout).lines() {
+    for (name, exe) in test_executables(&output.stdout) {
+        std::fs::copy(&exe, bin.join(&name)).map_err(|e| format!("{exe}: {e}"))?;
+        tests += 1;
+    }
+    if candle {
+        pack_candle(&out)?;
+    }
+    crate::run(cargo().args(["build", "--release", "-p", "dmattn-bench"]))?;
+    std::fs::copy(root().join("target/release/dmattn-bench"), bin.join("dmattn-bench")).map_err(|e| e.to_string())?;
+    // The PTX text, for ptxas or cuobjdump there; gzipped (18 MB of text) so that the pack
+    // travels within the device tool's 64 MiB.
+    for module in dmattn_ptx_builder::MODULES {
+        let path = out.join(module.file());
+        std::fs::write(&path, crate::ptx::embedded(&module)?).map_err(|e| e.to_string())?;
+        crate::run(std::process::Command::new("gzip").arg("-9f").arg(&path))?;
+    }
+    std::fs::copy(root().join("bench/peers.py"), out.join("peers.py")).map_err(|e| format!("bench/peers.py: {e}"))?;
+    std::fs::write(out.join("run.sh"), RUN_SH).map_err(|e| e.to_string())?;
+    println!("packed {tests} test binaries{}, dmattn-bench and peers.py into {}: run `bash {}/run.sh [tests|bench|all]` on a GPU machine", if candle { " (and the candle feature's)" } else { "" }, out.display(), out.display());
+    Ok(())
+}
+
+/// (name, path) of each test executable in `cargo test --message-format=json`'s output.
+fn test_executables(json_lines: &[u8]) -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    for line in String::from_utf8_lossy(json_lines).lines() {
         let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else { continue };
         let (Some(exe), Some(true)) = (msg["executable"].as_str(), msg["profile"]["test"].as_bool()) else { continue };
         let target = msg["target"]["name"].as_str().unwrap_or("unknown");
         let package = msg["package_id"].as_str().unwrap_or("").rsplit('/').next().unwrap_or("").split(['#', '@']).next().unwrap_or("");
-        let name = format!("test-{package}-{target}");
-        std::fs::copy(exe, bin.join(&name)).map_err(|e| format!("{exe}: {e}"))?;
-        tests += 1;
+        found.push((format!("test-{package}-{target}"), exe.to_string()));
     }
-    crate::run(cargo().args(["build", "--release", "-p", "dmattn-bench"]))?;
-    std::fs::copy(root().join("target/release/dmattn-bench"), bin.join("dmattn-bench")).map_err(|e| e.to_string())?;
-    for module in dmattn_ptx_builder::MODULES {
-        std::fs::write(out.join(module.file()), crate::ptx::embedded(&module)?).map_err(|e| e.to_string())?;
+    found
+}
+
+/// The `candle` feature's test and example, built on their own (they link the CUDA libraries,
+/// and ~50 MB each with candle's kernels), stripped and xz-compressed into `candle.tar.xz`.
+fn pack_candle(out: &Path) -> Result<(), String> {
+    let features = ["--features", "candle"];
+    let output = cargo()
+        .args(["test", "--release", "-p", "dmattn", "--test", "candle_op", "--no-run", "--message-format=json"])
+        .args(features)
+        .current_dir(root())
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !output.status.success() {
+        return Err("building the candle test failed (did you `eval \"$(bash .ci/cuda-for-candle.sh)\"`?)".into());
     }
-    std::fs::copy(root().join("bench/peers.py"), out.join("peers.py")).map_err(|e| format!("bench/peers.py: {e}"))?;
-    std::fs::write(out.join("run.sh"), RUN_SH).map_err(|e| e.to_string())?;
-    println!("packed {tests} test binaries, dmattn-bench and peers.py into {}: run `bash {}/run.sh [tests|bench|all]` on a GPU machine", out.display(), out.display());
-    Ok(())
+    crate::run(cargo().args(["build", "--release", "-p", "dmattn", "--example", "candle_train"]).args(features))?;
+    let dir = out.join("candle");
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let mut files = test_executables(&output.stdout);
+    files.push(("example-candle_train".into(), root().join("target/release/examples/candle_train").display().to_string()));
+    for (name, exe) in files {
+        std::fs::copy(&exe, dir.join(&name)).map_err(|e| format!("{exe}: {e}"))?;
+        crate::run(std::process::Command::new("strip").arg(dir.join(&name)))?;
+    }
+    crate::run(std::process::Command::new("tar").arg("-cJf").arg(out.join("candle.tar.xz")).arg("-C").arg(out).arg("candle"))?;
+    std::fs::remove_dir_all(&dir).map_err(|e| e.to_string())
 }
