@@ -33,8 +33,11 @@ user() {
   )
 }
 
-echo "== downstream crate, dmattn by path (the git form is the same checkout)"
+echo "== downstream crate, dmattn by path"
 user path "{ path = \"$repo/host\" }"
+
+echo "== downstream crate, dmattn by git (this checkout's HEAD, fetched by cargo)"
+user git "{ git = \"file://$repo\" }"
 
 echo "== downstream crate, dmattn packaged"
 packages=(dmattn-abi dmattn-ptx-builder dmattn)
