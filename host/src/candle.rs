@@ -2,9 +2,9 @@
 //! device and stream, with gradients for q, k, v and the bias through candle's autograd.
 //!
 //! candle's custom ops take at most three tensors with gradients, and a biased attention has
-//! four (q, k, v, bias). Two ops share one dmattn call: [`Attn`] (`CustomOp3` on q, k, v) runs
+//! four (q, k, v, bias). Two ops share one dmattn call: `Attn` (`CustomOp3` on q, k, v) runs
 //! the forward and keeps it; where the bias needs a gradient it returns a one-element token and
-//! [`Finish`] (`CustomOp2` on the token and the bias) returns O. Backprop reaches `Finish` first:
+//! `Finish` (`CustomOp2` on the token and the bias) returns O. Backprop reaches `Finish` first:
 //! it runs dmattn's backward once, returns dbias, and leaves dq, dk and dv for `Attn`. Nothing is
 //! copied: q, k, v, mask and bias are read where candle holds them, O and the gradients are
 //! written into storage candle allocates.
