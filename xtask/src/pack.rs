@@ -60,18 +60,8 @@ pub fn run(out: &Path, candle: bool) -> Result<(), String> {
     let _ = std::fs::remove_dir_all(&out);
     std::fs::create_dir_all(&bin).map_err(|e| e.to_string())?;
 
-    // Test executables, as cargo reports them.
-    let output = cargo()
-        .args(["test", "--release", "--workspace", "--no-run", "--message-format=json"])
-        .current_dir(root())
-        .stderr(Stdio::inherit())
-        .output()
-        .map_err(|e| e.to_string())?;
-    if !output.status.success() {
-        return Err("building the tests failed".into());
-    }
     let mut tests = 0;
-    for (name, exe) in test_executables(&output.stdout) {
+    for (name, exe) in build_tests(&["--workspace"]).map_err(|e| format!("building the tests failed: {e}"))? {
         std::fs::copy(&exe, bin.join(&name)).map_err(|e| format!("{exe}: {e}"))?;
         tests += 1;
     }
@@ -93,37 +83,39 @@ pub fn run(out: &Path, candle: bool) -> Result<(), String> {
     Ok(())
 }
 
-/// (name, path) of each test executable in `cargo test --message-format=json`'s output.
-fn test_executables(json_lines: &[u8]) -> Vec<(String, String)> {
+/// Builds the tests `cargo test --release --no-run <args>` selects: (name, path) of each
+/// executable, as cargo reports them.
+fn build_tests(args: &[&str]) -> Result<Vec<(String, String)>, String> {
+    let output = cargo()
+        .args(["test", "--release", "--no-run", "--message-format=json"])
+        .args(args)
+        .current_dir(root())
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !output.status.success() {
+        return Err(format!("cargo test {} exited with {}", args.join(" "), output.status));
+    }
     let mut found = Vec::new();
-    for line in String::from_utf8_lossy(json_lines).lines() {
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
         let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else { continue };
         let (Some(exe), Some(true)) = (msg["executable"].as_str(), msg["profile"]["test"].as_bool()) else { continue };
         let target = msg["target"]["name"].as_str().unwrap_or("unknown");
         let package = msg["package_id"].as_str().unwrap_or("").rsplit('/').next().unwrap_or("").split(['#', '@']).next().unwrap_or("");
         found.push((format!("test-{package}-{target}"), exe.to_string()));
     }
-    found
+    Ok(found)
 }
 
 /// The `candle` feature's test and example, built on their own (they link the CUDA libraries,
 /// and ~50 MB each with candle's kernels), stripped and xz-compressed into `candle.tar.xz`.
 fn pack_candle(out: &Path) -> Result<(), String> {
     let features = ["--features", "candle"];
-    let output = cargo()
-        .args(["test", "--release", "-p", "dmattn", "--test", "candle_op", "--no-run", "--message-format=json"])
-        .args(features)
-        .current_dir(root())
-        .stderr(Stdio::inherit())
-        .output()
-        .map_err(|e| e.to_string())?;
-    if !output.status.success() {
-        return Err("building the candle test failed (did you `eval \"$(bash .ci/cuda-for-candle.sh)\"`?)".into());
-    }
+    let mut files = build_tests(&["-p", "dmattn", "--test", "candle_op", "--features", "candle"])
+        .map_err(|e| format!("building the candle test failed (did you `eval \"$(bash .ci/cuda-for-candle.sh)\"`?): {e}"))?;
     crate::run(cargo().args(["build", "--release", "-p", "dmattn", "--example", "candle_train"]).args(features))?;
     let dir = out.join("candle");
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let mut files = test_executables(&output.stdout);
     files.push(("example-candle_train".into(), root().join("target/release/examples/candle_train").display().to_string()));
     for (name, exe) in files {
         std::fs::copy(&exe, dir.join(&name)).map_err(|e| format!("{exe}: {e}"))?;
