@@ -57,6 +57,9 @@ const KERNEL_INPUTS: [&str; 7] = [
     "ptx-builder/src",
 ];
 
+/// The file beside committed PTX that names the sources it was built from.
+pub const STAMP: &str = "SOURCES";
+
 /// The kernel sources of a workspace checkout; absent from the packaged crate.
 pub struct KernelSources {
     /// The workspace root.
@@ -101,6 +104,18 @@ impl KernelSources {
             h.write(&text);
         }
         Ok(format!("{:016x}", h.0))
+    }
+
+    /// Whether the PTX committed in `dir` was built from these sources: its stamp
+    /// ([`KernelSources::stamp`]) names their digest.
+    pub fn built_into(&self, dir: &Path) -> std::io::Result<bool> {
+        let stamp = std::fs::read_to_string(dir.join(STAMP)).unwrap_or_default();
+        Ok(stamp.split_whitespace().next() == Some(self.digest()?.as_str()))
+    }
+
+    /// The stamp written beside PTX built from these sources: their digest, then the channel.
+    pub fn stamp(&self) -> std::io::Result<String> {
+        Ok(format!("{} {}\n", self.digest()?, self.channel()))
     }
 
     /// The pinned nightly's channel, from the kernel crate's `rust-toolchain.toml`.

@@ -3,7 +3,7 @@
 //! sources with the pinned nightly and writes them (zstd level 19) with the sources' digest;
 //! `--check` rebuilds and fails unless the committed modules are byte for byte that build.
 use crate::root;
-use dmattn_ptx_builder::{KernelSources, MODULES, Module};
+use dmattn_ptx_builder::{KernelSources, MODULES, Module, STAMP};
 use std::path::PathBuf;
 
 /// zstd level of the committed modules: ~16x smaller than the text (15 MB for sm_80).
@@ -31,18 +31,11 @@ fn committed(module: &Module) -> Result<String, String> {
     String::from_utf8(text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// The committed digest of the kernel sources (first word of `SOURCES`).
-fn committed_digest() -> Option<String> {
-    let text = std::fs::read_to_string(committed_dir().join("SOURCES")).ok()?;
-    text.split_whitespace().next().map(str::to_string)
-}
-
 /// The PTX of `module` that a build of dmattn here embeds: the committed module where the
 /// sources match it, else a fresh build.
 pub fn embedded(module: &Module) -> Result<String, String> {
     let sources = sources();
-    let digest = sources.digest().map_err(|e| e.to_string())?;
-    if committed_digest().as_deref() == Some(digest.as_str()) { committed(module) } else { build(&sources, module) }
+    if sources.built_into(&committed_dir()).map_err(|e| e.to_string())? { committed(module) } else { build(&sources, module) }
 }
 
 /// The module named `name` (`sm80`, `sm90a`).
@@ -67,17 +60,16 @@ pub fn run(check: bool) -> Result<(), String> {
             println!("{}: {} bytes of PTX, {} committed", path.display(), text.len(), zst.len());
         }
     }
-    let stamp = format!("{digest} {}\n", sources.channel());
     if check {
-        if committed_digest().as_deref() != Some(digest.as_str()) {
-            stale.push("SOURCES".into());
+        if !sources.built_into(&committed_dir()).map_err(|e| e.to_string())? {
+            stale.push(STAMP.into());
         }
         if !stale.is_empty() {
             return Err(format!("host/ptx is not the build of the kernel sources ({}): run `cargo xtask ptx` and commit it", stale.join(", ")));
         }
         println!("host/ptx is the build of the kernel sources ({digest})");
     } else {
-        std::fs::write(committed_dir().join("SOURCES"), stamp).map_err(|e| e.to_string())?;
+        std::fs::write(committed_dir().join(STAMP), sources.stamp().map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
     }
     Ok(())
 }
