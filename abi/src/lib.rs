@@ -18,12 +18,42 @@ impl View4 {
     }
 }
 
-/// Flags of [`FwdParams::flags`] (and of [`SoftmaxRowsParams::flags`], which reads `CAUSAL`).
+/// Flags of [`FwdParams::flags`].
 pub mod flags {
-    /// Bottom-right aligned causal mask: key `j` is visible to query `i` iff `j <= i + sk - sq`.
-    pub const CAUSAL: u32 = 1;
     /// The bias rows can be copied with 16-byte `cp.async` (unit key stride, 16-byte aligned rows).
     pub const BIAS_VEC: u32 = 2;
+}
+
+/// The parametric part of a mask (zero storage): a band of keys around each query's diagonal key
+/// `D(i)`, plus sink keys. `D(i) = i + sk - sq` (aligned to the bottom-right corner, as
+/// FlashAttention's causal and `window_size`), or `floor(i / compress)` where `compress > 0` (the
+/// compressed-causal rule of FlashAttention PR 2418, which has no `sk - sq` offset). Key `j` is
+/// visible to query `i` iff `j < sk`, `j <= D(i) + right`, and `j >= D(i) - left` or `j < sinks`.
+/// [`Band::NONE`] leaves a side unbounded; causal is `right == 0`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Band {
+    pub left: u32,
+    pub right: u32,
+    /// Keys `0..sinks` are exempt from the left edge (not from the right one).
+    pub sinks: u32,
+    /// 0: the bottom-right diagonal; `c > 0`: `D(i) = floor(i / c)`.
+    pub compress: u32,
+}
+
+impl Band {
+    /// An unbounded side.
+    pub const NONE: u32 = u32::MAX;
+    /// Every key visible.
+    pub const ALL: Band = Band { left: Band::NONE, right: Band::NONE, sinks: 0, compress: 0 };
+    /// Bottom-right causal.
+    pub const CAUSAL: Band = Band { right: 0, ..Band::ALL };
+}
+
+impl Default for Band {
+    fn default() -> Self {
+        Band::ALL
+    }
 }
 
 /// Forward kernel parameters. Layouts: q/o `[b, sq, h, d]`, k/v `[b, sk, hk, d]` (unit stride on
@@ -56,6 +86,7 @@ pub struct FwdParams {
     /// Softcap `c` of `c * tanh(s / c)`; 0 disables it.
     pub softcap: f32,
     pub flags: u32,
+    pub band: Band,
     /// Split-KV for grids too small to fill the GPU (short queries, long keys); 0 or 1 = off.
     /// Split `s` (grid z = `batch * splits + s`) covers key tiles `s * split_tiles..` up to
     /// `split_tiles` of them and writes its normalised partial O and LSE at `o` and `lse`
@@ -191,8 +222,8 @@ pub struct ConvertParams {
 
 /// The row softmax of the materialising (unfused) path, between its two cuBLAS products. `s`
 /// holds the unscaled scores `QKᵀ` in q's element type, `[b, h, sq, sk]` contiguous; per row the
-/// kernel forms `softcap(scale · s) + bias`, hides what the mask (bool bytes, 0 = hidden) and
-/// the causal rule ([`flags::CAUSAL`]) hide, and overwrites the row with its probabilities P
+/// kernel forms `softcap(scale · s) + bias`, hides what the prepared mask (block classes and
+/// packed bits, as [`FwdParams`] has them) and the [`Band`] hide, and overwrites the row with its probabilities P
 /// (0 where hidden, all 0 on a row with nothing visible), writing the row's natural-log LSE
 /// (f32 `[b, h, sq]`, -inf on such a row) as the fused forward does. Mask and bias are
 /// broadcast through zero strides, as in [`FwdParams`].
@@ -201,8 +232,10 @@ pub struct ConvertParams {
 pub struct SoftmaxRowsParams {
     pub s: u64,
     pub lse: u64,
-    /// Absent without a mask.
-    pub mask: View4,
+    /// The prepared mask's block classes (absent without a mask) and bits (absent without a
+    /// score mask).
+    pub block_map: View4,
+    pub mask_bits: View4,
     /// Absent without a bias.
     pub bias: View4,
     pub heads: u32,
@@ -215,7 +248,7 @@ pub struct SoftmaxRowsParams {
     pub scale: f32,
     /// Softcap `c` of `c * tanh(s / c)`; 0 disables it.
     pub softcap: f32,
-    pub flags: u32,
+    pub band: Band,
 }
 
 /// Threads per block of the row softmax: one CTA per row of scores.
@@ -443,10 +476,13 @@ pub const fn mask_bits_of_bytes(x: u32, k: u32) -> u64 {
     (spread as u64) << mask_bit(k)
 }
 
-/// Parameters of the kernel that prepares a boolean mask `[mb, mh, mq, sk]` (zero strides where
+/// Parameters of the kernel that prepares a score mask `[mb, mh, mq, sk]` (zero strides where
 /// broadcast, a key-broadcast mask given as stride 0 over `sk` keys) for the attention kernels:
 /// - `classes`: u8 `[mb, mh, q_blocks, k_blocks]`, one [`block_class`] per 64x64 block;
 /// - `bits`: u64 `[mb, mh, mq, k_blocks]`, the mask packed in [`mask_bit`] order, zero past `sk`.
+///
+/// The mask is bool bytes (nonzero = visible), or where `packed` is set, bits: key `j` of a row
+/// is bit `j % 8` of the row's byte `j / 8` (bytes contiguous along the keys, `stride[3]` unused).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct MaskPackParams {
@@ -457,7 +493,32 @@ pub struct MaskPackParams {
     pub dims: [u32; 4],
     pub q_blocks: u32,
     pub k_blocks: u32,
+    pub packed: u32,
 }
+
+/// Parameters of the kernel that applies a block mask to the 64x64 block classes: output class
+/// `[pb, ph, qb, kb]` (contiguous, `dims`) is EMPTY unless the mask's block holding it is kept,
+/// else the per-score part's class (`classes_in`, broadcast through zero strides) or FULL without
+/// one. The block mask is given as kept flags (u8, nonzero = kept) of `cell`-sized cells
+/// `[pb, ph, cell_rows, cell_cols]` (zero strides where broadcast); a block of `block` scores
+/// (`block` a multiple of `cell`) is kept if any of its cells is, which turns 64x64 classes into a
+/// 128x128 block mask.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BlockMaskParams {
+    pub cells: View4,
+    pub cell_rows: u32,
+    pub cell_cols: u32,
+    pub cell: u32,
+    pub block: u32,
+    pub classes_in: View4,
+    pub classes: u64,
+    /// `[pb, ph, q_blocks, k_blocks]` of the output.
+    pub dims: [u32; 4],
+}
+
+/// Threads per block of the block-mask kernel (one output class each).
+pub const BLOCK_MASK_THREADS: u32 = 256;
 
 /// Threads per block of the mask-pack kernel: 4 per row of a 64x64 block.
 pub const MASK_PACK_THREADS: u32 = 256;
@@ -593,6 +654,7 @@ pub mod modifiers {
 /// the variant's suffix (`modifiers::suffix`) appended.
 pub mod names {
     pub const MASK_PACK: &str = "dmattn_mask_pack";
+    pub const BLOCK_MASK: &str = "dmattn_block_mask";
     pub const BWD_PREFIX: &str = "dmattn_bwd_";
     /// The Hopper backward kernels (sm_90a module): `dmattn_bwd_sm90_<elem>_d<dim>[_mask|_bias|_mods]`.
     pub const BWD_WGMMA_PREFIX: &str = "dmattn_bwd_sm90_";

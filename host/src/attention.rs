@@ -6,6 +6,7 @@ use crate::cuda;
 use crate::device::{CudaDevice, Device};
 use crate::error::{Error, Result};
 use crate::problem::{Inputs, Problem};
+use crate::sparse::{PreparedMask, SparseMask};
 use crate::tensor::Tensor;
 use crate::cpu;
 
@@ -26,7 +27,7 @@ use crate::cpu;
 /// ```
 pub fn attention<'a>(q: &'a Tensor, k: &'a Tensor, v: &'a Tensor) -> Attention<'a> {
     Attention {
-        inputs: Inputs { q, k, v, mask: None, bias: None, causal: false, scale: None, softcap: 0.0, deterministic: false },
+        inputs: Inputs { q, k, v, mask: None, sparse: None, bias: None, causal: false, scale: None, softcap: 0.0, deterministic: false },
         into: ForwardBuffers::default(),
     }
 }
@@ -57,9 +58,20 @@ pub struct GradientBuffers<'a> {
 
 impl<'a> Attention<'a> {
     /// Boolean mask broadcastable as `({1|batch}, {1|kv_heads|heads}, {1|seqlen_q}, {1|seqlen_k})`;
-    /// false hides a score. Key tiles it hides entirely are skipped on the GPU.
+    /// false hides a score. Key tiles it hides entirely are skipped on the GPU. It is prepared
+    /// (packed to bits on the GPU) by every call that takes it: a mask used by several calls is
+    /// better prepared once ([`SparseMask::dense`], [`Attention::sparse_mask`]).
     pub fn mask(mut self, mask: &'a Tensor) -> Self {
         self.inputs.mask = Some(mask);
+        self
+    }
+
+    /// A prepared [`SparseMask`]: windows, compressed causal, sinks, block masks, dense or
+    /// bit-packed score masks, and their combinations. It must have been prepared for this call's
+    /// sequence lengths, on q's device (a parametric mask: any device). Instead of
+    /// [`Attention::mask`]; ANDed with [`Attention::causal`].
+    pub fn sparse_mask(mut self, mask: &'a PreparedMask) -> Self {
+        self.inputs.sparse = Some(mask);
         self
     }
 
@@ -155,14 +167,11 @@ impl<'a> Attention<'a> {
         .flatten()
         .collect();
         buffers::check(&i.q.device(), &dests, &self.reads())?;
-        let saved = Saved {
-            q: i.q.clone(),
-            k: i.k.clone(),
-            v: i.v.clone(),
-            mask: i.mask.cloned(),
-            bias: i.bias.cloned(),
-            gpu: None,
+        let mask = match (i.mask, i.sparse) {
+            (Some(m), _) => Some(SparseMask::dense(m).prepare(d.seqlen_q, d.seqlen_k)?),
+            (None, sparse) => sparse.cloned(),
         };
+        let saved = Saved { q: i.q.clone(), k: i.k.clone(), v: i.v.clone(), mask, bias: i.bias.cloned() };
         match i.q.device() {
             Device::Cpu => {
                 let (out, lse) = cpu::forward(&problem, &saved)?;
@@ -173,17 +182,15 @@ impl<'a> Attention<'a> {
     }
 }
 
-/// What the backward pass needs from the forward: the inputs (shared, not copied) and, on the
-/// GPU, the prepared mask (the fused forward prepares it; after the materialising forward the
-/// backward prepares it itself).
+/// What the backward pass needs from the forward: the inputs (shared, not copied) and the
+/// prepared mask.
 #[derive(Clone)]
 pub(crate) struct Saved {
     pub q: Tensor,
     pub k: Tensor,
     pub v: Tensor,
-    pub mask: Option<Tensor>,
+    pub mask: Option<PreparedMask>,
     pub bias: Option<Tensor>,
-    pub gpu: Option<cuda::PreparedMask>,
 }
 
 /// The result of a forward pass, holding what its backward pass needs.
@@ -240,7 +247,8 @@ impl Forward {
         .into_iter()
         .flatten()
         .collect();
-        let optional = [("mask", &s.mask), ("bias", &s.bias)].into_iter().filter_map(|(a, t)| t.as_ref().map(|t| (a, t)));
+        // The mask was read into its prepared form (dmattn's own memory) before the forward.
+        let optional = s.bias.as_ref().map(|t| ("bias", t));
         let reads: Vec<_> = [("q", &s.q), ("k", &s.k), ("v", &s.v), ("out", &self.out), ("lse", &self.lse), ("dout", dout)].into_iter().chain(optional).collect();
         buffers::check(&self.out.device(), &dests, &reads)?;
         match self.out.device() {

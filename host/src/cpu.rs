@@ -5,16 +5,102 @@ use crate::dtype::DType;
 use crate::error::Result;
 use crate::problem::Problem;
 use crate::reference::{self, Operands};
+use crate::sparse::{DenseMask, MaskData, Part, bcsr_to_bitset, check_block, check_part_shape, combine_planes};
 use crate::tensor::Tensor;
 
 fn operands(s: &Saved) -> Result<Operands> {
+    let mask = match s.mask.as_ref().and_then(|m| m.data.as_ref()) {
+        Some(MaskData::Cpu(d)) => Some(d.clone()),
+        Some(MaskData::Cuda(_)) => unreachable!("a CUDA mask on a CPU call is rejected by validation"),
+        None => None,
+    };
     Ok(Operands {
         q: s.q.to_f64_vec()?,
         k: s.k.to_f64_vec()?,
         v: s.v.to_f64_vec()?,
-        mask: s.mask.as_ref().map(|m| m.to_f64_vec().map(|v| v.into_iter().map(|x| x != 0.0).collect())).transpose()?,
+        mask,
         bias: s.bias.as_ref().map(|b| b.to_f64_vec()).transpose()?,
     })
+}
+
+/// One part of a mask read on the host: its plane dims and whether it shows key `j` to query `i`
+/// in plane `(b, h)` (plane indices already broadcast).
+type HostPart = ([usize; 2], Box<dyn Fn(usize, usize, usize, usize) -> bool>);
+
+/// Values of a `[pb, ph, rows, cols]` tensor as flags, read through size-1 dims.
+fn flags(t: &Tensor, shape: [usize; 4]) -> Result<impl Fn(usize, usize, usize, usize) -> bool + 'static> {
+    let v: Vec<bool> = t.to_f64_vec()?.into_iter().map(|x| x != 0.0).collect();
+    let pick = |n: usize, x: usize| if n == 1 { 0 } else { x };
+    Ok(move |b: usize, h: usize, r: usize, c: usize| v[((pick(shape[0], b) * shape[1] + pick(shape[1], h)) * shape[2] + pick(shape[2], r)) * shape[3] + pick(shape[3], c)])
+}
+
+fn host_part(part: &Part, sq: usize, sk: usize) -> Result<HostPart> {
+    use crate::dtype::DType::{Bool, U8};
+    Ok(match part {
+        Part::Dense(t) => {
+            let s = check_part_shape(t, "mask", Bool, sq, sk, [true, true])?;
+            let f = flags(t, s)?;
+            ([s[0], s[1]], Box::new(move |b, h, i, j| f(b, h, i, j)))
+        }
+        Part::Packed(t) => {
+            let s = check_part_shape(t, "packed_bits", U8, sq, sk.div_ceil(8), [true, false])?;
+            let bytes = t.to_f64_vec()?;
+            let pick = |n: usize, x: usize| if n == 1 { 0 } else { x };
+            let f = move |b: usize, h: usize, i: usize, j: usize| {
+                let byte = bytes[((pick(s[0], b) * s[1] + pick(s[1], h)) * s[2] + pick(s[2], i)) * s[3] + j / 8] as u8;
+                byte >> (j % 8) & 1 != 0
+            };
+            ([s[0], s[1]], Box::new(f))
+        }
+        Part::Bitset { kept, block } => {
+            check_block(*block)?;
+            let s = check_part_shape(kept, "block_bitset", Bool, sq.div_ceil(*block), sk.div_ceil(*block), [false, false])?;
+            let (f, block) = (flags(kept, s)?, *block);
+            ([s[0], s[1]], Box::new(move |b, h, i, j| f(b, h, i / block, j / block)))
+        }
+        Part::Bcsr { row_ptr, col_idx, block } => {
+            let (planes, kept) = bcsr_to_bitset(row_ptr, col_idx, *block, sq, sk)?;
+            let (block, qb, kb) = (*block, sq.div_ceil(*block), sk.div_ceil(*block));
+            let pick = |n: usize, x: usize| if n == 1 { 0 } else { x };
+            let f = move |b: usize, h: usize, i: usize, j: usize| kept[((pick(planes[0], b) * planes[1] + pick(planes[1], h)) * qb + i / block) * kb + j / block] != 0;
+            (planes, Box::new(f))
+        }
+        Part::DenseBlocks { mask, block } => {
+            check_block(*block)?;
+            let s = check_part_shape(mask, "mask", Bool, sq, sk, [true, true])?;
+            let (f, block) = (flags(mask, s)?, *block);
+            let (qb, kb) = (sq.div_ceil(block), sk.div_ceil(block));
+            let mut kept = vec![false; s[0] * s[1] * qb * kb];
+            for (b, h) in (0..s[0]).flat_map(|b| (0..s[1]).map(move |h| (b, h))) {
+                for i in 0..sq {
+                    for j in 0..sk {
+                        if f(b, h, i, j) {
+                            kept[((b * s[1] + h) * qb + i / block) * kb + j / block] = true;
+                        }
+                    }
+                }
+            }
+            let pick = |n: usize, x: usize| if n == 1 { 0 } else { x };
+            let f = move |b: usize, h: usize, i: usize, j: usize| kept[((pick(s[0], b) * s[1] + pick(s[1], h)) * qb + i / block) * kb + j / block];
+            ([s[0], s[1]], Box::new(f))
+        }
+    })
+}
+
+/// The CPU's prepared mask: every part read on the host and ANDed into one dense mask.
+pub(crate) fn prepare(parts: &[Part], sq: usize, sk: usize) -> Result<DenseMask> {
+    let parts = parts.iter().map(|p| Ok((p.tensors()[0].0, host_part(p, sq, sk)?))).collect::<Result<Vec<_>>>()?;
+    let planes = combine_planes(parts.iter().map(|(arg, (planes, _))| (*arg, *planes)))?;
+    let mut keep = vec![true; planes[0] * planes[1] * sq * sk];
+    for (b, h) in (0..planes[0]).flat_map(|b| (0..planes[1]).map(move |h| (b, h))) {
+        for i in 0..sq {
+            for j in 0..sk {
+                let at = ((b * planes[1] + h) * sq + i) * sk + j;
+                keep[at] = parts.iter().all(|(_, (p, f))| f(if p[0] == 1 { 0 } else { b }, if p[1] == 1 { 0 } else { h }, i, j));
+            }
+        }
+    }
+    Ok(DenseMask { planes, keep })
 }
 
 /// The dtype LSE is reported in: f64 for f64 inputs, f32 otherwise.

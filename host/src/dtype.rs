@@ -10,6 +10,10 @@ pub enum DType {
     F64,
     /// Masks: one byte per element, 0 = hidden, anything else = visible.
     Bool,
+    /// Bytes: bit-packed masks (`SparseMask::packed_bits`).
+    U8,
+    /// Indices: BCSR row pointers and block indices (`SparseMask::bcsr`).
+    I32,
 }
 
 impl DType {
@@ -18,12 +22,13 @@ impl DType {
             DType::F16 | DType::BF16 => 2,
             DType::F32 => 4,
             DType::F64 => 8,
-            DType::Bool => 1,
+            DType::Bool | DType::U8 => 1,
+            DType::I32 => 4,
         }
     }
 
     pub fn is_float(self) -> bool {
-        !matches!(self, DType::Bool)
+        !matches!(self, DType::Bool | DType::U8 | DType::I32)
     }
 
     /// Decodes one element from its little-endian bytes.
@@ -34,6 +39,8 @@ impl DType {
             DType::F32 => f32::from_le_bytes(bytes[..4].try_into().unwrap()) as f64,
             DType::F64 => f64::from_le_bytes(bytes[..8].try_into().unwrap()),
             DType::Bool => (bytes[0] != 0) as u8 as f64,
+            DType::U8 => bytes[0] as f64,
+            DType::I32 => i32::from_le_bytes(bytes[..4].try_into().unwrap()) as f64,
         }
     }
 
@@ -45,6 +52,9 @@ impl DType {
             DType::F32 => out.copy_from_slice(&(v as f32).to_le_bytes()),
             DType::F64 => out.copy_from_slice(&v.to_le_bytes()),
             DType::Bool => out[0] = (v != 0.0) as u8,
+            // Saturating, as `as` casts are.
+            DType::U8 => out[0] = v.round() as u8,
+            DType::I32 => out.copy_from_slice(&(v.round() as i32).to_le_bytes()),
         }
     }
 }
@@ -73,6 +83,8 @@ element!(f16, DType::F16);
 element!(bf16, DType::BF16);
 element!(f32, DType::F32);
 element!(f64, DType::F64);
+element!(u8, DType::U8);
+element!(i32, DType::I32);
 
 impl Element for bool {
     const DTYPE: DType = DType::Bool;

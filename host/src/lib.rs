@@ -65,6 +65,7 @@ mod error;
 mod memory;
 mod problem;
 mod reference;
+mod sparse;
 mod tensor;
 
 pub use cudarc;
@@ -74,4 +75,5 @@ pub use device::{CudaDevice, Device, KernelResources};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use problem::Dims;
+pub use sparse::{PreparedMask, SparseMask};
 pub use tensor::{Layout, Tensor, set_output_poisoning};

@@ -50,6 +50,17 @@ impl DeviceBuffer {
         Ok(buf)
     }
 
+    /// `len` bytes from `offset`, read back after the stream's queued work (waits for it).
+    pub(crate) fn to_host(&self, offset: usize, len: usize) -> Result<Vec<u8>> {
+        assert!(offset + len <= self.bytes, "read past the buffer");
+        let mut out = vec![0u8; len];
+        self.stream.context().bind_to_thread()?;
+        // Safety: the range lies inside the buffer; the copy is synchronised before `out` is read.
+        unsafe { result::memcpy_dtoh_async(&mut out, self.ptr + offset as u64, self.stream.cu_stream())? };
+        self.stream.synchronize()?;
+        Ok(out)
+    }
+
     pub(crate) fn ptr(&self) -> u64 {
         self.ptr
     }

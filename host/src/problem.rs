@@ -2,7 +2,9 @@
 //! attention call, checked once into a [`Problem`].
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::sparse::PreparedMask;
 use crate::tensor::Tensor;
+use dmattn_abi::Band;
 
 /// Sizes of one attention call: q `[batch, seqlen_q, heads, head_dim]`,
 /// k/v `[batch, seqlen_k, kv_heads, head_dim]`.
@@ -40,10 +42,11 @@ impl Dims {
 pub struct Problem {
     pub dims: Dims,
     pub dtype: DType,
-    /// Shape of the mask, `[{1|b}, {1|hk|h}, {1|sq}, {1|sk}]`.
-    pub mask: Option<[usize; 4]>,
+    /// The `[{1|b}, {1|hk|h}]` planes of the mask's data part (dense, bits or blocks).
+    pub mask: Option<[usize; 2]>,
     pub bias: Option<[usize; 4]>,
-    pub causal: bool,
+    /// The parametric rule: the sparse mask's band, with causal.
+    pub band: Band,
     pub scale: f64,
     /// 0 = off.
     pub softcap: f64,
@@ -74,6 +77,7 @@ pub struct Inputs<'a> {
     pub k: &'a Tensor,
     pub v: &'a Tensor,
     pub mask: Option<&'a Tensor>,
+    pub sparse: Option<&'a PreparedMask>,
     pub bias: Option<&'a Tensor>,
     pub causal: bool,
     pub scale: Option<f64>,
@@ -125,10 +129,52 @@ impl Problem {
                     return Err(Error::DType { arg: "mask", expected: "Bool".into(), got: m.dtype() });
                 }
                 others.push(("mask", m));
-                Some(broadcast_shape(m, "mask", &dims)?)
+                let s = broadcast_shape(m, "mask", &dims)?;
+                Some([s[0], s[1]])
             }
             None => None,
         };
+        let mut band = Band::ALL;
+        let mask = match inp.sparse {
+            None => mask,
+            Some(_) if mask.is_some() => {
+                return Err(Error::Param {
+                    arg: "mask",
+                    reason: "given with a sparse mask: combine them (SparseMask::dense(mask).and(..)) and prepare that".into(),
+                });
+            }
+            Some(sp) => {
+                if (sp.seqlen_q, sp.seqlen_k) != (seqlen_q, seqlen_k) {
+                    return Err(Error::Shape {
+                        arg: "sparse_mask",
+                        expected: format!("prepared for seqlen_q {seqlen_q} and seqlen_k {seqlen_k}"),
+                        got: vec![sp.seqlen_q, sp.seqlen_k],
+                    });
+                }
+                let [pb, ph] = sp.planes;
+                if !((pb == 1 || pb == batch) && (ph == 1 || ph == kv_heads || ph == heads)) {
+                    return Err(Error::Shape {
+                        arg: "sparse_mask",
+                        expected: format!("planes [{{1|{batch}}}, {{1|{kv_heads}|{heads}}}] (batch, heads)"),
+                        got: sp.planes.to_vec(),
+                    });
+                }
+                band = sp.band;
+                if sp.data.is_some() && !sp.device().same(&device) {
+                    return Err(Error::Device { arg: "sparse_mask", expected: format!("{device} (the device of q)"), got: sp.device().to_string() });
+                }
+                sp.data.as_ref().map(|_| sp.planes)
+            }
+        };
+        if inp.causal {
+            if band.compress != 0 {
+                return Err(Error::Param {
+                    arg: "causal",
+                    reason: "set with a compress_causal sparse mask, whose diagonal replaces the causal one".into(),
+                });
+            }
+            band.right = 0;
+        }
         let bias = match inp.bias {
             Some(b) => {
                 if !b.dtype().is_float() {
@@ -151,6 +197,6 @@ impl Problem {
         if !(inp.softcap.is_finite() && inp.softcap >= 0.0) {
             return Err(Error::Param { arg: "softcap", reason: format!("{} is not finite and >= 0", inp.softcap) });
         }
-        Ok(Problem { dims, dtype, mask, bias, causal: inp.causal, scale, softcap: inp.softcap, deterministic: inp.deterministic })
+        Ok(Problem { dims, dtype, mask, bias, band, scale, softcap: inp.softcap, deterministic: inp.deterministic })
     }
 }

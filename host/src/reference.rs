@@ -3,10 +3,11 @@
 //! the CPU backend and the ground truth the GPU kernels are tested against.
 //!
 //! Scores: `s = softcap(scale * q·k) + bias`, where `softcap(x) = c * tanh(x / c)` (identity for
-//! c = 0); key `j` is visible to query `i` iff the mask is true there and, when causal,
-//! `j <= i + seqlen_k - seqlen_q`. A row with no visible key gets O = 0 and LSE = -inf, and zero
+//! c = 0); key `j` is visible to query `i` iff the mask is true there and the band shows it
+//! (`sparse::band_visible`; causal is `j <= i + seqlen_k - seqlen_q`). A row with no visible key gets O = 0 and LSE = -inf, and zero
 //! gradients.
 use crate::problem::{Dims, Problem};
+use crate::sparse::band_visible;
 use rayon::prelude::*;
 
 /// Row-major, contiguous operands in f64, in their logical shapes.
@@ -14,7 +15,8 @@ pub(crate) struct Operands {
     pub q: Vec<f64>,
     pub k: Vec<f64>,
     pub v: Vec<f64>,
-    pub mask: Option<Vec<bool>>,
+    /// The prepared mask's dense equivalent `[pb, ph, sq, sk]` (the band is the problem's).
+    pub mask: Option<std::sync::Arc<crate::sparse::DenseMask>>,
     pub bias: Option<Vec<f64>>,
 }
 
@@ -30,16 +32,17 @@ fn row_scores(p: &Problem, ops: &Operands, b: usize, h: usize, i: usize) -> Vec<
     let d = &p.dims;
     let kvh = h / d.kv_group();
     let q = &ops.q[((b * d.seqlen_q + i) * d.heads + h) * d.head_dim..][..d.head_dim];
-    let offset = d.seqlen_k as i64 - d.seqlen_q as i64;
     (0..d.seqlen_k)
         .map(|j| {
-            if p.causal && j as i64 > i as i64 + offset {
+            if !band_visible(&p.band, d.seqlen_q, d.seqlen_k, i, j) {
                 return None;
             }
-            if let (Some(shape), Some(mask)) = (&p.mask, &ops.mask)
-                && !mask[broadcast_index(shape, d, b, h, i, j)]
-            {
-                return None;
+            if let Some(mask) = &ops.mask {
+                let [pb, ph] = mask.planes;
+                let at = broadcast_index(&[pb, ph, d.seqlen_q, d.seqlen_k], d, b, h, i, j);
+                if !mask.keep[at] {
+                    return None;
+                }
             }
             let k = &ops.k[((b * d.seqlen_k + j) * d.kv_heads + kvh) * d.head_dim..][..d.head_dim];
             let raw = p.scale * q.iter().zip(k).map(|(a, b)| a * b).sum::<f64>();

@@ -19,11 +19,11 @@
 //! lower block index, which are scheduled first, so they cannot deadlock.
 use crate::arch::*;
 use crate::elem::{Elem, wgmma_wait};
-use crate::mask::{MapCols, TileCursor, Visibility};
+use crate::mask::{MapCols, TileCursor, Visibility, block_map_plane, map_planes};
 use crate::scores::{LOG2E, Mods, WarpScores};
 use crate::tile::{Fragments, SmemTile, load_mask_bits_async};
 use dmattn_abi::{
-    BWD_DQ_STAGE_BYTES, BWD_DQ_STAGE_TILES, BWD_PARAMS_BYTES, BwdParams, FwdParams, bwd_stage_bytes, flags, mask_tile_bytes, modifiers,
+    BWD_DQ_STAGE_BYTES, BWD_DQ_STAGE_TILES, BWD_PARAMS_BYTES, BwdParams, bwd_stage_bytes, flags, mask_tile_bytes, modifiers,
     packed_position, unpacked_position,
 };
 
@@ -103,10 +103,11 @@ struct KeyBlock<'a> {
 impl<'a> KeyBlock<'a> {
     /// The CTA's key block at grid position `(n_block, kv_head, batch)` (see [`position`]).
     #[inline(always)]
-    fn at(p: &'a BwdParams, block_n: u32, (n_block, kv_head, batch): (u32, u32, u32)) -> Self {
+    /// `BAND`: the kernel takes any band, else only none or causal (see `Visibility::of_band`).
+    fn at<const BAND: bool>(p: &'a BwdParams, block_n: u32, (n_block, kv_head, batch): (u32, u32, u32)) -> Self {
         let f = &p.fwd;
         let col0 = n_block * block_n;
-        KeyBlock { p, n_block, kv_head, batch, col0, keys_valid: f.seqlen_k - col0, vis: Visibility::of(f) }
+        KeyBlock { p, n_block, kv_head, batch, col0, keys_valid: f.seqlen_k - col0, vis: Visibility::of_band::<BAND>(f) }
     }
 
     /// [`Self::at`] the CTA's position again, from opaque sources so that LLVM holds nothing
@@ -115,7 +116,7 @@ impl<'a> KeyBlock<'a> {
     /// same; calling it here instead reordered the d96/d128 kernels' code into 4-20 bytes of
     /// spills.)
     #[inline(always)]
-    fn reread(p: &'a BwdParams, block_n: u32, placed: bool, slot: u32) -> Self {
+    fn reread<const BAND: bool>(p: &'a BwdParams, block_n: u32, placed: bool, slot: u32) -> Self {
         let at = if placed {
             let slot = opaque(slot);
             let (lo, hi) = unsafe { (ld_shared_u32(slot), ld_shared_u32(slot + 4)) };
@@ -124,7 +125,7 @@ impl<'a> KeyBlock<'a> {
             let (x, y, z) = block_idx();
             (opaque(x), opaque(y), opaque(z))
         };
-        Self::at(p, block_n, at)
+        Self::at::<BAND>(p, block_n, at)
     }
 
     /// Query head `hg` of the group.
@@ -309,6 +310,7 @@ pub unsafe fn backward<
     const DET: bool,
     const WGMMA: bool,
     const BIAS_TILE: bool,
+    const BAND: bool,
 >(
     params: &BwdParams,
     params_at: u32,
@@ -333,7 +335,7 @@ pub unsafe fn backward<
     let mods = Mods::of(f, MODS);
     let slot = smem_base() + params_at + BWD_PARAMS_BYTES;
     let placed = modifiers::bwd_placed(MODS);
-    let kb = KeyBlock::at(p, BN as u32, position(p, placed, slot));
+    let kb = KeyBlock::at::<BAND>(p, BN as u32, position(p, placed, slot));
     let m_tiles = f.seqlen_q.div_ceil(BM as u32);
     if let Some((lock, turn)) = dbias_turn::<BN, DET>(&kb, &mods) {
         unsafe { wait_turn(lock, turn, tid) };
@@ -353,8 +355,7 @@ pub unsafe fn backward<
     // the tiles it skips, to pass their dQ turns on.
     let map = MapCols::<BM, BN>::new(&f.block_map, block_map_plane(f, kb.batch, kb.kv_head), map_planes(f), kb.n_block, &kb.vis);
     let mut cursor = TileCursor::new();
-    let m_begin = kb.vis.query_tile_begin(kb.col0, BM as u32);
-    let mut next_tile = cursor.next(m_begin, tid % 32, &map);
+    let mut next_tile = cursor.next(map.begin(), tid % 32, &map);
     if DET {
         unsafe { pass_skipped_turns(p, &kb, 0, next_tile.map_or(m_tiles, |t| t.n), m_tiles, tid) };
     }
@@ -377,7 +378,7 @@ pub unsafe fn backward<
             let tid = opaque(tid);
             let p = params_now();
             let f = &p.fwd;
-            let kb = KeyBlock::reread(p, BN as u32, placed, slot);
+            let kb = KeyBlock::reread::<BAND>(p, BN as u32, placed, slot);
             let mods = Mods::of(f, MODS);
             let (group, m_tiles) = (f.kv_group, f.seqlen_q.div_ceil(BM as u32));
             let (warp, lane) = (tid / 32, tid % 32);
@@ -414,7 +415,7 @@ pub unsafe fn backward<
             let r0 = 16 * MS as u32 * wr;
             let rows_valid = f.seqlen_q - row0;
             // Rows past seqlen_q have no LSE: hide them, unlike the forward where they are unread.
-            let check = !tile.full || kb.vis.tile_needs_check(row0, kb.col0, BN as u32) || rows_valid < BM as u32;
+            let check = !tile.full || rows_valid < BM as u32 || kb.vis.tile_needs_check(row0, BM as u32, kb.col0, BN as u32);
             let softcap = mods.softcap > 0.0;
             let p_at = sm.p.chunk(g, 0) + 4 * t;
             let ds_at = p_at - sm.p.base + sm.ds.base;
@@ -431,9 +432,9 @@ pub unsafe fn backward<
             let mut p_kept = [[[0f32; 4]; NC]; MS];
             for c in 0..(NS / NC) as u32 {
                 let nt0 = chunk_nt0(c);
+                let bounds = kb.vis.at_tile(row0, kb.col0).with_rows(rows_valid).shifted(r0 + g, 8 * nt0 + 2 * t);
                 let warp_scores = scores(c);
                 let mut s = [[[0f32; 4]; NC]; MS];
-                let bounds = kb.vis.at_tile(row0, kb.col0).with_rows(rows_valid).shifted(r0 + g, 8 * nt0 + 2 * t);
                 warp_scores.init::<E, MS, NC>(&mut s, &mods, &bounds, check, mods.mask && !tile.full);
                 if WGMMA {
                     // The warpgroup's 64 rows (from its first warp's) x keys from 8 nt0; this warp
@@ -629,7 +630,7 @@ pub unsafe fn backward<
     // to coalesced stores. A CTA whose key tile no query sees never waited for its K/V copies:
     // they must land before the tiles are overwritten, or they overwrite the zero dK/dV.
     let tid = opaque(tid);
-    let kb = KeyBlock::reread(p, BN as u32, placed, slot);
+    let kb = KeyBlock::reread::<BAND>(p, BN as u32, placed, slot);
     if let Some((lock, turn)) = dbias_turn::<BN, DET>(&kb, &Mods::of(f, MODS)) {
         unsafe { pass_turn(lock, turn + 1, tid) };
     }
@@ -844,21 +845,6 @@ unsafe fn add_dbias<E: Elem, const BM: usize, const BN: usize, const V2: bool>(
             }
         }
     }
-}
-
-/// The block-map plane of the first query head of `kv_head`'s group.
-#[inline(always)]
-pub(crate) fn block_map_plane(f: &FwdParams, batch: u32, kv_head: u32) -> u64 {
-    let m = &f.block_map;
-    let head = if f.mask_head_div == 1 { kv_head * f.kv_group } else { kv_head } as u64;
-    m.ptr + batch as u64 * m.stride[0] + head * m.stride[1]
-}
-
-/// Planes the group's heads read: one per query head when the mask has one per query head
-/// (consecutive, stride 1 head), else the group shares one.
-#[inline(always)]
-pub(crate) fn map_planes(f: &FwdParams) -> u32 {
-    if f.mask_head_div == 1 && f.block_map.stride[1] != 0 && f.kv_group > 1 { f.kv_group } else { 1 }
 }
 
 /// The dQ turn counter of (head `h`, query tile `m`).

@@ -73,11 +73,17 @@ unsafe fn load_k_side<const D: usize, const BM: usize, const BN: usize>(
     }
 }
 
-/// The next key tile to visit from `n`: the mask's block map decides in the modifier variant;
-/// the lean one never has a mask, so it visits every tile, full, and holds no cursor state.
+/// The next key tile to visit from `n`: the band and the mask's block map decide in the modifier
+/// variant; the lean one never has a mask, so it visits every tile of the band, full, and holds no
+/// cursor state.
 #[inline(always)]
 fn next_tile<const MODS: bool>(cursor: &mut TileCursor, n: u32, lane: u32, line: &impl TileLine) -> Option<Tile> {
-    if MODS { cursor.next(n, lane, line) } else { (n < line.end()).then_some(Tile { n, full: true }) }
+    if MODS {
+        cursor.next(line.next_candidate(n), lane, line)
+    } else {
+        let n = line.next_candidate(n);
+        (n < line.end()).then_some(Tile { n, full: true })
+    }
 }
 
 /// Const parameters: head dim `D`, tile `BM x BN`, `THREADS` per CTA, and the per-warp fragment
@@ -142,12 +148,12 @@ pub unsafe fn forward<
             cp_async_commit();
 
             // The accumulators start at the score offsets (see `scores`): -inf where the mask,
-            // the causal rule or the key bound hide a score, bias / scale elsewhere.
+            // the band or the key bound hide a score, bias / scale elsewhere.
+            let check = !tile.full || b.vis.tile_needs_check(b.row0, b.rows_valid.min(BM as u32), col0, BN as u32);
+            let band = b.vis.at_tile(b.row0, col0).shifted(warp_row0 + g, 2 * t).rows_bits::<MT>(check);
             let warp = WarpScores::new::<NT>(sm.bias, sm.mask, (BN / 8) as u32, warp_row0, 0, lane);
             let mut s = [[[0f32; 4]; NT]; MT];
-            let check = !tile.full || b.vis.tile_needs_check(b.row0, col0, BN as u32);
-            let bounds = b.vis.at_tile(b.row0, col0).shifted(warp_row0 + g, 2 * t);
-            warp.init::<E, MT, NT>(&mut s, &mods, &bounds, check, mods.mask && !tile.full);
+            warp.init::<E, MT, NT>(&mut s, &mods, &band, check, mods.mask && !tile.full);
 
             for ks in 0..KT as u32 {
                 let mut a = [[0u32; 4]; MT];

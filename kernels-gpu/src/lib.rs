@@ -2,7 +2,7 @@
 //! composed from a few modules: PTX primitives (`arch`), element types and their MMA (`elem`),
 //! shared-memory tiles (`tile`), the mask logic every kernel shares (`mask`), the online softmax
 //! (`softmax`), score start values and logits (`scores`), and the kernels themselves (`fwd`,
-//! `bwd`, `bwd_pre`, `mask_pack`, `schedule` for the forward's work order, `combine` for
+//! `bwd`, `bwd_pre`, `mask_pack` and `block_mask` (mask preparation), `schedule` for the forward's work order, `combine` for
 //! split-KV, and `softmax_rows` for the unfused path). Entry points are instantiated here from
 //! the tile table in `dmattn-abi`. The crate builds twice: for sm_80 (every kernel but the
 //! Hopper backward; it runs on Hopper too) and for sm_90a (only the `wgmma` backward).
@@ -15,6 +15,7 @@
 
 mod arch;
 mod block_info;
+mod block_mask;
 mod bwd;
 mod bwd_pre;
 mod combine;
@@ -29,7 +30,7 @@ mod softmax_rows;
 mod tile;
 
 use dmattn_abi::{
-    BwdParams, BwdPreParams, BwdTile, CombineParams, ConvertParams, FwdParams, FwdTile, OrderParams, FwdVariants, MaskPackParams,
+    BlockMaskParams, BwdParams, BwdPreParams, BwdTile, CombineParams, ConvertParams, FwdParams, FwdTile, OrderParams, FwdVariants, MaskPackParams,
     SoftmaxRowsParams, bwd_tile, fwd_variants, modifiers,
 };
 use elem::{Bf16, F16};
@@ -43,6 +44,12 @@ fn panic(_: &core::panic::PanicInfo) -> ! {
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn dmattn_mask_pack(p: MaskPackParams) {
     unsafe { mask_pack::mask_pack(&p) }
+}
+
+#[cfg(not(target_feature = "sm_90a"))]
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn dmattn_block_mask(p: BlockMaskParams) {
+    unsafe { block_mask::block_mask(&p) }
 }
 
 /// The work order of each head dim's modifier variant: `dmattn_fwd_order_d<dim>`
@@ -133,13 +140,15 @@ fwd_kernels! {
 /// Backward entry points per (element type, head dim): `dmattn_bwd_<elem>_d<dim>[_mods][_det]`
 /// (score modifiers; deterministic accumulation).
 macro_rules! bwd_kernels {
-    ($($elem:ty, $d:literal: $plain:ident, $mods:ident, $plain_det:ident, $mods_det:ident;)*) => {$(
-        bwd_kernels!(@one $plain, $elem, $d, modifiers::NONE, false, false);
-        bwd_kernels!(@one $mods, $elem, $d, modifiers::ALL, false, false);
-        bwd_kernels!(@one $plain_det, $elem, $d, modifiers::NONE, true, false);
-        bwd_kernels!(@one $mods_det, $elem, $d, modifiers::ALL, true, false);
+    ($($elem:ty, $d:literal: $plain:ident, $mods:ident, $plain_det:ident, $mods_det:ident, $mods_band:ident, $mods_det_band:ident;)*) => {$(
+        bwd_kernels!(@one $plain, $elem, $d, modifiers::NONE, false, false, false);
+        bwd_kernels!(@one $mods, $elem, $d, modifiers::ALL, false, false, false);
+        bwd_kernels!(@one $plain_det, $elem, $d, modifiers::NONE, true, false, false);
+        bwd_kernels!(@one $mods_det, $elem, $d, modifiers::ALL, true, false, false);
+        bwd_kernels!(@one $mods_band, $elem, $d, modifiers::ALL, false, false, true);
+        bwd_kernels!(@one $mods_det_band, $elem, $d, modifiers::ALL, true, false, true);
     )*};
-    (@one $name:ident, $elem:ty, $d:literal, $modifiers:expr, $det:literal, $wgmma:literal) => {
+    (@one $name:ident, $elem:ty, $d:literal, $modifiers:expr, $det:literal, $wgmma:literal, $band:literal) => {
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: BwdParams) {
             const T: BwdTile = match bwd_tile($d, $det, $wgmma, $modifiers) { Some(t) => t, None => panic!() };
@@ -150,7 +159,7 @@ macro_rules! bwd_kernels {
                     { T.sdp_rows as usize }, { T.sdp_m_tiles() as usize }, { T.sdp_n_tiles() as usize }, { T.sdp_chunk_tiles() as usize },
                     { T.kv_keys as usize }, { T.kv_m_tiles() as usize }, { T.kv_d_tiles() as usize }, { T.block_m as usize / 16 },
                     { T.dq_rows as usize }, { T.dq_m_tiles() as usize }, { T.dq_d_tiles() as usize }, { T.dq_pass_tiles() as usize },
-                    { T.block_n as usize / 16 }, { $modifiers }, $det, $wgmma, { T.bias }>(&p, T.params_offset())
+                    { T.block_n as usize / 16 }, { $modifiers }, $det, $wgmma, { T.bias }, $band>(&p, T.params_offset())
             }
         }
     };
@@ -158,18 +167,18 @@ macro_rules! bwd_kernels {
 
 #[cfg(not(target_feature = "sm_90a"))]
 bwd_kernels! {
-    Bf16, 32: dmattn_bwd_bf16_d32, dmattn_bwd_bf16_d32_mods, dmattn_bwd_bf16_d32_det, dmattn_bwd_bf16_d32_mods_det;
-    Bf16, 64: dmattn_bwd_bf16_d64, dmattn_bwd_bf16_d64_mods, dmattn_bwd_bf16_d64_det, dmattn_bwd_bf16_d64_mods_det;
-    Bf16, 96: dmattn_bwd_bf16_d96, dmattn_bwd_bf16_d96_mods, dmattn_bwd_bf16_d96_det, dmattn_bwd_bf16_d96_mods_det;
-    Bf16, 128: dmattn_bwd_bf16_d128, dmattn_bwd_bf16_d128_mods, dmattn_bwd_bf16_d128_det, dmattn_bwd_bf16_d128_mods_det;
-    Bf16, 192: dmattn_bwd_bf16_d192, dmattn_bwd_bf16_d192_mods, dmattn_bwd_bf16_d192_det, dmattn_bwd_bf16_d192_mods_det;
-    Bf16, 256: dmattn_bwd_bf16_d256, dmattn_bwd_bf16_d256_mods, dmattn_bwd_bf16_d256_det, dmattn_bwd_bf16_d256_mods_det;
-    F16, 32: dmattn_bwd_f16_d32, dmattn_bwd_f16_d32_mods, dmattn_bwd_f16_d32_det, dmattn_bwd_f16_d32_mods_det;
-    F16, 64: dmattn_bwd_f16_d64, dmattn_bwd_f16_d64_mods, dmattn_bwd_f16_d64_det, dmattn_bwd_f16_d64_mods_det;
-    F16, 96: dmattn_bwd_f16_d96, dmattn_bwd_f16_d96_mods, dmattn_bwd_f16_d96_det, dmattn_bwd_f16_d96_mods_det;
-    F16, 128: dmattn_bwd_f16_d128, dmattn_bwd_f16_d128_mods, dmattn_bwd_f16_d128_det, dmattn_bwd_f16_d128_mods_det;
-    F16, 192: dmattn_bwd_f16_d192, dmattn_bwd_f16_d192_mods, dmattn_bwd_f16_d192_det, dmattn_bwd_f16_d192_mods_det;
-    F16, 256: dmattn_bwd_f16_d256, dmattn_bwd_f16_d256_mods, dmattn_bwd_f16_d256_det, dmattn_bwd_f16_d256_mods_det;
+    Bf16, 32: dmattn_bwd_bf16_d32, dmattn_bwd_bf16_d32_mods, dmattn_bwd_bf16_d32_det, dmattn_bwd_bf16_d32_mods_det, dmattn_bwd_bf16_d32_mods_band, dmattn_bwd_bf16_d32_mods_det_band;
+    Bf16, 64: dmattn_bwd_bf16_d64, dmattn_bwd_bf16_d64_mods, dmattn_bwd_bf16_d64_det, dmattn_bwd_bf16_d64_mods_det, dmattn_bwd_bf16_d64_mods_band, dmattn_bwd_bf16_d64_mods_det_band;
+    Bf16, 96: dmattn_bwd_bf16_d96, dmattn_bwd_bf16_d96_mods, dmattn_bwd_bf16_d96_det, dmattn_bwd_bf16_d96_mods_det, dmattn_bwd_bf16_d96_mods_band, dmattn_bwd_bf16_d96_mods_det_band;
+    Bf16, 128: dmattn_bwd_bf16_d128, dmattn_bwd_bf16_d128_mods, dmattn_bwd_bf16_d128_det, dmattn_bwd_bf16_d128_mods_det, dmattn_bwd_bf16_d128_mods_band, dmattn_bwd_bf16_d128_mods_det_band;
+    Bf16, 192: dmattn_bwd_bf16_d192, dmattn_bwd_bf16_d192_mods, dmattn_bwd_bf16_d192_det, dmattn_bwd_bf16_d192_mods_det, dmattn_bwd_bf16_d192_mods_band, dmattn_bwd_bf16_d192_mods_det_band;
+    Bf16, 256: dmattn_bwd_bf16_d256, dmattn_bwd_bf16_d256_mods, dmattn_bwd_bf16_d256_det, dmattn_bwd_bf16_d256_mods_det, dmattn_bwd_bf16_d256_mods_band, dmattn_bwd_bf16_d256_mods_det_band;
+    F16, 32: dmattn_bwd_f16_d32, dmattn_bwd_f16_d32_mods, dmattn_bwd_f16_d32_det, dmattn_bwd_f16_d32_mods_det, dmattn_bwd_f16_d32_mods_band, dmattn_bwd_f16_d32_mods_det_band;
+    F16, 64: dmattn_bwd_f16_d64, dmattn_bwd_f16_d64_mods, dmattn_bwd_f16_d64_det, dmattn_bwd_f16_d64_mods_det, dmattn_bwd_f16_d64_mods_band, dmattn_bwd_f16_d64_mods_det_band;
+    F16, 96: dmattn_bwd_f16_d96, dmattn_bwd_f16_d96_mods, dmattn_bwd_f16_d96_det, dmattn_bwd_f16_d96_mods_det, dmattn_bwd_f16_d96_mods_band, dmattn_bwd_f16_d96_mods_det_band;
+    F16, 128: dmattn_bwd_f16_d128, dmattn_bwd_f16_d128_mods, dmattn_bwd_f16_d128_det, dmattn_bwd_f16_d128_mods_det, dmattn_bwd_f16_d128_mods_band, dmattn_bwd_f16_d128_mods_det_band;
+    F16, 192: dmattn_bwd_f16_d192, dmattn_bwd_f16_d192_mods, dmattn_bwd_f16_d192_det, dmattn_bwd_f16_d192_mods_det, dmattn_bwd_f16_d192_mods_band, dmattn_bwd_f16_d192_mods_det_band;
+    F16, 256: dmattn_bwd_f16_d256, dmattn_bwd_f16_d256_mods, dmattn_bwd_f16_d256_det, dmattn_bwd_f16_d256_mods_det, dmattn_bwd_f16_d256_mods_band, dmattn_bwd_f16_d256_mods_det_band;
 }
 
 /// The Hopper backward (the sm_90a module holds these and nothing else):
@@ -178,20 +187,22 @@ bwd_kernels! {
 /// the bias's), a mask whose tiles are full costs nothing over no mask, and a bias's scores
 /// skip the softcap's derivative.
 macro_rules! bwd_wgmma_kernels {
-    ($($elem:ty, $d:literal: $plain:ident, $mask:ident, $bias:ident, $mods:ident;)*) => {$(
-        bwd_kernels!(@one $plain, $elem, $d, modifiers::NONE, false, true);
-        bwd_kernels!(@one $mask, $elem, $d, modifiers::MASK, false, true);
-        bwd_kernels!(@one $bias, $elem, $d, modifiers::BIAS, false, true);
-        bwd_kernels!(@one $mods, $elem, $d, modifiers::ALL, false, true);
+    ($($elem:ty, $d:literal: $plain:ident, $mask:ident, $bias:ident, $mods:ident, $plain_band:ident, $mask_band:ident;)*) => {$(
+        bwd_kernels!(@one $plain, $elem, $d, modifiers::NONE, false, true, false);
+        bwd_kernels!(@one $mask, $elem, $d, modifiers::MASK, false, true, false);
+        bwd_kernels!(@one $bias, $elem, $d, modifiers::BIAS, false, true, false);
+        bwd_kernels!(@one $mods, $elem, $d, modifiers::ALL, false, true, false);
+        bwd_kernels!(@one $plain_band, $elem, $d, modifiers::NONE, false, true, true);
+        bwd_kernels!(@one $mask_band, $elem, $d, modifiers::MASK, false, true, true);
     )*};
 }
 
 #[cfg(target_feature = "sm_90a")]
 bwd_wgmma_kernels! {
-    Bf16, 64: dmattn_bwd_sm90_bf16_d64, dmattn_bwd_sm90_bf16_d64_mask, dmattn_bwd_sm90_bf16_d64_bias, dmattn_bwd_sm90_bf16_d64_mods;
-    Bf16, 128: dmattn_bwd_sm90_bf16_d128, dmattn_bwd_sm90_bf16_d128_mask, dmattn_bwd_sm90_bf16_d128_bias, dmattn_bwd_sm90_bf16_d128_mods;
-    F16, 64: dmattn_bwd_sm90_f16_d64, dmattn_bwd_sm90_f16_d64_mask, dmattn_bwd_sm90_f16_d64_bias, dmattn_bwd_sm90_f16_d64_mods;
-    F16, 128: dmattn_bwd_sm90_f16_d128, dmattn_bwd_sm90_f16_d128_mask, dmattn_bwd_sm90_f16_d128_bias, dmattn_bwd_sm90_f16_d128_mods;
+    Bf16, 64: dmattn_bwd_sm90_bf16_d64, dmattn_bwd_sm90_bf16_d64_mask, dmattn_bwd_sm90_bf16_d64_bias, dmattn_bwd_sm90_bf16_d64_mods, dmattn_bwd_sm90_bf16_d64_band, dmattn_bwd_sm90_bf16_d64_mask_band;
+    Bf16, 128: dmattn_bwd_sm90_bf16_d128, dmattn_bwd_sm90_bf16_d128_mask, dmattn_bwd_sm90_bf16_d128_bias, dmattn_bwd_sm90_bf16_d128_mods, dmattn_bwd_sm90_bf16_d128_band, dmattn_bwd_sm90_bf16_d128_mask_band;
+    F16, 64: dmattn_bwd_sm90_f16_d64, dmattn_bwd_sm90_f16_d64_mask, dmattn_bwd_sm90_f16_d64_bias, dmattn_bwd_sm90_f16_d64_mods, dmattn_bwd_sm90_f16_d64_band, dmattn_bwd_sm90_f16_d64_mask_band;
+    F16, 128: dmattn_bwd_sm90_f16_d128, dmattn_bwd_sm90_f16_d128_mask, dmattn_bwd_sm90_f16_d128_bias, dmattn_bwd_sm90_f16_d128_mods, dmattn_bwd_sm90_f16_d128_band, dmattn_bwd_sm90_f16_d128_mask_band;
 }
 
 /// Per element type: the backward's delta and conversion passes, the split-KV combine, and the

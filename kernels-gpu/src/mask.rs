@@ -2,79 +2,210 @@
 //! element-wise masking, and whether one score is visible. Forward, backward and the tile-skip
 //! decision all read it.
 use crate::arch::{ballot, ld_global_nc_u8};
-use dmattn_abi::{BLOCK_MAP_K, BLOCK_MAP_Q, FwdParams, View4, block_class, flags};
+use dmattn_abi::{BLOCK_MAP_K, BLOCK_MAP_Q, Band, FwdParams, View4, block_class};
 
-/// The causal rule and sequence bounds of one (batch, head): key `j` is visible to query `i` iff
-/// `j < sk` and, when causal, `j <= i + sk - sq` (aligned to the bottom-right corner).
+/// The parametric rule and sequence bounds of one (batch, head), [`Band`]'s: key `j` is visible
+/// to query `i` iff `j < sk`, `j <= D(i) + right`, and `j >= D(i) - left` or `j < sinks`, where
+/// `D(i)` is the query's diagonal key. `D` never decreases along the queries, so each query
+/// tile's visible keys are the sink tiles and one interval of tiles, and each key tile's queries
+/// one interval of query tiles.
 #[derive(Clone, Copy)]
 pub struct Visibility {
     pub seqlen_q: u32,
     pub seqlen_k: u32,
-    pub causal: bool,
+    pub band: Band,
+}
+
+/// The key tiles a query tile may see: the sink tiles `0..sinks`, then `begin..end`.
+#[derive(Clone, Copy)]
+pub struct KeyTiles {
+    pub sinks: u32,
+    pub begin: u32,
+    pub end: u32,
+}
+
+impl KeyTiles {
+    #[inline(always)]
+    pub fn contains(&self, t: u32) -> bool {
+        t < self.end && (t < self.sinks || t >= self.begin)
+    }
+
+    /// The first tile at or after `n` that may be visible (jumping the gap after the sinks).
+    #[inline(always)]
+    pub fn next_candidate(&self, n: u32) -> u32 {
+        if n >= self.sinks && n < self.begin { self.begin } else { n }
+    }
+}
+
+/// Keeps an `i64` tile-bound term in a range where the per-score tests' small shifts cannot
+/// overflow `i32` (the terms compare against offsets within one tile).
+#[inline(always)]
+fn clamp_i32(x: i64) -> i32 {
+    x.clamp(-(1 << 30), 1 << 30) as i32
 }
 
 impl Visibility {
-    /// The problem's bounds and causal rule.
+    /// The problem's bounds and band.
     #[inline(always)]
     pub fn of(p: &FwdParams) -> Self {
-        Visibility { seqlen_q: p.seqlen_q, seqlen_k: p.seqlen_k, causal: p.flags & flags::CAUSAL != 0 }
+        Self::new(p.seqlen_q, p.seqlen_k, p.band)
+    }
+
+    /// [`Visibility::of`] in a kernel compiled with `BAND`; without it the kernel serves only
+    /// bands that are none or causal (the host's choice), and the band's other terms are
+    /// constants, so that their code folds away (the backward's tiles are at the register limit).
+    #[inline(always)]
+    pub fn of_band<const BAND: bool>(p: &FwdParams) -> Self {
+        if BAND { Self::of(p) } else { Self::new(p.seqlen_q, p.seqlen_k, Band { right: p.band.right, ..Band::ALL }) }
     }
 
     #[inline(always)]
-    fn offset(&self) -> i64 {
-        self.seqlen_k as i64 - self.seqlen_q as i64
+    pub fn new(seqlen_q: u32, seqlen_k: u32, band: Band) -> Self {
+        Visibility { seqlen_q, seqlen_k, band }
     }
 
-    /// Key tiles of `block_n` keys that rows `[row0, row0 + rows)` can see at all: `0..end`.
+    /// `D(i)`, query `i`'s diagonal key.
     #[inline(always)]
-    pub fn key_tile_end(&self, row0: u32, rows: u32, block_n: u32) -> u32 {
-        let all = self.seqlen_k.div_ceil(block_n);
-        if !self.causal {
-            return all;
+    fn diagonal(&self, i: u32) -> i64 {
+        match self.band.compress {
+            0 => i as i64 + self.seqlen_k as i64 - self.seqlen_q as i64,
+            c => (i / c) as i64,
         }
-        let last_row = (row0 + rows).min(self.seqlen_q) as i64 - 1;
-        let keys = (last_row + self.offset() + 1).clamp(0, self.seqlen_k as i64) as u32;
-        keys.div_ceil(block_n)
     }
 
-    /// Query tiles of `block_m` rows that key `col0` onwards can be seen from: `begin..`.
+    /// Rows `i` with `D(i) < x`, which are the first ones: the first row with `D(i) >= x`.
     #[inline(always)]
-    pub fn query_tile_begin(&self, col0: u32, block_m: u32) -> u32 {
-        if !self.causal {
-            return 0;
-        }
-        let first_row = (col0 as i64 - self.offset()).clamp(0, self.seqlen_q as i64) as u32;
-        first_row / block_m
+    fn rows_below(&self, x: i64) -> u32 {
+        let first = match self.band.compress {
+            0 => x - (self.seqlen_k as i64 - self.seqlen_q as i64),
+            c => x.saturating_mul(c as i64),
+        };
+        first.clamp(0, self.seqlen_q as i64) as u32
     }
 
-    /// Whether the tile `[row0, row0 + rows) x [col0, col0 + cols)` has scores the causal rule or
-    /// the key bound hide, so that scores must be checked one by one.
+    /// Keys `0..sinks` exempt from the left edge (none without one).
     #[inline(always)]
-    pub fn tile_needs_check(&self, row0: u32, col0: u32, cols: u32) -> bool {
+    fn sink_keys(&self) -> u32 {
+        if self.band.left == Band::NONE { 0 } else { self.band.sinks.min(self.seqlen_k) }
+    }
+
+    /// Row `i`'s band without the sinks: keys `lo..hi`.
+    #[inline(always)]
+    pub fn row_keys(&self, i: u32) -> (u32, u32) {
+        let (b, sk) = (&self.band, self.seqlen_k as i64);
+        let hi = if b.right == Band::NONE { sk } else { (self.diagonal(i) + b.right as i64 + 1).clamp(0, sk) };
+        let lo = if b.left == Band::NONE { 0 } else { (self.diagonal(i) - b.left as i64).clamp(0, sk) };
+        (lo as u32, hi as u32)
+    }
+
+    /// Row `i`'s sink keys: `0..sinks` (visible where also `< hi`).
+    #[inline(always)]
+    pub fn row_sinks(&self) -> u32 {
+        self.sink_keys()
+    }
+
+    /// The key tiles of `block_n` keys that rows `[row0, row0 + rows)` may see.
+    #[inline(always)]
+    pub fn key_tiles(&self, row0: u32, rows: u32, block_n: u32) -> KeyTiles {
+        let last = (row0 + rows).min(self.seqlen_q).max(row0 + 1) - 1;
+        let (_, hi) = self.row_keys(last);
+        let (lo, _) = self.row_keys(row0);
+        KeyTiles { sinks: self.sink_keys().div_ceil(block_n), begin: lo / block_n, end: hi.div_ceil(block_n) }
+    }
+
+    /// The query tiles of `block_m` rows that see any of keys `[col0, col0 + cols)`: `begin..end`.
+    #[inline(always)]
+    pub fn query_tiles(&self, col0: u32, cols: u32, block_m: u32) -> (u32, u32) {
+        let b = &self.band;
+        let last_col = (col0 + cols - 1) as i64;
+        // From the first row whose band reaches col0 (D(i) + right >= col0) ...
+        let begin = if b.right == Band::NONE { 0 } else { self.rows_below(col0 as i64 - b.right as i64) };
+        // ... to the last whose band starts at or before the last key (D(i) - left <= last_col);
+        // every later row sees the sink keys.
+        let end = if b.left == Band::NONE || col0 < self.sink_keys() {
+            self.seqlen_q
+        } else {
+            self.rows_below(last_col + b.left as i64 + 1)
+        };
+        (begin / block_m, end.div_ceil(block_m))
+    }
+
+    /// Whether the tile `[row0, row0 + rows) x [col0, col0 + cols)` (rows inside the sequence)
+    /// has scores the band or the key bound hide, so that scores must be checked one by one.
+    #[inline(always)]
+    pub fn tile_needs_check(&self, row0: u32, rows: u32, col0: u32, cols: u32) -> bool {
+        let b = &self.band;
         let last_col = col0 + cols - 1;
-        last_col >= self.seqlen_k || (self.causal && last_col as i64 > row0 as i64 + self.offset())
+        let left_of = col0.max(self.sink_keys());
+        last_col >= self.seqlen_k
+            || (b.right != Band::NONE && last_col as i64 > self.diagonal(row0) + b.right as i64)
+            || (b.left != Band::NONE && left_of <= last_col && (left_of as i64) < self.diagonal(row0 + rows - 1) - b.left as i64)
     }
 
     /// The rule restricted to the tile whose top-left score is `(row0, col0)`, in tile-local
-    /// coordinates, so the per-score test is two small-integer compares.
+    /// coordinates, so the per-score test is a few small-integer compares.
     #[inline(always)]
     pub fn at_tile(&self, row0: u32, col0: u32) -> TileBounds {
-        let diagonal = if self.causal { row0 as i64 + self.offset() - col0 as i64 } else { i32::MAX as i64 };
+        let b = &self.band;
+        // Uncompressed, `D(row0 + r) - (col0 + c) = base + r - c`; compressed, the row term is
+        // computed per row.
+        let base = if b.compress == 0 { self.diagonal(row0) - col0 as i64 } else { -(col0 as i64) };
         TileBounds {
-            keys: self.seqlen_k as i32 - col0 as i32,
-            diagonal: diagonal.clamp(i32::MIN as i64, i32::MAX as i64) as i32,
+            keys: clamp_i32(self.seqlen_k as i64 - col0 as i64),
+            sinks: clamp_i32(self.sink_keys() as i64 - col0 as i64),
             rows: i32::MAX,
+            hi: if b.right == Band::NONE { i32::MAX } else { clamp_i32(base + b.right as i64) },
+            lo: if b.left == Band::NONE { i32::MIN } else { clamp_i32(base - b.left as i64) },
+            row: row0 as i32,
+            compress: b.compress,
         }
     }
 }
 
 /// [`Visibility`] for one tile: local key `c` of local row `r` is visible iff `c < keys`,
-/// `c - r <= diagonal` and `r < rows`.
+/// `r < rows`, `c <= hi + t(r)`, and `c >= lo + t(r)` or `c < sinks`, where `t(r) = r`, or
+/// `(row + r) / compress` under a compressed diagonal.
 #[derive(Clone, Copy)]
 pub struct TileBounds {
     keys: i32,
-    diagonal: i32,
+    sinks: i32,
     rows: i32,
+    hi: i32,
+    lo: i32,
+    row: i32,
+    compress: u32,
+}
+
+/// Where a thread's per-row visibility bits come from when its scores are initialised: its
+/// [`TileBounds`], computed row by row as the accumulators are set, or those rows' bits computed
+/// before (`TileBounds::rows_bits`). Which one leaves more registers free differs by kernel.
+pub trait RowBits {
+    /// The bits of row `dr` (`16 mt + 8 h`) of the thread's rows.
+    fn bits(&self, mt: usize, h: usize) -> u32;
+}
+
+impl RowBits for TileBounds {
+    #[inline(always)]
+    fn bits(&self, mt: usize, h: usize) -> u32 {
+        self.row_bits(16 * mt as u32 + 8 * h as u32)
+    }
+}
+
+impl<const MT: usize> RowBits for [[u32; 2]; MT] {
+    #[inline(always)]
+    fn bits(&self, mt: usize, h: usize) -> u32 {
+        self[mt][h]
+    }
+}
+
+/// Bits of the thread's keys `c < limit` in accumulator order: bit `2 nt + e` stands for local
+/// key `8 nt + e` (`nt < 16`).
+#[inline(always)]
+fn keys_below(limit: i32) -> u32 {
+    let limit = limit.clamp(0, 128) as u32;
+    // Keys 8nt (e = 0) are below for nt < ceil(limit / 8), keys 8nt + 1 for nt < ceil((limit - 1) / 8).
+    let even = |count: u32| ((1u64 << (2 * count.min(16))) - 1) as u32 & 0x5555_5555;
+    even((limit + 7) / 8) | even((limit + 6) / 8) << 1
 }
 
 impl TileBounds {
@@ -82,10 +213,16 @@ impl TileBounds {
     /// score once, so that every per-score test compares against compile-time offsets.
     #[inline(always)]
     pub fn shifted(&self, r: u32, c: u32) -> TileBounds {
+        let (r, c) = (r as i32, c as i32);
+        let linear = if self.compress == 0 { r - c } else { -c };
         TileBounds {
-            keys: self.keys - c as i32,
-            diagonal: self.diagonal.saturating_add(r as i32 - c as i32),
-            rows: self.rows.saturating_sub(r as i32),
+            keys: self.keys - c,
+            sinks: self.sinks - c,
+            rows: self.rows.saturating_sub(r),
+            hi: if self.hi == i32::MAX { i32::MAX } else { self.hi + linear },
+            lo: if self.lo == i32::MIN { i32::MIN } else { self.lo + linear },
+            row: self.row + if self.compress == 0 { 0 } else { r },
+            compress: self.compress,
         }
     }
 
@@ -95,26 +232,45 @@ impl TileBounds {
         TileBounds { rows: rows.min(i32::MAX as u32) as i32, ..*self }
     }
 
-    /// Row `r`'s visibility in the thread's accumulator order: bit `2 nt + e` stands for local
-    /// key `8 nt + e` (a thread's keys of a row, `nt < 16`), the order of packed mask half-words.
-    /// A row's visible keys are a prefix `c < limit`, so this is a dozen integer ops per row
-    /// instead of compares per score.
+    /// [`TileBounds::row_bits`] of each of a thread's rows in `MT` 16-row tiles (rows `16 mt` and
+    /// `16 mt + 8`), all ones where `check` is off. Computed before the accumulators are live, so
+    /// that only these `2 MT` words, not the bounds, are held beside them.
+    #[inline(always)]
+    pub fn rows_bits<const MT: usize>(&self, check: bool) -> [[u32; 2]; MT] {
+        let mut bits = [[!0u32; 2]; MT];
+        if check {
+            for (mt, b) in bits.iter_mut().enumerate() {
+                *b = [self.row_bits(16 * mt as u32), self.row_bits(16 * mt as u32 + 8)];
+            }
+        }
+        bits
+    }
+
+    /// Row `r`'s visibility in the thread's accumulator order (see [`keys_below`]): visible keys
+    /// are an interval plus the sinks, so this is a few dozen integer ops per row instead of
+    /// compares per score.
     #[inline(always)]
     pub fn row_bits(&self, r: u32) -> u32 {
-        let limit = if (r as i32) < self.rows { self.keys.min(self.diagonal.saturating_add(r as i32 + 1)) } else { 0 };
-        let limit = limit.clamp(0, 128) as u32;
-        // Keys 8nt (e = 0) are visible for nt < ceil(limit / 8), keys 8nt + 1 for nt < ceil((limit - 1) / 8).
-        let even = |count: u32| ((1u64 << (2 * count.min(16))) - 1) as u32 & 0x5555_5555;
-        even((limit + 7) / 8) | even((limit + 6) / 8) << 1
+        if r as i32 >= self.rows {
+            return 0;
+        }
+        let t = if self.compress == 0 { r as i32 } else { ((self.row as u32 + r) / self.compress) as i32 };
+        let below_hi = keys_below(self.keys.min(self.hi.saturating_add(t).saturating_add(1)));
+        if self.lo == i32::MIN {
+            return below_hi;
+        }
+        below_hi & !(keys_below(self.lo.saturating_add(t)) & !keys_below(self.sinks))
     }
 }
 
 /// Classes of the tiles along one line of the block map (a query tile's key tiles, or a key
-/// tile's query tiles), for [`TileCursor`].
+/// tile's query tiles), for [`TileCursor`]: the band's candidates, narrowed by the block map.
 pub trait TileLine {
-    /// Tiles `0..end` are candidates.
+    /// The first candidate at or after `n` (jumping what the band hides); candidates end at
+    /// [`TileLine::end`].
+    fn next_candidate(&self, n: u32) -> u32;
     fn end(&self) -> u32;
-    /// (visible at all, entirely visible) for tile `t`.
+    /// (visible at all, entirely visible) for tile `t`, `(false, false)` for a non-candidate.
     fn classify(&self, t: u32) -> (bool, bool);
 }
 
@@ -128,8 +284,8 @@ pub struct MapRows<const BM: usize, const BN: usize> {
     rows: u32,
     /// Map columns inside the key sequence.
     k_blocks: u32,
-    /// Key tiles `0..end` are candidates (the causal limit).
-    end: u32,
+    /// The band's candidates.
+    tiles: KeyTiles,
 }
 
 impl<const BM: usize, const BN: usize> MapRows<BM, BN> {
@@ -146,14 +302,14 @@ impl<const BM: usize, const BN: usize> MapRows<BM, BN> {
             q_stride: map.stride[2],
             rows: vis.seqlen_q.div_ceil(BLOCK_MAP_Q).saturating_sub(q_block0).min(Self::MAP_ROWS),
             k_blocks: vis.seqlen_k.div_ceil(BLOCK_MAP_K),
-            end: vis.key_tile_end(m_block * BM as u32, BM as u32, BN as u32),
+            tiles: vis.key_tiles(m_block * BM as u32, BM as u32, BN as u32),
         }
     }
 
     /// The same line with its candidates cut at `end` (a split-KV share).
     #[inline(always)]
     pub fn until(self, end: u32) -> Self {
-        Self { end, ..self }
+        Self { tiles: KeyTiles { end, ..self.tiles }, ..self }
     }
 
 }
@@ -176,12 +332,20 @@ fn classify_blocks(base: u64, q_stride: u64, q0: u32, rows: u32, k0: u32, cols: 
 
 impl<const BM: usize, const BN: usize> TileLine for MapRows<BM, BN> {
     #[inline(always)]
+    fn next_candidate(&self, n: u32) -> u32 {
+        self.tiles.next_candidate(n)
+    }
+
+    #[inline(always)]
     fn end(&self) -> u32 {
-        self.end
+        self.tiles.end
     }
 
     #[inline(always)]
     fn classify(&self, n: u32) -> (bool, bool) {
+        if !self.tiles.contains(n) {
+            return (false, false);
+        }
         if self.base == 0 {
             return (true, true);
         }
@@ -203,6 +367,8 @@ pub struct MapCols<const BM: usize, const BN: usize> {
     q_blocks: u32,
     k0: u32,
     cols: u32,
+    /// The band's candidates: query tiles `begin..end`.
+    begin: u32,
     end: u32,
 }
 
@@ -215,6 +381,7 @@ impl<const BM: usize, const BN: usize> MapCols<BM, BN> {
     #[inline(always)]
     pub fn new(map: &View4, plane: u64, planes: u32, n_block: u32, vis: &Visibility) -> Self {
         let k0 = n_block * Self::MAP_COLS;
+        let (begin, end) = vis.query_tiles(n_block * BN as u32, BN as u32, BM as u32);
         Self {
             plane: if map.is_present() { plane } else { 0 },
             planes,
@@ -223,17 +390,30 @@ impl<const BM: usize, const BN: usize> MapCols<BM, BN> {
             q_blocks: vis.seqlen_q.div_ceil(BLOCK_MAP_Q),
             k0,
             cols: Self::MAP_COLS.min(vis.seqlen_k.div_ceil(BLOCK_MAP_K) - k0),
-            end: vis.seqlen_q.div_ceil(BM as u32),
+            begin,
+            end,
         }
+    }
+
+    /// The first candidate query tile.
+    #[inline(always)]
+    pub fn begin(&self) -> u32 {
+        self.begin
     }
 }
 
 impl<const BM: usize, const BN: usize> TileLine for MapCols<BM, BN> {
     #[inline(always)]
+    fn next_candidate(&self, n: u32) -> u32 {
+        n.max(self.begin)
+    }
+
+    #[inline(always)]
     fn end(&self) -> u32 {
         self.end
     }
 
+    /// Walks start at [`MapCols::begin`] and the cursor stops at the end, so neither needs a test.
     #[inline(always)]
     fn classify(&self, m: u32) -> (bool, bool) {
         if self.plane == 0 {
@@ -249,6 +429,21 @@ impl<const BM: usize, const BN: usize> TileLine for MapCols<BM, BN> {
         }
         (any, all)
     }
+}
+
+/// The block-map plane of the first query head of `kv_head`'s group.
+#[inline(always)]
+pub fn block_map_plane(f: &FwdParams, batch: u32, kv_head: u32) -> u64 {
+    let m = &f.block_map;
+    let head = if f.mask_head_div == 1 { kv_head * f.kv_group } else { kv_head } as u64;
+    m.ptr + batch as u64 * m.stride[0] + head * m.stride[1]
+}
+
+/// Planes the group's heads read: one per query head when the mask has one per query head
+/// (consecutive, stride 1 head), else the group shares one.
+#[inline(always)]
+pub fn map_planes(f: &FwdParams) -> u32 {
+    if f.mask_head_div == 1 && f.block_map.stride[1] != 0 && f.kv_group > 1 { f.kv_group } else { 1 }
 }
 
 /// Walks the non-empty key tiles of one query tile, 32 tiles per step: each lane classifies one
@@ -276,7 +471,8 @@ impl TileCursor {
     }
 
     /// The first tile at or after `n` that has any visible score, or `None` past the end
-    /// (warp-collective; every warp of the CTA gets the same answer).
+    /// (warp-collective; every warp of the CTA gets the same answer). Tiles the band hides read
+    /// as empty; a walk starts at a candidate (`TileLine::next_candidate`).
     #[inline(always)]
     pub fn next(&mut self, mut n: u32, lane: u32, map: &impl TileLine) -> Option<Tile> {
         let end = map.end();

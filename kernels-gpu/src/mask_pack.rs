@@ -23,7 +23,20 @@ pub unsafe fn mask_pack(p: &MaskPackParams) {
     let (mut any, mut all, mut word) = (false, true, 0u64);
     if row < rows {
         let base = p.mask.ptr + b * s[0] + h * s[1] + row as u64 * s[2];
-        let strip = base + (kb * BLOCK_MAP_K + k0) as u64 * s[3];
+        let first = kb * BLOCK_MAP_K + k0;
+        let strip = base + first as u64 * s[3];
+        if p.packed != 0 {
+            // Two bytes of bits, bit j of byte 0 key first + j; keys past the sequence dropped.
+            let at = base + (first / 8) as u64;
+            let valid = keys.saturating_sub(first).min(KEYS_PER_THREAD);
+            let byte = |i: u32| if 8 * i < valid { unsafe { ld_global_nc_u8(at + i as u64) } } else { 0 };
+            let bits = (byte(0) | byte(1) << 8) & ((1u32 << valid) - 1);
+            for j in 0..KEYS_PER_THREAD {
+                word |= (((bits >> j) & 1) as u64) << mask_bit(k0 + j);
+            }
+            any = bits != 0;
+            all = bits.count_ones() == valid;
+        } else
         // A contiguous, aligned strip inside the keys is one 16-byte load, packed four keys per
         // word operation (byte loads and per-key tests kept this kernel compute-bound at a third
         // of the copy bandwidth); anything else goes byte by byte.

@@ -6,8 +6,7 @@
 //! map through the same `MapRows` / `MapCols` and limits the kernels' walks do.
 use crate::arch::*;
 use crate::block_info::BlockInfo;
-use crate::bwd::{block_map_plane, map_planes};
-use crate::mask::{MapCols, MapRows, TileLine, Visibility};
+use crate::mask::{MapCols, MapRows, TileLine, Visibility, block_map_plane, map_planes};
 use dmattn_abi::{BLOCK_MAP_Q, ORDER_BUCKETS, ORDER_WARPS, OrderParams, packed_position};
 
 const THREADS: u32 = 32 * ORDER_WARPS;
@@ -25,7 +24,7 @@ pub unsafe fn fwd_order<const BM: usize, const BN: usize>(p: &OrderParams) {
             let b = BlockInfo::at::<true>(f, BM as u32, grid[0], (bx, head, batch));
             let map = MapRows::<BM, BN>::new(&f.block_map, b.block_map(), b.m_block, &b.vis);
             let (begin, end) = b.key_tiles(map.end());
-            visited(&map, begin, end, lane)
+            visited(&map, map.next_candidate(begin), end, lane)
         })
     }
 }
@@ -43,7 +42,7 @@ pub unsafe fn bwd_order<const BN: usize>(p: &OrderParams) {
             let (n_block, kv_head) = if kv_first { (y, x) } else { (x, y) };
             let vis = Visibility::of(f);
             let map = MapCols::<{ BLOCK_MAP_Q as usize }, BN>::new(&f.block_map, block_map_plane(f, batch, kv_head), map_planes(f), n_block, &vis);
-            visited(&map, vis.query_tile_begin(n_block * BN as u32, BLOCK_MAP_Q), map.end(), lane)
+            visited(&map, map.begin(), map.end(), lane)
         })
     }
 }

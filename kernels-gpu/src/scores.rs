@@ -3,7 +3,7 @@
 //! softcap, and the bias when a softcap keeps it out of the accumulators).
 use crate::arch::{exp2, ld_shared_u16, ld_shared_u32, rcp};
 use crate::elem::Elem;
-use crate::mask::TileBounds;
+use crate::mask::RowBits;
 use crate::tile::SmemTile;
 use dmattn_abi::{FwdParams, modifiers};
 
@@ -94,15 +94,15 @@ impl WarpScores {
         self.bias.shift(self.bias_at, dr, nt)
     }
 
-    /// Accumulator start values: -inf where the mask, the causal rule or the bounds hide a score
-    /// (`check`), bias / scale where the bias is folded in, 0 elsewhere. `bounds` is shifted to
-    /// the thread's first score. Keeps no mask or bias register live into the MMA.
+    /// Accumulator start values: -inf where the mask or the band and bounds (`band`, read only
+    /// where `check`) hide a score, bias / scale where the
+    /// bias is folded in, 0 elsewhere. Keeps no mask or bias register live into the MMA.
     #[inline(always)]
     pub fn init<E: Elem, const MT: usize, const NT: usize>(
         &self,
         s: &mut [[[f32; 4]; NT]; MT],
         mods: &Mods,
-        bounds: &TileBounds,
+        band: &impl RowBits,
         check: bool,
         load_mask: bool,
     ) {
@@ -127,7 +127,7 @@ impl WarpScores {
                             }
                         }
                     }
-                    keep & bounds.row_bits(dr)
+                    keep & band.bits(mt, h)
                 } else {
                     !0
                 };

@@ -7,7 +7,8 @@
 use crate::arch::*;
 use crate::elem::Elem;
 use crate::scores::{LOG2E, tanh};
-use dmattn_abi::{SOFTMAX_ROWS_THREADS, SoftmaxRowsParams, flags};
+use crate::mask::Visibility;
+use dmattn_abi::{BLOCK_MAP_K, BLOCK_MAP_Q, SOFTMAX_ROWS_THREADS, SoftmaxRowsParams, block_class, mask_bit};
 
 /// Keys a thread takes per step: one 16-byte vector of S.
 const CHUNK: u32 = 8;
@@ -17,13 +18,15 @@ const WARPS: u32 = SOFTMAX_ROWS_THREADS / 32;
 struct Row {
     /// Byte address of the row's first score.
     s: u64,
-    /// Byte address of the row's first mask byte and the bytes between keys (absent: `mask == 0`).
-    mask: u64,
-    mask_step: u64,
+    /// Byte address of the row's block classes and packed mask words (absent: 0).
+    classes: u64,
+    bits: u64,
     /// Byte address of the row's first bias element and the bytes between keys (absent: 0).
     bias: u64,
     bias_step: u64,
-    /// Keys the causal rule leaves visible: `0..keys`.
+    /// Keys the band leaves visible: `0..sinks` and `first..keys`.
+    sinks: u32,
+    first: u32,
     keys: u32,
     seqlen_k: u32,
     /// Rows start 16-byte aligned (`seqlen_k % 8 == 0`): S moves in 16-byte vectors.
@@ -39,22 +42,22 @@ impl Row {
         let (i, h, b) = (i as u64, h as u64, b as u64);
         let sk = p.seqlen_k;
         let row = (b * p.heads as u64 + h) * p.seqlen_q as u64 + i;
-        let keys = if p.flags & flags::CAUSAL != 0 {
-            // Bottom-right aligned: key j is visible iff j <= i + sk - sq.
-            (i as i64 + sk as i64 - p.seqlen_q as i64 + 1).clamp(0, sk as i64) as u32
-        } else {
-            sk
-        };
-        let (m, bs) = (p.mask.stride, p.bias.stride);
-        let mask = if p.mask.is_present() { p.mask.ptr + b * m[0] + h / p.mask_head_div as u64 * m[1] + i * m[2] } else { 0 };
+        let vis = Visibility::new(p.seqlen_q, sk, p.band);
+        let (first, keys) = vis.row_keys(i as u32);
+        let (c, m, bs) = (p.block_map.stride, p.mask_bits.stride, p.bias.stride);
+        let mh = h / p.mask_head_div as u64;
+        let classes = if p.block_map.is_present() { p.block_map.ptr + b * c[0] + mh * c[1] + i / BLOCK_MAP_Q as u64 * c[2] } else { 0 };
+        let bits = if p.mask_bits.is_present() { p.mask_bits.ptr + 8 * (b * m[0] + mh * m[1] + i * m[2]) } else { 0 };
         let bias =
             if p.bias.is_present() { p.bias.ptr + 2 * (b * bs[0] + h / p.bias_head_div as u64 * bs[1] + i * bs[2]) } else { 0 };
         Row {
             s: p.s + 2 * row * sk as u64,
-            mask,
-            mask_step: m[3],
+            classes,
+            bits,
             bias,
             bias_step: 2 * bs[3],
+            sinks: vis.row_sinks(),
+            first,
             keys,
             seqlen_k: sk,
             vector: sk % CHUNK == 0,
@@ -100,13 +103,20 @@ impl Row {
     unsafe fn logits<E: Elem>(&self, c: u32) -> [f32; CHUNK as usize] {
         let raw = unsafe { self.load(c) };
         let key = |e: u32| (CHUNK * c + e).min(self.keys - 1) as u64;
-        let mut keep = [1u32; CHUNK as usize];
-        let mut bias = [0f32; CHUNK as usize];
-        if self.mask != 0 {
-            for e in 0..CHUNK {
-                keep[e as usize] = unsafe { ld_global_nc_u8(self.mask + key(e) * self.mask_step) };
-            }
+        // A chunk lies in one 64-key block: its class, and its word where the class is partial.
+        let mut keep = 0xffu32;
+        if self.classes != 0 {
+            let block = CHUNK * c / BLOCK_MAP_K;
+            keep = match unsafe { ld_global_nc_u8(self.classes + block as u64) } as u8 {
+                block_class::FULL => 0xff,
+                block_class::EMPTY => 0,
+                _ => {
+                    let word = unsafe { ld_global_nc_u64(self.bits + 8 * block as u64) };
+                    (0..CHUNK).fold(0, |k, e| k | ((word >> mask_bit((CHUNK * c + e) % 64)) as u32 & 1) << e)
+                }
+            };
         }
+        let mut bias = [0f32; CHUNK as usize];
         if self.bias != 0 {
             for e in 0..CHUNK {
                 bias[e as usize] = E::unpack(unsafe { ld_global_nc_u16(self.bias + key(e) * self.bias_step) }).0;
@@ -122,7 +132,8 @@ impl Row {
             } else {
                 s * self.scale_log2 + bias[e as usize] * LOG2E
             };
-            if CHUNK * c + e < self.keys && keep[e as usize] != 0 {
+            let k = CHUNK * c + e;
+            if k < self.keys && (k >= self.first || k < self.sinks) && (keep >> e) & 1 != 0 {
                 x[e as usize] = logit;
             }
         }

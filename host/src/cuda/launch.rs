@@ -4,7 +4,7 @@ use crate::device::CudaDevice;
 use crate::error::Result;
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use dmattn_abi::{
-    BwdParams, BwdPreParams, CombineParams, ConvertParams, OrderParams, FwdParams, MASK_PACK_THREADS, MaskPackParams, SoftmaxRowsParams,
+    BlockMaskParams, BwdParams, BwdPreParams, CombineParams, ConvertParams, OrderParams, FwdParams, MASK_PACK_THREADS, MaskPackParams, SoftmaxRowsParams,
     names,
 };
 
@@ -18,6 +18,7 @@ pub(crate) struct ByValue<T>(T);
 unsafe impl DeviceRepr for ByValue<FwdParams> {}
 unsafe impl DeviceRepr for ByValue<OrderParams> {}
 unsafe impl DeviceRepr for ByValue<MaskPackParams> {}
+unsafe impl DeviceRepr for ByValue<BlockMaskParams> {}
 unsafe impl DeviceRepr for ByValue<BwdParams> {}
 unsafe impl DeviceRepr for ByValue<BwdPreParams> {}
 unsafe impl DeviceRepr for ByValue<ConvertParams> {}

@@ -40,7 +40,7 @@ use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, StridedBatchedConfig};
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
-use dmattn_abi::{DeviceElem, SOFTMAX_ROWS_SMEM_BYTES, SOFTMAX_ROWS_THREADS, SoftmaxRowsParams, flags};
+use dmattn_abi::{DeviceElem, SOFTMAX_ROWS_SMEM_BYTES, SOFTMAX_ROWS_THREADS, SoftmaxRowsParams};
 use half::{bf16, f16};
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -85,11 +85,11 @@ pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved) -> Result<Forw
         seqlen_k: d.seqlen_k as u32,
         scale: p.scale as f32,
         softcap: p.softcap as f32,
-        flags: if p.causal { flags::CAUSAL } else { 0 },
+        band: p.band,
         ..SoftmaxRowsParams::default()
     };
-    if let Some(mask) = &saved.mask {
-        (params.mask, params.mask_head_div) = broadcast_operand(&d, mask);
+    if let Some(m) = super::device_mask(&saved) {
+        (params.block_map, params.mask_bits, params.mask_head_div) = (m.classes, m.bits, super::head_div(&d, m.planes[1]));
     }
     if let Some(bias) = &saved.bias {
         (params.bias, params.bias_head_div) = broadcast_operand(&d, bias);

@@ -3,7 +3,9 @@
 //! unfused forward on cuBLAS is in `materialized`.
 mod launch;
 mod materialized;
+mod prepare;
 
+pub(crate) use prepare::{PreparedMask, prepare};
 pub(crate) use materialized::forward as forward_materialized;
 
 use crate::attention::{Forward, ForwardBuffers, GradientBuffers, Gradients, Saved};
@@ -14,12 +16,12 @@ use crate::error::{Error, Result};
 use crate::problem::{Dims, Problem};
 use crate::tensor::Tensor;
 use crate::memory::DeviceBuffer;
+use crate::sparse::MaskData;
 use dmattn_abi::{
-    BLOCK_MAP_K, BLOCK_MAP_Q, BwdParams, BwdTile, BwdPreParams, CombineParams, ConvertParams, DeviceElem, ORDER_SMEM_BYTES, ORDER_WARPS, OrderParams,
-    FwdParams, MaskPackParams, PRE_THREADS, QueryRows, View4, bwd_tile, flags, fwd_variants, modifiers,
+    BwdParams, BwdTile, BwdPreParams, CombineParams, ConvertParams, DeviceElem, ORDER_SMEM_BYTES, ORDER_WARPS, OrderParams, FwdParams, PRE_THREADS,
+    QueryRows, View4, bwd_tile, flags, fwd_variants, modifiers,
 };
 use launch::{Launch, launch};
-use std::sync::Arc;
 
 const BACKEND: &str = "CUDA";
 
@@ -68,54 +70,6 @@ fn broadcast_operand(d: &Dims, t: &Tensor) -> (View4, u32) {
     (broadcast_view(t), head_div(d, t.shape()[1]))
 }
 
-/// A mask prepared once per forward and reused by its backward: 64x64 block classes (the
-/// tile-skip decision) and the mask packed one bit per score.
-#[derive(Clone)]
-pub(crate) struct PreparedMask {
-    /// The packed words, then the classes.
-    _buf: Arc<DeviceBuffer>,
-    classes: View4,
-    bits: View4,
-    head_div: u32,
-}
-
-fn prepare_mask(dev: &CudaDevice, p: &Problem, mask: &Tensor) -> Result<PreparedMask> {
-    let [mb, mh, mq, mk] = p.mask.expect("mask shape");
-    let d = &p.dims;
-    let (q_blocks, k_blocks) = (mq.div_ceil(BLOCK_MAP_Q as usize), d.seqlen_k.div_ceil(BLOCK_MAP_K as usize));
-    // The pack kernel writes every word and every class of this buffer.
-    let bits_bytes = 8 * mb * mh * mq * k_blocks;
-    let buf = DeviceBuffer::uninit(dev.stream(), bits_bytes + mb * mh * q_blocks * k_blocks)?;
-    let mut view = broadcast_view(mask);
-    // A key-broadcast mask is read as sk keys of stride 0, so it packs like any other.
-    if mk == 1 {
-        view.stride[3] = 0;
-    }
-    let bits = buf.ptr();
-    let params = MaskPackParams {
-        mask: view,
-        classes: bits + bits_bytes as u64,
-        bits,
-        dims: [mb as u32, mh as u32, mq as u32, d.seqlen_k as u32],
-        q_blocks: q_blocks as u32,
-        k_blocks: k_blocks as u32,
-    };
-    launch(dev, &Launch::mask_pack((k_blocks as u32, q_blocks as u32, (mb * mh) as u32)), params)?;
-    let zero_if = |broadcast: bool, v: usize| if broadcast { 0 } else { v as u64 };
-    Ok(PreparedMask {
-        classes: View4 {
-            ptr: params.classes,
-            stride: [zero_if(mb == 1, mh * q_blocks * k_blocks), zero_if(mh == 1, q_blocks * k_blocks), zero_if(mq == 1, k_blocks), 1],
-        },
-        bits: View4 {
-            ptr: params.bits,
-            stride: [zero_if(mb == 1, mh * mq * k_blocks), zero_if(mh == 1, mq * k_blocks), zero_if(mq == 1, k_blocks), 1],
-        },
-        head_div: head_div(d, mh),
-        _buf: Arc::new(buf),
-    })
-}
-
 /// The bias can be copied in 16-byte rows (unit key stride, 8-element aligned rows and base).
 fn bias_vectorizable(bias: &Tensor, view: &View4) -> bool {
     bias.shape()[3] > 1 && bias.strides()[3] == 1 && view.ptr.is_multiple_of(16) && view.stride[..3].iter().all(|s| s % 8 == 0)
@@ -160,8 +114,16 @@ fn check_operands(p: &Problem, saved: &Saved) -> Result<DeviceElem> {
     Ok(elem)
 }
 
+/// The prepared mask's device data, where the call has one.
+fn device_mask(saved: &Saved) -> Option<&PreparedMask> {
+    match saved.mask.as_ref()?.data.as_ref()? {
+        MaskData::Cuda(m) => Some(m),
+        MaskData::Cpu(_) => unreachable!("a CPU mask on a CUDA call is rejected by validation"),
+    }
+}
+
 /// The forward kernel's parameters for `saved`'s operands (the backward reads the same).
-fn fwd_params(p: &Problem, saved: &Saved, out: &Tensor, lse: &Tensor, mask: Option<&PreparedMask>) -> Result<FwdParams> {
+fn fwd_params(p: &Problem, saved: &Saved, out: &Tensor, lse: &Tensor) -> Result<FwdParams> {
     let d = p.dims;
     let mut params = FwdParams {
         q: qkv_view(&saved.q, "q")?,
@@ -178,13 +140,13 @@ fn fwd_params(p: &Problem, saved: &Saved, out: &Tensor, lse: &Tensor, mask: Opti
         seqlen_k: d.seqlen_k as u32,
         scale_log2: (p.scale * std::f64::consts::LOG2_E) as f32,
         softcap: p.softcap as f32,
-        flags: if p.causal { flags::CAUSAL } else { 0 },
+        band: p.band,
         ..FwdParams::default()
     };
-    if let Some(m) = mask {
+    if let Some(m) = device_mask(saved) {
         params.mask_bits = m.bits;
         params.block_map = m.classes;
-        params.mask_head_div = m.head_div;
+        params.mask_head_div = head_div(&d, m.planes[1]);
     }
     if let Some(bias) = &saved.bias {
         (params.bias, params.bias_head_div) = broadcast_operand(&d, bias);
@@ -228,7 +190,7 @@ fn output(provided: Option<&Tensor>, shape: &[usize], dtype: DType, device: &cra
     }
 }
 
-pub(crate) fn forward(dev: &CudaDevice, p: Problem, mut saved: Saved, into: ForwardBuffers) -> Result<Forward> {
+pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, into: ForwardBuffers) -> Result<Forward> {
     let d = p.dims;
     let elem = check_operands(&p, &saved)?;
     let variants = fwd_variants(d.head_dim as u32).ok_or_else(|| unsupported_head_dim(d.head_dim))?;
@@ -243,14 +205,14 @@ pub(crate) fn forward(dev: &CudaDevice, p: Problem, mut saved: Saved, into: Forw
     let device = saved.q.device();
     let out = output(into.out, saved.q.shape(), p.dtype, &device)?;
     let lse = output(into.lse, &lse_shape(&p), DType::F32, &device)?;
-    let prepared = saved.mask.as_ref().map(|m| prepare_mask(dev, &p, m)).transpose()?;
+    let prepared = device_mask(&saved).is_some();
     let name = kernel_name(dmattn_abi::names::FWD_PREFIX, elem, d.head_dim, if mods { modifiers::ALL } else { modifiers::NONE });
     let grid = (d.seqlen_q.div_ceil(tile.block_m as usize) as u32, d.heads as u32, d.batch as u32 * splits);
     let launch_fwd = |params| launch(dev, &Launch::kernel(&name, grid, tile.threads(), tile.smem_bytes()), params);
     if splits == 1 {
-        let mut params = fwd_params(&p, &saved, &out, &lse, prepared.as_ref())?;
+        let mut params = fwd_params(&p, &saved, &out, &lse)?;
         // Held until the launch is queued; the stream orders its release after the kernel.
-        let order = if prepared.is_some() && mods && order_pays(dev, &d, grid) {
+        let order = if prepared && mods && order_pays(dev, &d, grid) {
             let name = format!("{}{}", dmattn_abi::names::FWD_ORDER_PREFIX, d.head_dim);
             Some(work_order(dev, &name, &params, grid, false)?)
         } else {
@@ -265,7 +227,7 @@ pub(crate) fn forward(dev: &CudaDevice, p: Problem, mut saved: Saved, into: Forw
         let (b, sq, h, hd) = (d.batch, d.seqlen_q, d.heads, d.head_dim);
         let o_part = Tensor::empty(&[splits as usize * b, sq, h, hd], p.dtype, &device)?;
         let lse_part = Tensor::empty(&[splits as usize * b, h, sq], DType::F32, &device)?;
-        let mut params = fwd_params(&p, &saved, &o_part, &lse_part, prepared.as_ref())?;
+        let mut params = fwd_params(&p, &saved, &o_part, &lse_part)?;
         (params.splits, params.split_tiles) = (splits, split_tiles);
         (params.o_split_stride, params.lse_split_stride) = ((b * sq * h * hd) as u64, (b * h * sq) as u64);
         launch_fwd(params)?;
@@ -281,7 +243,6 @@ pub(crate) fn forward(dev: &CudaDevice, p: Problem, mut saved: Saved, into: Forw
         let name = format!("{}{}", dmattn_abi::names::COMBINE_PREFIX, elem.name());
         launch(dev, &Launch::kernel(&name, (blocks, 1, 1), PRE_THREADS, 0), combine)?;
     }
-    saved.gpu = prepared;
     Ok(Forward { out, lse, problem: p, saved })
 }
 
@@ -384,13 +345,8 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, into: Gra
     let dk = output(into.dk, saved.k.shape(), p.dtype, &device)?;
     let dv = output(into.dv, saved.v.shape(), p.dtype, &device)?;
 
-    // The fused forward prepared the mask; after the materialising forward it is prepared here.
-    let prepared = match (&saved.gpu, &saved.mask) {
-        (Some(prepared), _) => Some(prepared.clone()),
-        (None, Some(mask)) => Some(prepare_mask(dev, p, mask)?),
-        (None, None) => None,
-    };
-    let fwd_p = fwd_params(p, saved, &fwd.out, &fwd.lse, prepared.as_ref())?;
+    let prepared = device_mask(saved).is_some();
+    let fwd_p = fwd_params(p, saved, &fwd.out, &fwd.lse)?;
     let contiguous = |shape: [usize; 4]| {
         let mut stride = [0u64; 4];
         let mut acc = 1u64;
@@ -433,7 +389,7 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, into: Gra
     // Heaviest first (see `schedule`; the kernels number CTAs in u32). Deterministic mode keeps
     // grid order: there CTAs wait on CTAs of lower block index, which the hardware schedules
     // first, so any grid size is safe.
-    let order = if placed && prepared.is_some() && ctas <= u32::MAX as u64 {
+    let order = if placed && prepared && ctas <= u32::MAX as u64 {
         let name = format!("{}{}", dmattn_abi::names::BWD_ORDER_PREFIX, tile.block_n);
         Some(work_order(dev, &name, &params.fwd, grid, kv_heads_first)?)
     } else {

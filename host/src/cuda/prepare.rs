@@ -1,0 +1,169 @@
+//! A [`SparseMask`](crate::SparseMask)'s data parts turned into what the kernels read, on the
+//! device: a class per 64x64 block (`dmattn_abi::block_class`) and, with a score mask, its bits
+//! packed one per score in the MMA accumulator order. A score mask (dense bool or bit-packed) is
+//! packed by `dmattn_mask_pack`; each block mask (a bitset, BCSR as a bitset, or a bitset built
+//! from a dense mask by the pack kernel's classes) then narrows the classes with
+//! `dmattn_block_mask`.
+use super::launch::{Launch, launch};
+use super::{BACKEND, broadcast_view};
+use crate::device::CudaDevice;
+use crate::dtype::DType::{Bool, U8};
+use crate::error::{Error, Result};
+use crate::memory::DeviceBuffer;
+use crate::sparse::{Part, bcsr_to_bitset, check_block, check_part_shape, combine_planes};
+use crate::tensor::Tensor;
+use dmattn_abi::{BLOCK_MAP_K, BLOCK_MAP_Q, BLOCK_MASK_THREADS, BlockMaskParams, MaskPackParams, View4, names};
+use std::sync::Arc;
+
+/// The GPU's prepared mask: block classes `[pb, ph, {1|q_blocks}, k_blocks]` and, with a score
+/// mask, its bits `[.., .., {1|sq}, k_blocks]` (u64 words), zero strides where broadcast.
+#[derive(Clone)]
+pub(crate) struct PreparedMask {
+    pub classes: View4,
+    /// Absent without a score mask (every class is then empty or full).
+    pub bits: View4,
+    pub planes: [usize; 2],
+    bytes: usize,
+    /// The buffers the views point into.
+    _bufs: Arc<Vec<DeviceBuffer>>,
+}
+
+impl PreparedMask {
+    pub fn memory_bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Whether each 64x64 block of each plane is visited, `[planes, q_blocks, k_blocks]` (read
+    /// back from the device).
+    pub fn block_classes(&self, q_blocks: usize, k_blocks: usize) -> Result<Vec<bool>> {
+        let buf = self._bufs.iter().find(|b| b.ptr() == self.classes.ptr || (b.ptr() < self.classes.ptr && self.classes.ptr < b.ptr() + b.bytes() as u64));
+        let buf = buf.expect("the classes live in one of the mask's buffers");
+        let s = self.classes.stride;
+        let rows = if s[2] == 0 { 1 } else { q_blocks };
+        let planes = self.planes[0] * self.planes[1];
+        let offset = (self.classes.ptr - buf.ptr()) as usize;
+        let host = buf.to_host(offset, planes * rows * k_blocks)?;
+        let mut out = Vec::with_capacity(planes * q_blocks * k_blocks);
+        for p in 0..planes {
+            for i in 0..q_blocks {
+                let row = (p * rows + if rows == 1 { 0 } else { i }) * k_blocks;
+                out.extend(host[row..row + k_blocks].iter().map(|&c| c != dmattn_abi::block_class::EMPTY));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Strides of a contiguous `dims` array, zero on size-1 dims.
+fn strides(dims: [usize; 4]) -> [u64; 4] {
+    let mut s = [0u64; 4];
+    let mut acc = 1u64;
+    for i in (0..4).rev() {
+        s[i] = if dims[i] == 1 { 0 } else { acc };
+        acc *= dims[i] as u64;
+    }
+    s
+}
+
+/// A score mask packed: (classes, bits, planes), in a new buffer.
+fn pack(dev: &CudaDevice, t: &Tensor, packed: bool, sq: usize, sk: usize, bufs: &mut Vec<DeviceBuffer>) -> Result<(View4, View4, [usize; 2])> {
+    let [mb, mh, mq, mk] = if packed {
+        check_part_shape(t, "packed_bits", U8, sq, sk.div_ceil(8), [true, false])?
+    } else {
+        check_part_shape(t, "mask", Bool, sq, sk, [true, true])?
+    };
+    if packed && mk > 1 && t.strides()[3] != 1 {
+        return Err(Error::Layout { arg: "packed_bits", backend: BACKEND, reason: "the bytes of a row must be contiguous".into() });
+    }
+    let (q_blocks, k_blocks) = (mq.div_ceil(BLOCK_MAP_Q as usize), sk.div_ceil(BLOCK_MAP_K as usize));
+    // The pack kernel writes every word and every class of this buffer.
+    let bits_bytes = 8 * mb * mh * mq * k_blocks;
+    let buf = DeviceBuffer::uninit(dev.stream(), bits_bytes + mb * mh * q_blocks * k_blocks)?;
+    let mut view = broadcast_view(t);
+    // A key-broadcast mask is read as sk keys of stride 0, so it packs like any other.
+    if mk == 1 {
+        view.stride[3] = 0;
+    }
+    let params = MaskPackParams {
+        mask: view,
+        classes: buf.ptr() + bits_bytes as u64,
+        bits: buf.ptr(),
+        dims: [mb as u32, mh as u32, mq as u32, sk as u32],
+        q_blocks: q_blocks as u32,
+        k_blocks: k_blocks as u32,
+        packed: packed as u32,
+    };
+    launch(dev, &Launch::mask_pack((k_blocks as u32, q_blocks as u32, (mb * mh) as u32)), params)?;
+    bufs.push(buf);
+    let classes = View4 { ptr: params.classes, stride: strides([mb, mh, q_blocks, k_blocks]) };
+    let bits = View4 { ptr: params.bits, stride: strides([mb, mh, mq, k_blocks]) };
+    Ok((classes, bits, [mb, mh]))
+}
+
+/// A block part as kept flags per cell: (cells, cell grid, cell size, block size, planes). Buffers
+/// made for it go to `temps`, freed (in stream order) once the classes are built.
+fn cells(dev: &CudaDevice, part: &Part, sq: usize, sk: usize, temps: &mut Vec<DeviceBuffer>) -> Result<(View4, [usize; 2], usize, usize, [usize; 2])> {
+    Ok(match part {
+        Part::Bitset { kept, block } => {
+            check_block(*block)?;
+            let (rows, cols) = (sq.div_ceil(*block), sk.div_ceil(*block));
+            let s = check_part_shape(kept, "block_bitset", Bool, rows, cols, [false, false])?;
+            (broadcast_view(kept), [rows, cols], *block, *block, [s[0], s[1]])
+        }
+        Part::Bcsr { row_ptr, col_idx, block } => {
+            let (planes, kept) = bcsr_to_bitset(row_ptr, col_idx, *block, sq, sk)?;
+            let (rows, cols) = (sq.div_ceil(*block), sk.div_ceil(*block));
+            let buf = DeviceBuffer::from_host(dev.stream(), &kept)?;
+            let view = View4 { ptr: buf.ptr(), stride: strides([planes[0], planes[1], rows, cols]) };
+            temps.push(buf);
+            (view, [rows, cols], *block, *block, planes)
+        }
+        Part::DenseBlocks { mask, block } => {
+            check_block(*block)?;
+            let (classes, _, planes) = pack(dev, mask, false, sq, sk, temps)?;
+            // A query-broadcast mask's one row of classes (stride 0) serves every query block.
+            (classes, [sq.div_ceil(BLOCK_MAP_Q as usize), sk.div_ceil(BLOCK_MAP_K as usize)], BLOCK_MAP_Q as usize, *block, planes)
+        }
+        Part::Dense(_) | Part::Packed(_) => unreachable!("score masks are packed, not applied as blocks"),
+    })
+}
+
+/// Prepares `parts` (ANDed) for calls with `sq` queries and `sk` keys.
+pub(crate) fn prepare(dev: &CudaDevice, parts: &[Part], sq: usize, sk: usize) -> Result<PreparedMask> {
+    let (mut bufs, mut temps) = (Vec::new(), Vec::new());
+    let scores: Vec<_> = parts.iter().filter(|p| matches!(p, Part::Dense(_) | Part::Packed(_))).collect();
+    if scores.len() > 1 {
+        return Err(Error::Unsupported { what: "more than one score mask (dense or packed bits) in one sparse mask".into(), backend: BACKEND });
+    }
+    let (mut classes, bits, mut planes) = match scores.first() {
+        Some(Part::Dense(t)) => pack(dev, t, false, sq, sk, &mut bufs)?,
+        Some(Part::Packed(t)) => pack(dev, t, true, sq, sk, &mut bufs)?,
+        _ => (View4::ABSENT, View4::ABSENT, [1, 1]),
+    };
+    let mut plane_list = vec![("mask", planes)];
+    let (q_blocks, k_blocks) = (sq.div_ceil(BLOCK_MAP_Q as usize), sk.div_ceil(BLOCK_MAP_K as usize));
+    for part in parts.iter().filter(|p| !matches!(p, Part::Dense(_) | Part::Packed(_))) {
+        let (cells, [cell_rows, cell_cols], cell, block, part_planes) = cells(dev, part, sq, sk, &mut temps)?;
+        plane_list.push((part.tensors()[0].0, part_planes));
+        planes = combine_planes(plane_list.iter().copied())?;
+        let dims = [planes[0], planes[1], q_blocks, k_blocks];
+        let total = dims.iter().product::<usize>();
+        let out = DeviceBuffer::uninit(dev.stream(), total)?;
+        let params = BlockMaskParams {
+            cells,
+            cell_rows: cell_rows as u32,
+            cell_cols: cell_cols as u32,
+            cell: cell as u32,
+            block: block as u32,
+            classes_in: classes,
+            classes: out.ptr(),
+            dims: dims.map(|d| d as u32),
+        };
+        let blocks = total.div_ceil(BLOCK_MASK_THREADS as usize).clamp(1, 65535) as u32;
+        launch(dev, &Launch::kernel(names::BLOCK_MASK, (blocks, 1, 1), BLOCK_MASK_THREADS, 0), params)?;
+        classes = View4 { ptr: out.ptr(), stride: strides(dims) };
+        bufs.push(out);
+    }
+    let bytes = bufs.iter().map(DeviceBuffer::bytes).sum();
+    Ok(PreparedMask { classes, bits, planes, bytes, _bufs: Arc::new(bufs) })
+}

@@ -1,0 +1,446 @@
+//! One sparse-mask type. A [`SparseMask`] describes which scores are visible: parametric bands
+//! (causal, sliding windows, compressed causal, sink keys: no storage), block masks (a block
+//! bitset, BCSR, or a bitset built on the device from a dense mask) and score masks (dense bool,
+//! bit-packed), ANDed together. [`SparseMask::prepare`] turns it into a [`PreparedMask`] for one
+//! device and sequence lengths, once; forward, backward and later calls (layers sharing a mask)
+//! read the prepared form without preparing it again.
+//!
+//! On the GPU the prepared form is what the kernels read: a class per 64x64 block (empty: never
+//! visited; full: no per-score work; partial) and, where a score mask is given, one bit per score.
+//! The band is applied analytically by every kernel (tile ranges and per-score tests), so it
+//! costs no memory and turns whole tiles into skipped or full ones. On the CPU the prepared form
+//! is the equivalent dense mask.
+use crate::cuda;
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+use dmattn_abi::Band;
+use std::sync::Arc;
+
+/// Which scores of an attention call are visible. Build one from the constructors, combine with
+/// [`SparseMask::and`] (a score is visible iff every part shows it), then
+/// [`SparseMask::prepare`] it and pass the result to [`crate::Attention::sparse_mask`].
+///
+/// Mask tensors broadcast over batch and heads as the dense mask does: their first two dims are
+/// `{1|batch}` and `{1|kv_heads|heads}` (parts of one mask with more than one head must agree on
+/// the count; likewise for batch).
+///
+/// ```
+/// # fn main() -> dmattn::Result<()> {
+/// use dmattn::{attention, DType, Device, SparseMask, Tensor};
+/// let dev = Device::Cpu;
+/// let q = Tensor::from_fn(&[1, 300, 2, 16], DType::F32, &dev, |i| (i as f64 * 0.37).sin())?;
+/// let kv = Tensor::from_fn(&[1, 300, 2, 16], DType::F32, &dev, |i| (i as f64 * 0.11).cos())?;
+/// // Causal with a left window of 128 keys and 4 sink keys, prepared once, used by two calls.
+/// let mask = SparseMask::causal_window(128).with_sinks(4).prepare(300, 300)?;
+/// let a = attention(&q, &kv, &kv).sparse_mask(&mask).forward()?;
+/// let b = attention(&q, &kv, &kv).sparse_mask(&mask).softcap(30.0).forward()?;
+/// assert!(mask.memory_bytes() == 0 && mask.estimated_speedup()? > 1.0);
+/// # let _ = (a, b);
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Default)]
+pub struct SparseMask {
+    band: BandSpec,
+    parts: Vec<Part>,
+}
+
+/// The parametric part as given (checked when prepared).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct BandSpec {
+    left: Option<usize>,
+    right: Option<usize>,
+    sinks: usize,
+    compress: Option<usize>,
+}
+
+#[derive(Clone)]
+pub(crate) enum Part {
+    /// Bool `[{1|b}, {1|hk|h}, {1|sq}, {1|sk}]`.
+    Dense(Tensor),
+    /// U8 `[{1|b}, {1|hk|h}, {1|sq}, ceil(sk / 8)]`, key `j` at bit `j % 8` of byte `j / 8`.
+    Packed(Tensor),
+    /// Bool `[{1|b}, {1|hk|h}, ceil(sq / block), ceil(sk / block)]`.
+    Bitset { kept: Tensor, block: usize },
+    /// I32 row pointers `[{1|b}, {1|hk|h}, ceil(sq / block) + 1]` and block indices `[.., .., nnz]`.
+    Bcsr { row_ptr: Tensor, col_idx: Tensor, block: usize },
+    /// A bitset of `block`-sized blocks, kept where any score of the dense bool mask is.
+    DenseBlocks { mask: Tensor, block: usize },
+}
+
+impl SparseMask {
+    /// Every score visible (the identity of [`SparseMask::and`]).
+    pub fn all() -> Self {
+        Self::default()
+    }
+
+    /// Bottom-right aligned causal: key `j` is visible to query `i` iff `j <= i + seqlen_k -
+    /// seqlen_q` (as [`crate::Attention::causal`]).
+    pub fn causal() -> Self {
+        Self::window(None, Some(0))
+    }
+
+    /// A sliding window around the bottom-right diagonal, FlashAttention's `window_size`: key `j`
+    /// is visible to query `i` iff `i + sk - sq - left <= j <= i + sk - sq + right`; `None`
+    /// leaves a side unbounded (FlashAttention's -1).
+    pub fn window(left: Option<usize>, right: Option<usize>) -> Self {
+        SparseMask { band: BandSpec { left, right, ..BandSpec::default() }, parts: Vec::new() }
+    }
+
+    /// Causal with a left window: each query sees itself and the `left` keys before its diagonal.
+    pub fn causal_window(left: usize) -> Self {
+        Self::window(Some(left), Some(0))
+    }
+
+    /// Compressed causal (FlashAttention PR 2418's `compress_factor`): key `j` is visible to query
+    /// `i` iff `j * cf <= i`, for keys that each stand for `cf` positions. As in that PR there is
+    /// no `seqlen_k - seqlen_q` offset: the diagonal is `floor(i / cf)`, and windows and sinks
+    /// combined with it are taken around that diagonal. `cf` must be at least 1.
+    pub fn compress_causal(cf: usize) -> Self {
+        SparseMask { band: BandSpec { right: Some(0), compress: Some(cf), ..BandSpec::default() }, parts: Vec::new() }
+    }
+
+    /// Keeps keys `0..n` visible past the left edge of the window (attention sinks, as
+    /// FlashAttention 4 and flash-sparse-attention offer); the right edge (causal) still applies.
+    /// Without a left window every key left of the diagonal is visible already.
+    pub fn with_sinks(mut self, n: usize) -> Self {
+        self.band.sinks = n;
+        self
+    }
+
+    /// A dense boolean mask `[{1|b}, {1|hk|h}, {1|sq}, {1|sk}]`, false hiding a score (what
+    /// [`crate::Attention::mask`] takes). On the GPU it is packed to one bit per score.
+    pub fn dense(mask: &Tensor) -> Self {
+        Self::part(Part::Dense(mask.clone()))
+    }
+
+    /// A bit-packed score mask, U8 `[{1|b}, {1|hk|h}, {1|sq}, ceil(sk / 8)]`: key `j` of a row is
+    /// bit `j % 8` of the row's byte `j / 8` (NumPy's `packbits(..., bitorder="little")`); bits
+    /// past `sk` are ignored. Bytes must be contiguous along the keys.
+    pub fn packed_bits(bits: &Tensor) -> Self {
+        Self::part(Part::Packed(bits.clone()))
+    }
+
+    /// A block bitset: Bool `[{1|b}, {1|hk|h}, ceil(sq / block), ceil(sk / block)]`, one flag per
+    /// (query block, key block), `block` 64 or 128. Kept blocks are visible (full), others hidden.
+    pub fn block_bitset(kept: &Tensor, block: usize) -> Self {
+        Self::part(Part::Bitset { kept: kept.clone(), block })
+    }
+
+    /// A block bitset built on the mask's device from a dense bool mask: a `block`-sized block
+    /// (64 or 128) is kept, entirely, if any of its scores is. Coarser than the dense mask (its
+    /// kept blocks are full) and far smaller.
+    pub fn dense_blocks(mask: &Tensor, block: usize) -> Self {
+        Self::part(Part::DenseBlocks { mask: mask.clone(), block })
+    }
+
+    /// Block compressed sparse rows: for each plane `[{1|b}, {1|hk|h}]`, query block `r`'s kept
+    /// key blocks are `col_idx[row_ptr[r]..row_ptr[r + 1]]`. I32 `row_ptr`
+    /// `[.., .., ceil(sq / block) + 1]` (starting at 0, non-decreasing, at most `nnz`) and
+    /// `col_idx` `[.., .., nnz]` (each in `0..ceil(sk / block)`), with the same plane dims; `block`
+    /// 64 or 128. Indices of a row may come in any order, and a repeated index means what it
+    /// would once. Preparing reads them on the host (to check them): it waits for the device.
+    pub fn bcsr(row_ptr: &Tensor, col_idx: &Tensor, block: usize) -> Self {
+        Self::part(Part::Bcsr { row_ptr: row_ptr.clone(), col_idx: col_idx.clone(), block })
+    }
+
+    fn part(p: Part) -> Self {
+        SparseMask { band: BandSpec::default(), parts: vec![p] }
+    }
+
+    /// Both masks at once: a score is visible iff both show it. Bands intersect (the narrower
+    /// edge wins on each side; sink counts take the larger, compress factors must agree).
+    pub fn and(mut self, other: SparseMask) -> Self {
+        let min = |a: Option<usize>, b: Option<usize>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let (a, b) = (self.band, other.band);
+        self.band = BandSpec {
+            left: min(a.left, b.left),
+            right: min(a.right, b.right),
+            sinks: a.sinks.max(b.sinks),
+            // Disagreeing factors are reported by `prepare`.
+            compress: match (a.compress, b.compress) {
+                (Some(x), Some(y)) if x != y => Some(0),
+                (x, y) => x.or(y),
+            },
+        };
+        self.parts.extend(other.parts);
+        self
+    }
+
+    /// Prepares the mask for calls with these sequence lengths on the device of its tensors (any
+    /// device for a parametric mask): checks every part (typed errors naming the argument), then on
+    /// the GPU builds the block classes and score bits in one pass over each tensor. The work is
+    /// queued on the device's stream without waiting, except for BCSR input, read on the host.
+    pub fn prepare(&self, seqlen_q: usize, seqlen_k: usize) -> Result<PreparedMask> {
+        if seqlen_q == 0 || seqlen_k == 0 {
+            return Err(Error::Param { arg: "seqlen", reason: format!("seqlen_q {seqlen_q} and seqlen_k {seqlen_k} must be at least 1") });
+        }
+        let band = self.band.resolve(seqlen_q, seqlen_k)?;
+        let device = self.device()?;
+        let (planes, data) = match (&device, self.parts.is_empty()) {
+            (_, true) => ([1, 1], None),
+            (Device::Cpu, false) => {
+                let dense = crate::cpu::prepare(&self.parts, seqlen_q, seqlen_k)?;
+                (dense.planes, Some(MaskData::Cpu(Arc::new(dense))))
+            }
+            (Device::Cuda(dev), false) => {
+                let gpu = cuda::prepare(dev, &self.parts, seqlen_q, seqlen_k)?;
+                (gpu.planes, Some(MaskData::Cuda(gpu)))
+            }
+        };
+        Ok(PreparedMask { band, seqlen_q, seqlen_k, planes, data, device })
+    }
+
+    /// The device of the mask's tensors (CPU for a parametric mask); all must share it.
+    fn device(&self) -> Result<Device> {
+        let mut tensors = self.parts.iter().flat_map(Part::tensors);
+        let Some((arg, first)) = tensors.next() else { return Ok(Device::Cpu) };
+        let device = first.device();
+        for (arg2, t) in tensors {
+            if !t.device().same(&device) {
+                return Err(Error::Device { arg: arg2, expected: format!("{device} (the device of {arg})"), got: t.device().to_string() });
+            }
+        }
+        Ok(device)
+    }
+}
+
+impl Part {
+    /// The tensors of the part, by argument name.
+    pub(crate) fn tensors(&self) -> Vec<(&'static str, &Tensor)> {
+        match self {
+            Part::Dense(t) | Part::DenseBlocks { mask: t, .. } => vec![("mask", t)],
+            Part::Packed(t) => vec![("packed_bits", t)],
+            Part::Bitset { kept, .. } => vec![("block_bitset", kept)],
+            Part::Bcsr { row_ptr, col_idx, .. } => vec![("row_ptr", row_ptr), ("col_idx", col_idx)],
+        }
+    }
+}
+
+impl BandSpec {
+    /// The kernels' form; sides beyond every key are unbounded.
+    fn resolve(&self, sq: usize, sk: usize) -> Result<Band> {
+        let span = sq + sk;
+        let side = |s: Option<usize>| s.filter(|&s| s < span).map_or(Band::NONE, |s| s as u32);
+        let compress = match self.compress {
+            None => 0,
+            Some(0) => {
+                return Err(Error::Param { arg: "compress_factor", reason: "must be at least 1 (and one value per mask)".into() });
+            }
+            Some(c) => c.min(u32::MAX as usize) as u32,
+        };
+        Ok(Band { left: side(self.left), right: side(self.right), sinks: self.sinks.min(sk) as u32, compress })
+    }
+}
+
+/// A [`SparseMask`] ready for attention calls with the sequence lengths it was prepared for, on
+/// its device. Cheap to clone (the device data is shared).
+#[derive(Clone)]
+pub struct PreparedMask {
+    pub(crate) band: Band,
+    pub(crate) seqlen_q: usize,
+    pub(crate) seqlen_k: usize,
+    /// `[batch, heads]` of the data part, each 1 where broadcast.
+    pub(crate) planes: [usize; 2],
+    pub(crate) data: Option<MaskData>,
+    device: Device,
+}
+
+#[derive(Clone)]
+pub(crate) enum MaskData {
+    Cpu(Arc<DenseMask>),
+    Cuda(cuda::PreparedMask),
+}
+
+/// The CPU's prepared form: the equivalent dense mask `[planes.0, planes.1, sq, sk]`, band not
+/// included.
+pub(crate) struct DenseMask {
+    pub planes: [usize; 2],
+    pub keep: Vec<bool>,
+}
+
+impl PreparedMask {
+    /// The device the mask was prepared on (any device's tensors may use a parametric mask).
+    pub fn device(&self) -> Device {
+        self.device.clone()
+    }
+
+    /// Bytes of device (or, on the CPU, host) memory the prepared mask holds: 0 for a parametric
+    /// mask; on the GPU a byte per 64x64 block, plus 8 bytes per 64 scores with a score mask.
+    pub fn memory_bytes(&self) -> usize {
+        match &self.data {
+            None => 0,
+            Some(MaskData::Cpu(d)) => d.keep.len(),
+            Some(MaskData::Cuda(g)) => g.memory_bytes(),
+        }
+    }
+
+    /// An estimate of what the mask saves, for planning: 64x64 tiles of one attention head
+    /// (averaged over the mask's planes) divided by the tiles the kernels visit (the band's and
+    /// the block classes' non-empty ones). The kernels' own tiles are 64 to 128 wide, per-score
+    /// work in partial tiles costs extra, and skipped tiles are not free, so measured speedups
+    /// differ. Reads the block classes back from the GPU (waits for the device).
+    pub fn estimated_speedup(&self) -> Result<f64> {
+        let (qb, kb) = (self.seqlen_q.div_ceil(64), self.seqlen_k.div_ceil(64));
+        let classes = match &self.data {
+            None => None,
+            Some(MaskData::Cpu(d)) => Some(d.block_classes(self.seqlen_q, self.seqlen_k)),
+            Some(MaskData::Cuda(g)) => Some(g.block_classes(qb, kb)?),
+        };
+        let planes = classes.as_ref().map_or(1, |c| c.len() / (qb * kb));
+        let mut visited = 0usize;
+        for plane in 0..planes {
+            for i in 0..qb {
+                for j in 0..kb {
+                    let kept = classes.as_ref().is_none_or(|c| c[(plane * qb + i) * kb + j]);
+                    visited += (kept && self.band_touches(i * 64, j * 64)) as usize;
+                }
+            }
+        }
+        Ok((planes * qb * kb) as f64 / visited.max(1) as f64)
+    }
+
+    /// Whether the band shows any score of the 64x64 block at `(row0, col0)`.
+    fn band_touches(&self, row0: usize, col0: usize) -> bool {
+        let rows = row0..(row0 + 64).min(self.seqlen_q);
+        let cols = col0..(col0 + 64).min(self.seqlen_k);
+        rows.into_iter().any(|i| {
+            let (lo, hi) = band_keys(&self.band, self.seqlen_q, self.seqlen_k, i);
+            let sinks = sink_keys(&self.band, self.seqlen_k);
+            (cols.start < hi && cols.end > lo) || (cols.start < sinks.min(hi))
+        })
+    }
+}
+
+impl DenseMask {
+    /// Whether each 64x64 block of each plane has a kept score, `[planes, qb, kb]`.
+    fn block_classes(&self, sq: usize, sk: usize) -> Vec<bool> {
+        let (qb, kb) = (sq.div_ceil(64), sk.div_ceil(64));
+        let planes = self.planes[0] * self.planes[1];
+        let mut out = vec![false; planes * qb * kb];
+        for p in 0..planes {
+            for i in 0..sq {
+                for j in 0..sk {
+                    if self.keep[(p * sq + i) * sk + j] {
+                        out[(p * qb + i / 64) * kb + j / 64] = true;
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Row `i`'s band without the sinks: keys `lo..hi` (the reference's reading of [`Band`]).
+pub(crate) fn band_keys(band: &Band, sq: usize, sk: usize, i: usize) -> (usize, usize) {
+    let diagonal = match band.compress {
+        0 => i as i64 + sk as i64 - sq as i64,
+        c => (i / c as usize) as i64,
+    };
+    let hi = if band.right == Band::NONE { sk as i64 } else { (diagonal + band.right as i64 + 1).clamp(0, sk as i64) };
+    let lo = if band.left == Band::NONE { 0 } else { (diagonal - band.left as i64).clamp(0, sk as i64) };
+    (lo as usize, hi as usize)
+}
+
+/// Keys `0..n` exempt from the band's left edge.
+pub(crate) fn sink_keys(band: &Band, sk: usize) -> usize {
+    if band.left == Band::NONE { 0 } else { (band.sinks as usize).min(sk) }
+}
+
+/// Whether the band shows key `j` to query `i`.
+pub(crate) fn band_visible(band: &Band, sq: usize, sk: usize, i: usize, j: usize) -> bool {
+    let (lo, hi) = band_keys(band, sq, sk, i);
+    j < hi && (j >= lo || j < sink_keys(band, sk))
+}
+
+/// Checks a block size: the kernels' block classes are 64x64, so blocks are 64 or 128.
+pub(crate) fn check_block(block: usize) -> Result<()> {
+    if block == 64 || block == 128 {
+        Ok(())
+    } else {
+        Err(Error::Param { arg: "block", reason: format!("block size {block} is not supported (64 or 128)") })
+    }
+}
+
+/// A part's shape: 4-D, plane dims first, then `rows` and `cols` exactly (or 1 where `may_bcast`).
+pub(crate) fn check_part_shape(t: &Tensor, arg: &'static str, dtype: DType, rows: usize, cols: usize, may_bcast: [bool; 2]) -> Result<[usize; 4]> {
+    if t.dtype() != dtype {
+        return Err(Error::DType { arg, expected: format!("{dtype:?}"), got: t.dtype() });
+    }
+    let expected = || {
+        let dim = |n: usize, b: bool| if b { format!("{{1|{n}}}") } else { n.to_string() };
+        format!("[{{1|batch}}, {{1|kv_heads|heads}}, {}, {}]", dim(rows, may_bcast[0]), dim(cols, may_bcast[1]))
+    };
+    let s = <[usize; 4]>::try_from(t.shape()).map_err(|_| Error::Shape { arg, expected: expected(), got: t.shape().to_vec() })?;
+    let fits = |n: usize, want: usize, b: bool| n == want || (b && n == 1);
+    if !(fits(s[2], rows, may_bcast[0]) && fits(s[3], cols, may_bcast[1])) || s[0] == 0 || s[1] == 0 {
+        return Err(Error::Shape { arg, expected: expected(), got: s.to_vec() });
+    }
+    Ok(s)
+}
+
+/// The `[batch, heads]` plane dims of a combination: each part's 1 broadcasts; other counts must agree.
+pub(crate) fn combine_planes(planes: impl IntoIterator<Item = (&'static str, [usize; 2])>) -> Result<[usize; 2]> {
+    let mut out = [1, 1];
+    for (arg, p) in planes {
+        for d in 0..2 {
+            if p[d] != 1 && out[d] != 1 && p[d] != out[d] {
+                let what = ["batch", "heads"][d];
+                return Err(Error::Shape { arg, expected: format!("{what} dim 1 or {} (as the mask's other parts)", out[d]), got: p.to_vec() });
+            }
+            out[d] = out[d].max(p[d]);
+        }
+    }
+    Ok(out)
+}
+
+/// BCSR checked on the host and turned into kept flags `[planes, q_blocks, k_blocks]` (the plane
+/// dims are returned).
+pub(crate) fn bcsr_to_bitset(row_ptr: &Tensor, col_idx: &Tensor, block: usize, sq: usize, sk: usize) -> Result<([usize; 2], Vec<u8>)> {
+    check_block(block)?;
+    let (qb, kb) = (sq.div_ceil(block), sk.div_ceil(block));
+    let expected = format!("[{{1|batch}}, {{1|kv_heads|heads}}, {}] (ceil(seqlen_q / block) + 1)", qb + 1);
+    if row_ptr.dtype() != DType::I32 {
+        return Err(Error::DType { arg: "row_ptr", expected: "I32".into(), got: row_ptr.dtype() });
+    }
+    if col_idx.dtype() != DType::I32 {
+        return Err(Error::DType { arg: "col_idx", expected: "I32".into(), got: col_idx.dtype() });
+    }
+    let rp = row_ptr.shape();
+    if rp.len() != 3 || rp[2] != qb + 1 || rp[0] == 0 || rp[1] == 0 {
+        return Err(Error::Shape { arg: "row_ptr", expected, got: rp.to_vec() });
+    }
+    let ci = col_idx.shape();
+    if ci.len() != 3 || ci[..2] != rp[..2] {
+        return Err(Error::Shape { arg: "col_idx", expected: format!("[{}, {}, nnz] (the plane dims of row_ptr)", rp[0], rp[1]), got: ci.to_vec() });
+    }
+    let (planes, nnz) = (rp[0] * rp[1], ci[2]);
+    let (ptrs, idx) = (row_ptr.to_vec::<i32>()?, col_idx.to_vec::<i32>()?);
+    let mut kept = vec![0u8; planes * qb * kb];
+    for p in 0..planes {
+        let ptr = &ptrs[p * (qb + 1)..][..qb + 1];
+        if ptr[0] != 0 {
+            return Err(Error::Param { arg: "row_ptr", reason: format!("plane {p} starts at {}, not 0", ptr[0]) });
+        }
+        for r in 0..qb {
+            let (a, b) = (ptr[r], ptr[r + 1]);
+            if b < a || b as usize > nnz {
+                return Err(Error::Param {
+                    arg: "row_ptr",
+                    reason: format!("plane {p}: row {r} spans {a}..{b}; row pointers must be non-decreasing and at most nnz = {nnz}"),
+                });
+            }
+            for &c in &idx[p * nnz + a as usize..p * nnz + b as usize] {
+                if c < 0 || c as usize >= kb {
+                    return Err(Error::Param { arg: "col_idx", reason: format!("plane {p}, query block {r}: key block {c} is outside 0..{kb}") });
+                }
+                kept[(p * qb + r) * kb + c as usize] = 1;
+            }
+        }
+    }
+    Ok(([rp[0], rp[1]], kept))
+}
