@@ -42,6 +42,12 @@ pub struct Band {
 }
 
 impl Band {
+    /// Whether the band needs a backward kernel compiled for any band (`names::BAND_SUFFIX`):
+    /// it has a left edge (and so maybe sinks) or a compressed diagonal.
+    pub const fn needs_band_kernel(&self) -> bool {
+        self.left != Band::NONE || self.compress != 0
+    }
+
     /// An unbounded side.
     pub const NONE: u32 = u32::MAX;
     /// Every key visible.
@@ -661,6 +667,11 @@ pub mod names {
     /// Appended to a backward kernel's name for its deterministic variant, which adds dQ and
     /// dBias in a fixed order (bit-identical runs) instead of with atomics.
     pub const DETERMINISTIC_SUFFIX: &str = "_det";
+    /// Appended (last) to a backward kernel's name for its variant that takes any [`Band`]
+    /// (`super::Band`): the others take only bands without a left edge or compression, whose
+    /// code then folds away (the backward's tiles are at the register limit). Shipped for the
+    /// portable `_mods` variants (both modes) and the Hopper plain and `_mask` ones.
+    pub const BAND_SUFFIX: &str = "_band";
     pub const BWD_PRE_PREFIX: &str = "dmattn_bwd_pre_";
     pub const CONVERT_PREFIX: &str = "dmattn_convert_";
     pub const COMBINE_PREFIX: &str = "dmattn_fwd_combine_";

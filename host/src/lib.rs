@@ -2,7 +2,9 @@
 //!
 //! Trainable dynamic-mask sparse attention: FlashAttention-style attention with arbitrary
 //! boolean masks and additive bias (each broadcastable over batch, heads, queries and keys),
-//! causal masking, softcap and GQA/MQA. Key tiles a mask hides entirely are skipped. The CUDA
+//! causal masking, softcap and GQA/MQA, and one sparse-mask type ([`SparseMask`]: windows,
+//! compressed causal, sink keys, block bitsets, BCSR, bit-packed masks, ANDed, prepared once and
+//! reused). Key tiles a mask hides entirely are skipped. The CUDA
 //! kernels are written in Rust (`kernels-gpu`, compiled to PTX by rustc's NVPTX backend); a CPU
 //! backend with f64 accumulation answers the same calls and is the reference the kernels are
 //! tested against.

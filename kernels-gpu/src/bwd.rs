@@ -355,7 +355,8 @@ pub unsafe fn backward<
     // the tiles it skips, to pass their dQ turns on.
     let map = MapCols::<BM, BN>::new(&f.block_map, block_map_plane(f, kb.batch, kb.kv_head), map_planes(f), kb.n_block, &kb.vis);
     let mut cursor = TileCursor::new();
-    let mut next_tile = cursor.next(map.begin(), tid % 32, &map);
+    let m_begin = kb.vis.query_tile_begin(kb.col0, BM as u32);
+    let mut next_tile = cursor.next(m_begin, tid % 32, &map);
     if DET {
         unsafe { pass_skipped_turns(p, &kb, 0, next_tile.map_or(m_tiles, |t| t.n), m_tiles, tid) };
     }
@@ -415,7 +416,7 @@ pub unsafe fn backward<
             let r0 = 16 * MS as u32 * wr;
             let rows_valid = f.seqlen_q - row0;
             // Rows past seqlen_q have no LSE: hide them, unlike the forward where they are unread.
-            let check = !tile.full || rows_valid < BM as u32 || kb.vis.tile_needs_check(row0, BM as u32, kb.col0, BN as u32);
+            let check = !tile.full || kb.vis.tile_needs_check(row0, BM as u32, kb.col0, BN as u32) || rows_valid < BM as u32;
             let softcap = mods.softcap > 0.0;
             let p_at = sm.p.chunk(g, 0) + 4 * t;
             let ds_at = p_at - sm.p.base + sm.ds.base;
@@ -432,9 +433,9 @@ pub unsafe fn backward<
             let mut p_kept = [[[0f32; 4]; NC]; MS];
             for c in 0..(NS / NC) as u32 {
                 let nt0 = chunk_nt0(c);
-                let bounds = kb.vis.at_tile(row0, kb.col0).with_rows(rows_valid).shifted(r0 + g, 8 * nt0 + 2 * t);
                 let warp_scores = scores(c);
                 let mut s = [[[0f32; 4]; NC]; MS];
+                let bounds = kb.vis.at_tile(row0, kb.col0).with_rows(rows_valid).shifted(r0 + g, 8 * nt0 + 2 * t);
                 warp_scores.init::<E, MS, NC>(&mut s, &mods, &bounds, check, mods.mask && !tile.full);
                 if WGMMA {
                     // The warpgroup's 64 rows (from its first warp's) x keys from 8 nt0; this warp

@@ -113,21 +113,26 @@ impl Visibility {
         KeyTiles { sinks: self.sink_keys().div_ceil(block_n), begin: lo / block_n, end: hi.div_ceil(block_n) }
     }
 
-    /// The query tiles of `block_m` rows that see any of keys `[col0, col0 + cols)`: `begin..end`.
+    /// The query tiles of `block_m` rows that see any of keys `[col0, ..)`: from the one holding
+    /// the first row whose band reaches `col0` (`D(i) + right >= col0`) ...
     #[inline(always)]
-    pub fn query_tiles(&self, col0: u32, cols: u32, block_m: u32) -> (u32, u32) {
+    pub fn query_tile_begin(&self, col0: u32, block_m: u32) -> u32 {
         let b = &self.band;
-        let last_col = (col0 + cols - 1) as i64;
-        // From the first row whose band reaches col0 (D(i) + right >= col0) ...
         let begin = if b.right == Band::NONE { 0 } else { self.rows_below(col0 as i64 - b.right as i64) };
-        // ... to the last whose band starts at or before the last key (D(i) - left <= last_col);
-        // every later row sees the sink keys.
+        begin / block_m
+    }
+
+    /// ... to the one holding the last row whose band starts at or before `last_col`
+    /// (`D(i) - left <= last_col`), exclusive; every row sees sink keys.
+    #[inline(always)]
+    pub fn query_tile_end(&self, col0: u32, last_col: u32, block_m: u32) -> u32 {
+        let b = &self.band;
         let end = if b.left == Band::NONE || col0 < self.sink_keys() {
             self.seqlen_q
         } else {
-            self.rows_below(last_col + b.left as i64 + 1)
+            self.rows_below(last_col as i64 + b.left as i64 + 1)
         };
-        (begin / block_m, end.div_ceil(block_m))
+        end.div_ceil(block_m)
     }
 
     /// Whether the tile `[row0, row0 + rows) x [col0, col0 + cols)` (rows inside the sequence)
@@ -151,7 +156,7 @@ impl Visibility {
         // computed per row.
         let base = if b.compress == 0 { self.diagonal(row0) - col0 as i64 } else { -(col0 as i64) };
         TileBounds {
-            keys: clamp_i32(self.seqlen_k as i64 - col0 as i64),
+            keys: self.seqlen_k as i32 - col0 as i32,
             sinks: clamp_i32(self.sink_keys() as i64 - col0 as i64),
             rows: i32::MAX,
             hi: if b.right == Band::NONE { i32::MAX } else { clamp_i32(base + b.right as i64) },
@@ -219,7 +224,8 @@ impl TileBounds {
             keys: self.keys - c,
             sinks: self.sinks - c,
             rows: self.rows.saturating_sub(r),
-            hi: if self.hi == i32::MAX { i32::MAX } else { self.hi + linear },
+            // Without a right edge `hi` stays within a tile's shifts of `i32::MAX`: still no edge.
+            hi: self.hi.saturating_add(linear),
             lo: if self.lo == i32::MIN { i32::MIN } else { self.lo + linear },
             row: self.row + if self.compress == 0 { 0 } else { r },
             compress: self.compress,
@@ -251,11 +257,9 @@ impl TileBounds {
     /// compares per score.
     #[inline(always)]
     pub fn row_bits(&self, r: u32) -> u32 {
-        if r as i32 >= self.rows {
-            return 0;
-        }
         let t = if self.compress == 0 { r as i32 } else { ((self.row as u32 + r) / self.compress) as i32 };
-        let below_hi = keys_below(self.keys.min(self.hi.saturating_add(t).saturating_add(1)));
+        let hi = if (r as i32) < self.rows { self.keys.min(self.hi.saturating_add(t + 1)) } else { 0 };
+        let below_hi = keys_below(hi);
         if self.lo == i32::MIN {
             return below_hi;
         }
@@ -367,8 +371,7 @@ pub struct MapCols<const BM: usize, const BN: usize> {
     q_blocks: u32,
     k0: u32,
     cols: u32,
-    /// The band's candidates: query tiles `begin..end`.
-    begin: u32,
+    /// Query tiles `..end` are candidates (walks start at `Visibility::query_tile_begin`).
     end: u32,
 }
 
@@ -381,7 +384,7 @@ impl<const BM: usize, const BN: usize> MapCols<BM, BN> {
     #[inline(always)]
     pub fn new(map: &View4, plane: u64, planes: u32, n_block: u32, vis: &Visibility) -> Self {
         let k0 = n_block * Self::MAP_COLS;
-        let (begin, end) = vis.query_tiles(n_block * BN as u32, BN as u32, BM as u32);
+        let col0 = n_block * BN as u32;
         Self {
             plane: if map.is_present() { plane } else { 0 },
             planes,
@@ -390,22 +393,15 @@ impl<const BM: usize, const BN: usize> MapCols<BM, BN> {
             q_blocks: vis.seqlen_q.div_ceil(BLOCK_MAP_Q),
             k0,
             cols: Self::MAP_COLS.min(vis.seqlen_k.div_ceil(BLOCK_MAP_K) - k0),
-            begin,
-            end,
+            end: vis.query_tile_end(col0, col0 + BN as u32 - 1, BM as u32),
         }
-    }
-
-    /// The first candidate query tile.
-    #[inline(always)]
-    pub fn begin(&self) -> u32 {
-        self.begin
     }
 }
 
 impl<const BM: usize, const BN: usize> TileLine for MapCols<BM, BN> {
     #[inline(always)]
     fn next_candidate(&self, n: u32) -> u32 {
-        n.max(self.begin)
+        n
     }
 
     #[inline(always)]

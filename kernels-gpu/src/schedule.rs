@@ -42,7 +42,7 @@ pub unsafe fn bwd_order<const BN: usize>(p: &OrderParams) {
             let (n_block, kv_head) = if kv_first { (y, x) } else { (x, y) };
             let vis = Visibility::of(f);
             let map = MapCols::<{ BLOCK_MAP_Q as usize }, BN>::new(&f.block_map, block_map_plane(f, batch, kv_head), map_planes(f), n_block, &vis);
-            visited(&map, map.begin(), map.end(), lane)
+            visited(&map, vis.query_tile_begin(n_block * BN as u32, BLOCK_MAP_Q), map.end(), lane)
         })
     }
 }

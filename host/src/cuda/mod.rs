@@ -305,11 +305,29 @@ fn bwd_variant(tile: &BwdTile, modifiers: u8) -> u8 {
     }
 }
 
-/// The backward kernel of `tile` for a call with `modifiers` (see [`bwd_variant`]).
-fn bwd_kernel_name(tile: &BwdTile, elem: DeviceElem, head_dim: usize, modifiers: u8, deterministic: bool) -> String {
+/// The backward variant of `tile` for a call with `modifiers` whose band needs the band
+/// kernels (`banded`): those ship as the portable `_mods` variants and the Hopper plain and
+/// `_mask` ones (see `dmattn_abi::names::BAND_SUFFIX`).
+fn bwd_band_variant(tile: &BwdTile, modifiers: u8, banded: bool) -> u8 {
+    if banded && !tile.wgmma { modifiers::ALL } else { bwd_variant(tile, modifiers) }
+}
+
+/// Whether the Hopper backward serves a call: it has band kernels only without a bias.
+fn bwd_wgmma_serves(modifiers: u8, banded: bool) -> bool {
+    !banded || modifiers == modifiers::NONE || modifiers == modifiers::MASK
+}
+
+/// The backward kernel of `tile` for a call with `modifiers` (see [`bwd_band_variant`]).
+fn bwd_kernel_name(tile: &BwdTile, elem: DeviceElem, head_dim: usize, modifiers: u8, deterministic: bool, banded: bool) -> String {
     let prefix = if tile.wgmma { dmattn_abi::names::BWD_WGMMA_PREFIX } else { dmattn_abi::names::BWD_PREFIX };
-    let name = kernel_name(prefix, elem, head_dim, bwd_variant(tile, modifiers));
-    if deterministic { name + dmattn_abi::names::DETERMINISTIC_SUFFIX } else { name }
+    let mut name = kernel_name(prefix, elem, head_dim, bwd_band_variant(tile, modifiers, banded));
+    if deterministic {
+        name += dmattn_abi::names::DETERMINISTIC_SUFFIX;
+    }
+    if banded {
+        name += dmattn_abi::names::BAND_SUFFIX;
+    }
+    name
 }
 
 pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, into: GradientBuffers) -> Result<Gradients> {
@@ -318,7 +336,9 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, into: Gra
     let d = p.dims;
     let elem = check_operands(p, saved)?;
     let modifiers = modifiers_of(p);
-    let tile = bwd_tile(d.head_dim as u32, deterministic, dev.has_wgmma(), modifiers).ok_or_else(|| unsupported_head_dim(d.head_dim))?;
+    let banded = p.band.needs_band_kernel();
+    let wgmma = dev.has_wgmma() && bwd_wgmma_serves(modifiers, banded);
+    let tile = bwd_tile(d.head_dim as u32, deterministic, wgmma, modifiers).ok_or_else(|| unsupported_head_dim(d.head_dim))?;
     check_limits(&d, tile.block_m)?;
     let device = saved.q.device();
     let dout_view = qkv_view(dout, "dout")?;
@@ -366,7 +386,7 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, into: Gra
     // whole f32 accumulator (H100, d64 8K, 50 % blocks + bias: 7.7 GB of DRAM traffic, 0.8 GB
     // without the bias).
     let (ctas, sms) = ((n_blocks * d.kv_heads * d.batch) as u64, dev.sms() as u64);
-    let placed = !deterministic && modifiers::bwd_placed(bwd_variant(&tile, modifiers)) && ctas > sms && bwd_placement_pays(dev, &d);
+    let placed = !deterministic && modifiers::bwd_placed(bwd_band_variant(&tile, modifiers, banded)) && ctas > sms && bwd_placement_pays(dev, &d);
     // Key tiles then count along grid y and in a packed position's y: both 16-bit.
     let kv_heads_first = placed && d.kv_heads > 1 && p.bias.is_some_and(|s| s[1] == 1) && n_blocks <= u16::MAX as usize;
     let mut params = BwdParams {
@@ -383,7 +403,7 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, into: Gra
         kv_heads: d.kv_heads as u32,
         kv_heads_first: kv_heads_first as u32,
     };
-    let name = bwd_kernel_name(&tile, elem, d.head_dim, modifiers, deterministic);
+    let name = bwd_kernel_name(&tile, elem, d.head_dim, modifiers, deterministic, banded);
     let (n, hk, b) = (n_blocks as u32, d.kv_heads as u32, d.batch as u32);
     let grid = if kv_heads_first { (hk, n, b) } else { (n, hk, b) };
     // Heaviest first (see `schedule`; the kernels number CTAs in u32). Deterministic mode keeps
@@ -426,13 +446,13 @@ mod tests {
         for head_dim in [32, 64, 96, 128, 192, 256] {
             let modes = |e| [(e, false, false), (e, true, false), (e, false, true), (e, true, true)];
             for (elem, deterministic, hopper) in [DeviceElem::Bf16, DeviceElem::F16].into_iter().flat_map(modes) {
-                for m in [modifiers::NONE, modifiers::MASK, modifiers::BIAS, modifiers::ALL] {
-                    let tile = bwd_tile(head_dim as u32, deterministic, hopper, m).unwrap();
-                    let name = bwd_kernel_name(&tile, elem, head_dim, m, deterministic);
+                for (m, banded) in [modifiers::NONE, modifiers::MASK, modifiers::BIAS, modifiers::ALL].into_iter().flat_map(|m| [(m, false), (m, true)]) {
+                    let tile = bwd_tile(head_dim as u32, deterministic, hopper && bwd_wgmma_serves(m, banded), m).unwrap();
+                    let name = bwd_kernel_name(&tile, elem, head_dim, m, deterministic, banded);
                     assert!(shipped[tile.wgmma as usize].contains(&name), "{name} is not in the module the host loads it from");
                     // A placed variant may run in a work order: its pass is in the portable module.
                     let order = format!("{}{}", dmattn_abi::names::BWD_ORDER_PREFIX, tile.block_n);
-                    let placed = !deterministic && modifiers::bwd_placed(bwd_variant(&tile, m));
+                    let placed = !deterministic && modifiers::bwd_placed(bwd_band_variant(&tile, m, banded));
                     assert!(!placed || shipped[0].contains(&order), "{order} is not in the portable module");
                 }
             }
