@@ -24,7 +24,8 @@ use std::sync::Arc;
 ///
 /// Mask tensors broadcast over batch and heads as the dense mask does: their first two dims are
 /// `{1|batch}` and `{1|kv_heads|heads}` (parts of one mask with more than one head must agree on
-/// the count; likewise for batch).
+/// the count; likewise for batch). On the GPU a mask holds at most one score mask (dense or
+/// bit-packed; block masks and bands without limit): AND two score masks before wrapping them.
 ///
 /// ```
 /// # fn main() -> dmattn::Result<()> {

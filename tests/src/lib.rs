@@ -1,10 +1,13 @@
 //! Shared pieces of the integration tests: random problems, error measures, and the GPU (or the
 //! printed reason there is none).
-use dmattn::{DType, Device, Tensor, attention};
+use dmattn::{DType, Device, Forward, Gradients, Tensor, attention};
 use proptest::prelude::*;
 use rand::Rng;
 use rand::rngs::StdRng;
+use std::fmt::Debug;
 use std::sync::OnceLock;
+
+pub mod sparse;
 
 /// One attention problem: sizes, which operands exist (with their broadcast shapes), options.
 #[derive(Clone, Debug)]
@@ -230,10 +233,7 @@ pub fn gpu_tolerance(dtype: DType) -> f64 {
 }
 
 /// Runs `case` on the CPU reference and, through `path`, on `gpu` from the same inputs, and
-/// compares: O finite (poisoned outputs show unwritten elements) and within [`gpu_tolerance`]
-/// by [`rel_err`], LSE within 1e-3 of the largest finite |LSE| and -inf exactly where the
-/// reference's is; each bound widened by what the path's rounding adds
-/// ([`ForwardPath::logit_error`]: twice it for O, once for LSE).
+/// compares them ([`compare_forward`]).
 pub fn check_gpu_forward(case: &Case, path: ForwardPath, gpu: &Device, inputs: &Inputs) -> Result<(), TestCaseError> {
     dmattn::set_output_poisoning(true);
     let want = case.forward(inputs).map_err(|e| TestCaseError::fail(format!("reference: {e}")))?;
@@ -245,16 +245,25 @@ pub fn check_gpu_forward(case: &Case, path: ForwardPath, gpu: &Device, inputs: &
     } else {
         path.logit_error(case.dtype, &naive::forward(&naive::Spec::of(case), &naive::Data::of(inputs)))
     };
+    compare_forward(case, path, case.dtype, &got, &want, extra)
+}
+
+/// A GPU forward (`got`, through `path`, of `dtype` inputs) against the CPU reference's (`want`):
+/// O finite (poisoned outputs show unwritten elements) and within [`gpu_tolerance`] by
+/// [`rel_err`], LSE within 1e-3 of the largest finite |LSE| and -inf exactly where the
+/// reference's is; each bound widened by what the path's rounding adds (`extra`, its
+/// [`ForwardPath::logit_error`]: twice it for O, once for LSE). Failures name `what`.
+pub fn compare_forward(what: &dyn Debug, path: ForwardPath, dtype: DType, got: &Forward, want: &Forward, extra: f64) -> Result<(), TestCaseError> {
     let (o, o_ref) = (got.out.to_f64_vec().unwrap(), want.out.to_f64_vec().unwrap());
-    prop_assert!(o.iter().all(|x| x.is_finite()), "{path:?}: non-finite output (unwritten or NaN) for {case:?}");
+    prop_assert!(o.iter().all(|x| x.is_finite()), "{path:?}: non-finite output (unwritten or NaN) for {what:?}");
     let err = rel_err(&o, &o_ref);
-    let tol = gpu_tolerance(case.dtype) + 2.0 * extra;
-    prop_assert!(err <= tol, "{path:?}: out rel err {err:.3e} > {tol:.3e} for {case:?}");
+    let tol = gpu_tolerance(dtype) + 2.0 * extra;
+    prop_assert!(err <= tol, "{path:?}: out rel err {err:.3e} > {tol:.3e} for {what:?}");
     let (lse, lse_ref) = (got.lse.to_f64_vec().unwrap(), want.lse.to_f64_vec().unwrap());
     let scale = lse_ref.iter().filter(|x| x.is_finite()).fold(1.0f64, |m, x| m.max(x.abs()));
     let lse_err = max_abs_err_inf(&lse, &lse_ref);
     let tol = 1e-3 * scale + extra;
-    prop_assert!(lse_err <= tol, "{path:?}: lse max err {lse_err:.3e} > {tol:.3e} for {case:?}");
+    prop_assert!(lse_err <= tol, "{path:?}: lse max err {lse_err:.3e} > {tol:.3e} for {what:?}");
     Ok(())
 }
 
@@ -269,8 +278,15 @@ pub fn gpu_dout(case: &Case, seed: u64) -> Tensor {
 /// (dq, dk, dv, dbias) of `case` on the inputs' device, the forward run through `path`.
 pub fn gradients(case: &Case, path: ForwardPath, inputs: &Inputs, dout: &Tensor, deterministic: bool) -> [Option<Vec<f64>>; 4] {
     let fwd = path.run(case.call(inputs).deterministic(deterministic)).unwrap();
-    let g = fwd.backward(&dout.to_device(&inputs.q.device()).unwrap()).unwrap();
-    [Some(g.dq), Some(g.dk), Some(g.dv), g.dbias].map(|t| t.map(|t| t.to_f64_vec().unwrap()))
+    grads_vec(&fwd.backward(&dout.to_device(&inputs.q.device()).unwrap()).unwrap())
+}
+
+/// (dq, dk, dv, dbias) as f64 values, dbias `None` without a bias.
+pub type Grads = [Option<Vec<f64>>; 4];
+
+/// A backward pass's gradients as [`Grads`].
+pub fn grads_vec(g: &Gradients) -> Grads {
+    [Some(&g.dq), Some(&g.dk), Some(&g.dv), g.dbias.as_ref()].map(|t| t.map(|t| t.to_f64_vec().unwrap()))
 }
 
 /// The backward pass of `case` on `gpu` (after a forward through `path`) against the CPU
@@ -292,15 +308,22 @@ pub fn check_gpu_backward(case: &Case, path: ForwardPath, gpu: &Device, seed: u6
     let mags = [Some(mags.dq), Some(mags.dk), Some(mags.dv), mags.dbias];
     // The backward recomputes P from the forward's LSE: what the path's rounding moved it by.
     let tol = gpu_tolerance(case.dtype) + 2.0 * path.logit_error(case.dtype, &nf);
-    for (name, ((g, w), m)) in ["dq", "dk", "dv", "dbias"].iter().zip(got.iter().zip(&want).zip(&mags)) {
+    compare_gradients(case, &got, &want, &mags, tol)
+}
+
+/// GPU gradients (dq, dk, dv, dbias) against the reference's: each finite, present exactly
+/// where the reference's is, and within `tol` of the size of the sums it is made of (`mags`,
+/// from [`naive::backward_magnitudes`]). Failures name `what`.
+pub fn compare_gradients(what: &dyn Debug, got: &Grads, want: &Grads, mags: &Grads, tol: f64) -> Result<(), TestCaseError> {
+    for (name, ((g, w), m)) in ["dq", "dk", "dv", "dbias"].iter().zip(got.iter().zip(want).zip(mags)) {
         let (Some(g), Some(w), Some(m)) = (g, w, m) else {
-            prop_assert!(g.is_none() && w.is_none(), "{name}: present on one side only for {case:?}");
+            prop_assert!(g.is_none() && w.is_none(), "{name}: present on one side only for {what:?}");
             continue;
         };
-        prop_assert!(g.iter().all(|x| x.is_finite()), "{name}: non-finite (unwritten or NaN) for {case:?}");
+        prop_assert!(g.iter().all(|x| x.is_finite()), "{name}: non-finite (unwritten or NaN) for {what:?}");
         let norm = |v: &mut dyn Iterator<Item = f64>| v.map(|x| x * x).sum::<f64>().sqrt();
         let (err, size) = (norm(&mut g.iter().zip(w).map(|(a, b)| a - b)), norm(&mut m.iter().copied()));
-        prop_assert!(err <= tol * size, "{name}: error {:.3e} of magnitude {size:.3e} ({:.3e}) for {case:?}", err, err / size);
+        prop_assert!(err <= tol * size, "{name}: error {:.3e} of magnitude {size:.3e} ({:.3e}) for {what:?}", err, err / size);
     }
     Ok(())
 }

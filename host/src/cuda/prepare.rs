@@ -142,6 +142,8 @@ pub(crate) fn prepare(dev: &CudaDevice, parts: &[Part], sq: usize, sk: usize) ->
     };
     let mut plane_list = vec![("mask", planes)];
     let (q_blocks, k_blocks) = (sq.div_ceil(BLOCK_MAP_Q as usize), sk.div_ceil(BLOCK_MAP_K as usize));
+    // The classes the last block part wrote: the next one reads them, then they are a temporary.
+    let mut block_classes: Option<DeviceBuffer> = None;
     for part in parts.iter().filter(|p| !matches!(p, Part::Dense(_) | Part::Packed(_))) {
         let (cells, [cell_rows, cell_cols], cell, block, part_planes) = cells(dev, part, sq, sk, &mut temps)?;
         plane_list.push((part.tensors()[0].0, part_planes));
@@ -162,8 +164,9 @@ pub(crate) fn prepare(dev: &CudaDevice, parts: &[Part], sq: usize, sk: usize) ->
         let blocks = total.div_ceil(BLOCK_MASK_THREADS as usize).clamp(1, 65535) as u32;
         launch(dev, &Launch::kernel(names::BLOCK_MASK, (blocks, 1, 1), BLOCK_MASK_THREADS, 0), params)?;
         classes = View4 { ptr: out.ptr(), stride: strides(dims) };
-        bufs.push(out);
+        temps.extend(block_classes.replace(out));
     }
+    bufs.extend(block_classes);
     let bytes = bufs.iter().map(DeviceBuffer::bytes).sum();
     Ok(PreparedMask { classes, bits, planes, bytes, _bufs: Arc::new(bufs) })
 }
