@@ -667,10 +667,10 @@ pub mod names {
     /// Appended to a backward kernel's name for its deterministic variant, which adds dQ and
     /// dBias in a fixed order (bit-identical runs) instead of with atomics.
     pub const DETERMINISTIC_SUFFIX: &str = "_det";
-    /// Appended (last) to a backward kernel's name for its variant that takes any [`Band`]
-    /// (`super::Band`): the others take only bands without a left edge or compression, whose
-    /// code then folds away (the backward's tiles are at the register limit). Shipped for the
-    /// portable `_mods` variants (both modes) and the Hopper plain and `_mask` ones.
+    /// Appended to a Hopper backward kernel's name (plain and `_mask` variants) for its variant
+    /// that takes any band ([`super::Band::needs_band_kernel`]): the others take only bands
+    /// without a left edge or compression, whose code then folds away (the backward's tiles are
+    /// at the register limit). Of the portable backward, the `_mods` variants take any band.
     pub const BAND_SUFFIX: &str = "_band";
     pub const BWD_PRE_PREFIX: &str = "dmattn_bwd_pre_";
     pub const CONVERT_PREFIX: &str = "dmattn_convert_";

@@ -19,7 +19,7 @@
 //! lower block index, which are scheduled first, so they cannot deadlock.
 use crate::arch::*;
 use crate::elem::{Elem, wgmma_wait};
-use crate::mask::{MapCols, TileCursor, Visibility, block_map_plane, map_planes};
+use crate::mask::{MapCols, TileCursor, Visibility, block_map_plane, fill_mask_from_classes, map_planes};
 use crate::scores::{LOG2E, Mods, WarpScores};
 use crate::tile::{Fragments, SmemTile, load_mask_bits_async};
 use dmattn_abi::{
@@ -213,11 +213,22 @@ unsafe fn load_stage<const D: usize, const BM: usize, const BN: usize>(
         }
     }
     if mods.mask {
-        let mb = &f.mask_bits;
-        let head = kb.operand_head(h, f.mask_head_div) as u64;
-        let src = mb.ptr
-            + 8 * (kb.batch as u64 * mb.stride[0] + head * mb.stride[1] + row0 as u64 * mb.stride[2] + (kb.col0 / 64) as u64);
-        unsafe { load_mask_bits_async(st.mask, src, mb.stride[2], BM, BN, rows, tid, threads) };
+        let (mb, map) = (&f.mask_bits, &f.block_map);
+        if mb.is_present() {
+            let head = kb.operand_head(h, f.mask_head_div) as u64;
+            let src = mb.ptr
+                + 8 * (kb.batch as u64 * mb.stride[0] + head * mb.stride[1] + row0 as u64 * mb.stride[2] + (kb.col0 / 64) as u64);
+            unsafe { load_mask_bits_async(st.mask, src, mb.stride[2], BM, BN, rows, tid, threads) };
+        } else {
+            // A mask of blocks only: its tile made from the block classes.
+            let head = kb.operand_head(h, f.mask_head_div) as u64;
+            let classes = map.ptr
+                + kb.batch as u64 * map.stride[0]
+                + head * map.stride[1]
+                + (row0 / 64) as u64 * map.stride[2]
+                + (kb.col0 / 64) as u64;
+            unsafe { fill_mask_from_classes::<BM, BN>(st.mask, classes, map.stride[2], rows, tid, threads) };
+        }
     }
 }
 

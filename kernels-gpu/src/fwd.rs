@@ -5,7 +5,7 @@
 use crate::arch::*;
 use crate::block_info::{BlockInfo, position, reread_position};
 use crate::elem::Elem;
-use crate::mask::{MapRows, Tile, TileCursor, TileLine};
+use crate::mask::{MapRows, Tile, TileCursor, TileLine, fill_mask_from_classes};
 use crate::scores::{Mods, WarpScores};
 use crate::softmax::OnlineSoftmax;
 use crate::tile::{Fragments, SmemTile, load_mask_bits_async};
@@ -68,8 +68,13 @@ unsafe fn load_k_side<const D: usize, const BM: usize, const BN: usize>(
         }
     }
     if mods.mask && !tile.full {
-        let src = b.mask_bits() + 8 * (col0 / 64) as u64;
-        unsafe { load_mask_bits_async(sm.mask, src, p.mask_bits.stride[2], BM, BN, b.rows_valid, tid, threads) };
+        if p.mask_bits.is_present() {
+            let src = b.mask_bits() + 8 * (col0 / 64) as u64;
+            unsafe { load_mask_bits_async(sm.mask, src, p.mask_bits.stride[2], BM, BN, b.rows_valid, tid, threads) };
+        } else {
+            let classes = b.block_map() + (b.row0 / 64) as u64 * p.block_map.stride[2] + (col0 / 64) as u64;
+            unsafe { fill_mask_from_classes::<BM, BN>(sm.mask, classes, p.block_map.stride[2], b.rows_valid, tid, threads) };
+        }
     }
 }
 

@@ -138,15 +138,14 @@ fwd_kernels! {
 }
 
 /// Backward entry points per (element type, head dim): `dmattn_bwd_<elem>_d<dim>[_mods][_det]`
-/// (score modifiers; deterministic accumulation).
+/// (score modifiers; deterministic accumulation). The `_mods` variants take any band; the plain
+/// ones only bands without a left edge or compression (`Visibility::of_band`).
 macro_rules! bwd_kernels {
-    ($($elem:ty, $d:literal: $plain:ident, $mods:ident, $plain_det:ident, $mods_det:ident, $mods_band:ident, $mods_det_band:ident;)*) => {$(
+    ($($elem:ty, $d:literal: $plain:ident, $mods:ident, $plain_det:ident, $mods_det:ident;)*) => {$(
         bwd_kernels!(@one $plain, $elem, $d, modifiers::NONE, false, false, false);
-        bwd_kernels!(@one $mods, $elem, $d, modifiers::ALL, false, false, false);
+        bwd_kernels!(@one $mods, $elem, $d, modifiers::ALL, false, false, true);
         bwd_kernels!(@one $plain_det, $elem, $d, modifiers::NONE, true, false, false);
-        bwd_kernels!(@one $mods_det, $elem, $d, modifiers::ALL, true, false, false);
-        bwd_kernels!(@one $mods_band, $elem, $d, modifiers::ALL, false, false, true);
-        bwd_kernels!(@one $mods_det_band, $elem, $d, modifiers::ALL, true, false, true);
+        bwd_kernels!(@one $mods_det, $elem, $d, modifiers::ALL, true, false, true);
     )*};
     (@one $name:ident, $elem:ty, $d:literal, $modifiers:expr, $det:literal, $wgmma:literal, $band:literal) => {
         #[unsafe(no_mangle)]
@@ -167,18 +166,18 @@ macro_rules! bwd_kernels {
 
 #[cfg(not(target_feature = "sm_90a"))]
 bwd_kernels! {
-    Bf16, 32: dmattn_bwd_bf16_d32, dmattn_bwd_bf16_d32_mods, dmattn_bwd_bf16_d32_det, dmattn_bwd_bf16_d32_mods_det, dmattn_bwd_bf16_d32_mods_band, dmattn_bwd_bf16_d32_mods_det_band;
-    Bf16, 64: dmattn_bwd_bf16_d64, dmattn_bwd_bf16_d64_mods, dmattn_bwd_bf16_d64_det, dmattn_bwd_bf16_d64_mods_det, dmattn_bwd_bf16_d64_mods_band, dmattn_bwd_bf16_d64_mods_det_band;
-    Bf16, 96: dmattn_bwd_bf16_d96, dmattn_bwd_bf16_d96_mods, dmattn_bwd_bf16_d96_det, dmattn_bwd_bf16_d96_mods_det, dmattn_bwd_bf16_d96_mods_band, dmattn_bwd_bf16_d96_mods_det_band;
-    Bf16, 128: dmattn_bwd_bf16_d128, dmattn_bwd_bf16_d128_mods, dmattn_bwd_bf16_d128_det, dmattn_bwd_bf16_d128_mods_det, dmattn_bwd_bf16_d128_mods_band, dmattn_bwd_bf16_d128_mods_det_band;
-    Bf16, 192: dmattn_bwd_bf16_d192, dmattn_bwd_bf16_d192_mods, dmattn_bwd_bf16_d192_det, dmattn_bwd_bf16_d192_mods_det, dmattn_bwd_bf16_d192_mods_band, dmattn_bwd_bf16_d192_mods_det_band;
-    Bf16, 256: dmattn_bwd_bf16_d256, dmattn_bwd_bf16_d256_mods, dmattn_bwd_bf16_d256_det, dmattn_bwd_bf16_d256_mods_det, dmattn_bwd_bf16_d256_mods_band, dmattn_bwd_bf16_d256_mods_det_band;
-    F16, 32: dmattn_bwd_f16_d32, dmattn_bwd_f16_d32_mods, dmattn_bwd_f16_d32_det, dmattn_bwd_f16_d32_mods_det, dmattn_bwd_f16_d32_mods_band, dmattn_bwd_f16_d32_mods_det_band;
-    F16, 64: dmattn_bwd_f16_d64, dmattn_bwd_f16_d64_mods, dmattn_bwd_f16_d64_det, dmattn_bwd_f16_d64_mods_det, dmattn_bwd_f16_d64_mods_band, dmattn_bwd_f16_d64_mods_det_band;
-    F16, 96: dmattn_bwd_f16_d96, dmattn_bwd_f16_d96_mods, dmattn_bwd_f16_d96_det, dmattn_bwd_f16_d96_mods_det, dmattn_bwd_f16_d96_mods_band, dmattn_bwd_f16_d96_mods_det_band;
-    F16, 128: dmattn_bwd_f16_d128, dmattn_bwd_f16_d128_mods, dmattn_bwd_f16_d128_det, dmattn_bwd_f16_d128_mods_det, dmattn_bwd_f16_d128_mods_band, dmattn_bwd_f16_d128_mods_det_band;
-    F16, 192: dmattn_bwd_f16_d192, dmattn_bwd_f16_d192_mods, dmattn_bwd_f16_d192_det, dmattn_bwd_f16_d192_mods_det, dmattn_bwd_f16_d192_mods_band, dmattn_bwd_f16_d192_mods_det_band;
-    F16, 256: dmattn_bwd_f16_d256, dmattn_bwd_f16_d256_mods, dmattn_bwd_f16_d256_det, dmattn_bwd_f16_d256_mods_det, dmattn_bwd_f16_d256_mods_band, dmattn_bwd_f16_d256_mods_det_band;
+    Bf16, 32: dmattn_bwd_bf16_d32, dmattn_bwd_bf16_d32_mods, dmattn_bwd_bf16_d32_det, dmattn_bwd_bf16_d32_mods_det;
+    Bf16, 64: dmattn_bwd_bf16_d64, dmattn_bwd_bf16_d64_mods, dmattn_bwd_bf16_d64_det, dmattn_bwd_bf16_d64_mods_det;
+    Bf16, 96: dmattn_bwd_bf16_d96, dmattn_bwd_bf16_d96_mods, dmattn_bwd_bf16_d96_det, dmattn_bwd_bf16_d96_mods_det;
+    Bf16, 128: dmattn_bwd_bf16_d128, dmattn_bwd_bf16_d128_mods, dmattn_bwd_bf16_d128_det, dmattn_bwd_bf16_d128_mods_det;
+    Bf16, 192: dmattn_bwd_bf16_d192, dmattn_bwd_bf16_d192_mods, dmattn_bwd_bf16_d192_det, dmattn_bwd_bf16_d192_mods_det;
+    Bf16, 256: dmattn_bwd_bf16_d256, dmattn_bwd_bf16_d256_mods, dmattn_bwd_bf16_d256_det, dmattn_bwd_bf16_d256_mods_det;
+    F16, 32: dmattn_bwd_f16_d32, dmattn_bwd_f16_d32_mods, dmattn_bwd_f16_d32_det, dmattn_bwd_f16_d32_mods_det;
+    F16, 64: dmattn_bwd_f16_d64, dmattn_bwd_f16_d64_mods, dmattn_bwd_f16_d64_det, dmattn_bwd_f16_d64_mods_det;
+    F16, 96: dmattn_bwd_f16_d96, dmattn_bwd_f16_d96_mods, dmattn_bwd_f16_d96_det, dmattn_bwd_f16_d96_mods_det;
+    F16, 128: dmattn_bwd_f16_d128, dmattn_bwd_f16_d128_mods, dmattn_bwd_f16_d128_det, dmattn_bwd_f16_d128_mods_det;
+    F16, 192: dmattn_bwd_f16_d192, dmattn_bwd_f16_d192_mods, dmattn_bwd_f16_d192_det, dmattn_bwd_f16_d192_mods_det;
+    F16, 256: dmattn_bwd_f16_d256, dmattn_bwd_f16_d256_mods, dmattn_bwd_f16_d256_det, dmattn_bwd_f16_d256_mods_det;
 }
 
 /// The Hopper backward (the sm_90a module holds these and nothing else):

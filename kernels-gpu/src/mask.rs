@@ -1,7 +1,7 @@
 //! The one piece of mask logic: which key tiles a query tile visits, which of those need
 //! element-wise masking, and whether one score is visible. Forward, backward and the tile-skip
 //! decision all read it.
-use crate::arch::{ballot, ld_global_nc_u8};
+use crate::arch::{ballot, ld_global_nc_u8, st_shared_v2};
 use dmattn_abi::{BLOCK_MAP_K, BLOCK_MAP_Q, Band, FwdParams, View4, block_class};
 
 /// The parametric rule and sequence bounds of one (batch, head), [`Band`]'s: key `j` is visible
@@ -440,6 +440,24 @@ pub fn block_map_plane(f: &FwdParams, batch: u32, kv_head: u32) -> u64 {
 #[inline(always)]
 pub fn map_planes(f: &FwdParams) -> u32 {
     if f.mask_head_div == 1 && f.block_map.stride[1] != 0 && f.kv_group > 1 { f.kv_group } else { 1 }
+}
+
+/// Writes the packed mask tile (`BM` rows x `BN / 64` words at `dst`, as `tile::load_mask_bits_async`
+/// lays it out) of a mask given by its block classes alone (block masks without a score mask):
+/// a row's word is all ones where its 64x64 block is full, zero where empty (a kernel tile holds
+/// up to 2 x 2 blocks, and a visited tile may hold empty ones). `classes` is the class of the
+/// tile's first block, `q_stride` the bytes between block rows; rows past `rows_valid` are hidden.
+#[inline(always)]
+pub unsafe fn fill_mask_from_classes<const BM: usize, const BN: usize>(dst: u32, classes: u64, q_stride: u64, rows_valid: u32, tid: u32, threads: u32) {
+    let words_per_row = (BN / 64) as u32;
+    let mut w = tid;
+    while w < (BM * BN / 64) as u32 {
+        let (r, word) = (w / words_per_row, w % words_per_row);
+        let class = unsafe { ld_global_nc_u8(classes + (r / BLOCK_MAP_Q) as u64 * q_stride + word as u64) };
+        let v = if r < rows_valid && class == block_class::FULL as u32 { u32::MAX } else { 0 };
+        unsafe { st_shared_v2(dst + 8 * w, [v, v]) };
+        w += threads;
+    }
 }
 
 /// Walks the non-empty key tiles of one query tile, 32 tiles per step: each lane classifies one

@@ -305,9 +305,9 @@ fn bwd_variant(tile: &BwdTile, modifiers: u8) -> u8 {
     }
 }
 
-/// The backward variant of `tile` for a call with `modifiers` whose band needs the band
-/// kernels (`banded`): those ship as the portable `_mods` variants and the Hopper plain and
-/// `_mask` ones (see `dmattn_abi::names::BAND_SUFFIX`).
+/// The backward variant of `tile` for a call with `modifiers` whose band needs a band kernel
+/// (`banded`): the portable `_mods` variants, and the Hopper plain and `_mask` ones' `_band`
+/// variants (see `dmattn_abi::names::BAND_SUFFIX`).
 fn bwd_band_variant(tile: &BwdTile, modifiers: u8, banded: bool) -> u8 {
     if banded && !tile.wgmma { modifiers::ALL } else { bwd_variant(tile, modifiers) }
 }
@@ -324,7 +324,7 @@ fn bwd_kernel_name(tile: &BwdTile, elem: DeviceElem, head_dim: usize, modifiers:
     if deterministic {
         name += dmattn_abi::names::DETERMINISTIC_SUFFIX;
     }
-    if banded {
+    if banded && tile.wgmma {
         name += dmattn_abi::names::BAND_SUFFIX;
     }
     name
