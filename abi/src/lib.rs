@@ -633,7 +633,9 @@ pub mod modifiers {
     pub const NONE: u8 = 0;
     /// A mask; no bias, no softcap (the Hopper backward only).
     pub const MASK: u8 = 1;
-    /// A bias, and a mask if given; no softcap (the Hopper backward only).
+    /// A bias, and a mask if given; no softcap (the Hopper backward only). Its mask tiles are
+    /// the score bits alone, not narrowed by block classes: a mask with block parts (whose
+    /// visited tiles may hold empty blocks over shown bits) takes `ALL` instead.
     pub const BIAS: u8 = 2;
     /// Mask, bias and softcap, each if given.
     pub const ALL: u8 = 3;

@@ -19,9 +19,9 @@
 //! lower block index, which are scheduled first, so they cannot deadlock.
 use crate::arch::*;
 use crate::elem::{Elem, wgmma_wait};
-use crate::mask::{MapCols, TileCursor, Visibility, block_map_plane, fill_mask_from_classes, map_planes};
+use crate::mask::{MapCols, TileCursor, Visibility, block_map_plane, load_mask_tile, map_planes};
 use crate::scores::{LOG2E, Mods, WarpScores};
-use crate::tile::{Fragments, SmemTile, load_mask_bits_async};
+use crate::tile::{Fragments, SmemTile};
 use dmattn_abi::{
     BWD_DQ_STAGE_BYTES, BWD_DQ_STAGE_TILES, BWD_PARAMS_BYTES, BwdParams, bwd_stage_bytes, flags, mask_tile_bytes, modifiers,
     packed_position, unpacked_position,
@@ -181,6 +181,7 @@ unsafe fn load_stage<const D: usize, const BM: usize, const BN: usize>(
     kb: &KeyBlock,
     st: &Stage,
     mods: &Mods,
+    by_class: bool,
     m: u32,
     h: u32,
     tid: u32,
@@ -214,21 +215,11 @@ unsafe fn load_stage<const D: usize, const BM: usize, const BN: usize>(
     }
     if mods.mask {
         let (mb, map) = (&f.mask_bits, &f.block_map);
-        if mb.is_present() {
-            let head = kb.operand_head(h, f.mask_head_div) as u64;
-            let src = mb.ptr
-                + 8 * (kb.batch as u64 * mb.stride[0] + head * mb.stride[1] + row0 as u64 * mb.stride[2] + (kb.col0 / 64) as u64);
-            unsafe { load_mask_bits_async(st.mask, src, mb.stride[2], BM, BN, rows, tid, threads) };
-        } else {
-            // A mask of blocks only: its tile made from the block classes.
-            let head = kb.operand_head(h, f.mask_head_div) as u64;
-            let classes = map.ptr
-                + kb.batch as u64 * map.stride[0]
-                + head * map.stride[1]
-                + (row0 / 64) as u64 * map.stride[2]
-                + (kb.col0 / 64) as u64;
-            unsafe { fill_mask_from_classes::<BM, BN>(st.mask, classes, map.stride[2], rows, tid, threads) };
-        }
+        let head = kb.operand_head(h, f.mask_head_div) as u64;
+        let classes =
+            map.ptr + kb.batch as u64 * map.stride[0] + head * map.stride[1] + (row0 / 64) as u64 * map.stride[2] + (kb.col0 / 64) as u64;
+        let bits = mb.ptr + 8 * (kb.batch as u64 * mb.stride[0] + head * mb.stride[1] + row0 as u64 * mb.stride[2] + (kb.col0 / 64) as u64);
+        unsafe { load_mask_tile::<BM, BN>(st.mask, bits, mb.stride[2], classes, map.stride[2], rows, by_class, tid, threads) };
     }
 }
 
@@ -338,6 +329,8 @@ pub unsafe fn backward<
         // A tile without a bias tile serves only variants without a bias.
         assert!(BIAS_TILE || MODS == modifiers::NONE || MODS == modifiers::MASK);
     }
+    // The Hopper `BIAS` variant has no registers for reading block classes (`modifiers::BIAS`).
+    let by_class = !(WGMMA && MODS == modifiers::BIAS);
     let tid = thread_idx();
     let p = unsafe { params_in_smem(params, smem_base() + params_at, tid) };
     let f = &p.fwd;
@@ -372,7 +365,7 @@ pub unsafe fn backward<
         unsafe { pass_skipped_turns(p, &kb, 0, next_tile.map_or(m_tiles, |t| t.n), m_tiles, tid) };
     }
     if let Some(first) = next_tile {
-        unsafe { load_stage::<D, BM, BN>(&kb, &sm.stage(0), &mods, first.n, kb.head(0), tid, threads) };
+        unsafe { load_stage::<D, BM, BN>(&kb, &sm.stage(0), &mods, by_class, first.n, kb.head(0), tid, threads) };
     }
     cp_async_commit();
 
@@ -415,7 +408,7 @@ pub unsafe fn backward<
                 (next_tile.map(|t| t.n), 0)
             };
             if let (2, Some(nm)) = (STAGES, next_m) {
-                unsafe { load_stage::<D, BM, BN>(&kb, &sm.stage(1 - stage), &mods, nm, kb.head(next_h), tid, threads) };
+                unsafe { load_stage::<D, BM, BN>(&kb, &sm.stage(1 - stage), &mods, by_class, nm, kb.head(next_h), tid, threads) };
             }
             cp_async_commit();
 
@@ -625,7 +618,7 @@ pub unsafe fn backward<
                 // Single stage: load the next step only now that this one is done with it.
                 sync_threads();
                 if let Some(nm) = next_m {
-                    unsafe { load_stage::<D, BM, BN>(&kb, &st, &mods, nm, kb.head(next_h), tid, threads) };
+                    unsafe { load_stage::<D, BM, BN>(&kb, &st, &mods, by_class, nm, kb.head(next_h), tid, threads) };
                 }
                 cp_async_commit();
             }

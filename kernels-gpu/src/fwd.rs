@@ -5,10 +5,10 @@
 use crate::arch::*;
 use crate::block_info::{BlockInfo, position, reread_position};
 use crate::elem::Elem;
-use crate::mask::{MapRows, Tile, TileCursor, TileLine, fill_mask_from_classes};
+use crate::mask::{MapRows, Tile, TileCursor, TileLine, load_mask_tile};
 use crate::scores::{Mods, WarpScores};
 use crate::softmax::OnlineSoftmax;
-use crate::tile::{Fragments, SmemTile, load_mask_bits_async};
+use crate::tile::{Fragments, SmemTile};
 use dmattn_abi::{FwdParams, POSITION_BYTES, flags, mask_tile_bytes, modifiers};
 
 /// The shared-memory tiles of one CTA: Q, K, V (`D` columns), the bias tile and the packed mask
@@ -68,13 +68,10 @@ unsafe fn load_k_side<const D: usize, const BM: usize, const BN: usize>(
         }
     }
     if mods.mask && !tile.full {
-        if p.mask_bits.is_present() {
-            let src = b.mask_bits() + 8 * (col0 / 64) as u64;
-            unsafe { load_mask_bits_async(sm.mask, src, p.mask_bits.stride[2], BM, BN, b.rows_valid, tid, threads) };
-        } else {
-            let classes = b.block_map() + (b.row0 / 64) as u64 * p.block_map.stride[2] + (col0 / 64) as u64;
-            unsafe { fill_mask_from_classes::<BM, BN>(sm.mask, classes, p.block_map.stride[2], b.rows_valid, tid, threads) };
-        }
+        let bits = b.mask_bits() + 8 * (col0 / 64) as u64;
+        let classes = b.block_map() + (b.row0 / 64) as u64 * p.block_map.stride[2] + (col0 / 64) as u64;
+        let (bits_stride, q_stride) = (p.mask_bits.stride[2], p.block_map.stride[2]);
+        unsafe { load_mask_tile::<BM, BN>(sm.mask, bits, bits_stride, classes, q_stride, b.rows_valid, true, tid, threads) };
     }
 }
 

@@ -1,7 +1,7 @@
 //! The one piece of mask logic: which key tiles a query tile visits, which of those need
 //! element-wise masking, and whether one score is visible. Forward, backward and the tile-skip
 //! decision all read it.
-use crate::arch::{ballot, ld_global_nc_u8, st_shared_v2};
+use crate::arch::{ballot, cp_async_8, ld_global_nc_u8};
 use dmattn_abi::{BLOCK_MAP_K, BLOCK_MAP_Q, Band, FwdParams, View4, block_class};
 
 /// The parametric rule and sequence bounds of one (batch, head), [`Band`]'s: key `j` is visible
@@ -442,21 +442,37 @@ pub fn map_planes(f: &FwdParams) -> u32 {
     if f.mask_head_div == 1 && f.block_map.stride[1] != 0 && f.kv_group > 1 { f.kv_group } else { 1 }
 }
 
-/// Writes the packed mask tile (`BM` rows x `BN / 64` words at `dst`, as `tile::load_mask_bits_async`
-/// lays it out) of a mask given by its block classes alone (block masks without a score mask):
-/// a row's word is all ones where its 64x64 block is full, zero where empty (a kernel tile holds
-/// up to 2 x 2 blocks, and a visited tile may hold empty ones). `classes` is the class of the
-/// tile's first block, `q_stride` the bytes between block rows; rows past `rows_valid` are hidden.
+/// Starts loading the packed mask tile of a visited kernel tile (`BM` rows x `BN / 64` words at
+/// `dst`, row-major, unswizzled; `mask_bit` order), one word per row and 64x64 block. A visited
+/// tile may hold empty blocks (a block mask's, over a score mask's bits that still show their
+/// scores), so each word follows its block's class: copied from `bits` (the word of the tile's
+/// first row and block, rows `bits_stride` words apart; a block mask without a score mask has
+/// all-ones words there) unless the block is empty, zero then. `classes` is the class of the
+/// tile's first block, block rows `q_stride` bytes apart; without `by_class` (a constant) every
+/// word is copied (the host keeps masks with block parts from such kernels). Rows past
+/// `rows_valid` are hidden. All `threads` threads of the CTA call this.
 #[inline(always)]
-pub unsafe fn fill_mask_from_classes<const BM: usize, const BN: usize>(dst: u32, classes: u64, q_stride: u64, rows_valid: u32, tid: u32, threads: u32) {
+pub unsafe fn load_mask_tile<const BM: usize, const BN: usize>(
+    dst: u32,
+    bits: u64,
+    bits_stride: u64,
+    classes: u64,
+    q_stride: u64,
+    rows_valid: u32,
+    by_class: bool,
+    tid: u32,
+    threads: u32,
+) {
     let words_per_row = (BN / 64) as u32;
-    let mut w = tid;
-    while w < (BM * BN / 64) as u32 {
+    for i in 0..(BM * BN / 64).div_ceil(threads as usize) as u32 {
+        let w = tid + i * threads;
         let (r, word) = (w / words_per_row, w % words_per_row);
-        let class = unsafe { ld_global_nc_u8(classes + (r / BLOCK_MAP_Q) as u64 * q_stride + word as u64) };
-        let v = if r < rows_valid && class == block_class::FULL as u32 { u32::MAX } else { 0 };
-        unsafe { st_shared_v2(dst + 8 * w, [v, v]) };
-        w += threads;
+        if r < BM as u32 {
+            let ok = r < rows_valid;
+            let at = bits + 8 * ((if ok { r } else { 0 }) as u64 * bits_stride + word as u64);
+            let shown = !by_class || unsafe { ld_global_nc_u8(classes + (r / BLOCK_MAP_Q) as u64 * q_stride + word as u64) } != block_class::EMPTY as u32;
+            unsafe { cp_async_8(dst + 8 * w, at, if ok && shown { 8 } else { 0 }) };
+        }
     }
 }
 

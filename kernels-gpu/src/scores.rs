@@ -33,8 +33,7 @@ impl Mods {
     pub fn of(p: &FwdParams, variant: u8) -> Self {
         let all = variant == modifiers::ALL;
         Mods {
-            // A mask of blocks only has classes and no bits (see `mask::fill_mask_from_classes`).
-            mask: variant != modifiers::NONE && p.block_map.is_present(),
+            mask: variant != modifiers::NONE && p.mask_bits.is_present(),
             bias: variant == modifiers::BIAS || (all && p.bias.is_present()),
             softcap: if all { p.softcap } else { 0.0 },
             scale_log2: p.scale_log2,

@@ -188,33 +188,6 @@ fn wgmma_desc(addr: u32, leading: u32, stride: u32) -> u64 {
     ((addr as u64 & 0x3_ffff) >> 4) | ((leading as u64 >> 4) << 16) | ((stride as u64 >> 4) << 32) | (1 << 62)
 }
 
-/// Starts the copy of a packed-mask tile (`dmattn_abi::mask_bit` order): `rows` rows of
-/// `keys / 64` u64 words, row-major and unswizzled at `dst`, row `r` read from
-/// `src + 8 * r * row_stride` (`row_stride` in words). Rows at or past `rows_valid` are
-/// zero-filled (all hidden). All `threads` threads of the CTA call this.
-#[inline(always)]
-pub unsafe fn load_mask_bits_async(
-    dst: u32,
-    src: u64,
-    row_stride: u64,
-    rows: usize,
-    keys: usize,
-    rows_valid: u32,
-    tid: u32,
-    threads: u32,
-) {
-    let words_per_row = (keys / 64) as u32;
-    for i in 0..(rows * keys / 64).div_ceil(threads as usize) as u32 {
-        let w = tid + i * threads;
-        let (r, word) = (w / words_per_row, w % words_per_row);
-        if r < rows as u32 {
-            let ok = r < rows_valid;
-            let at = src + 8 * ((if ok { r } else { 0 }) as u64 * row_stride + word as u64);
-            unsafe { cp_async_8(dst + 8 * w, at, if ok { 8 } else { 0 }) };
-        }
-    }
-}
-
 /// A thread's `ldmatrix` row addresses in one tile, from which every fragment of the tile is
 /// one [`SmemTile::shift`] away.
 #[derive(Clone, Copy)]

@@ -335,7 +335,11 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, into: Gra
     let deterministic = p.deterministic;
     let d = p.dims;
     let elem = check_operands(p, saved)?;
-    let modifiers = modifiers_of(p);
+    // The Hopper `BIAS` variant reads no block classes (see `modifiers::BIAS`).
+    let modifiers = match modifiers_of(p) {
+        modifiers::BIAS if device_mask(saved).is_some_and(|m| m.blocks) => modifiers::ALL,
+        m => m,
+    };
     let banded = p.band.needs_band_kernel();
     let wgmma = dev.has_wgmma() && bwd_wgmma_serves(modifiers, banded);
     let tile = bwd_tile(d.head_dim as u32, deterministic, wgmma, modifiers).ok_or_else(|| unsupported_head_dim(d.head_dim))?;

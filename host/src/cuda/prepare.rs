@@ -15,14 +15,16 @@ use crate::tensor::Tensor;
 use dmattn_abi::{BLOCK_MAP_K, BLOCK_MAP_Q, BLOCK_MASK_THREADS, BlockMaskParams, MaskPackParams, View4, names};
 use std::sync::Arc;
 
-/// The GPU's prepared mask: block classes `[pb, ph, {1|q_blocks}, k_blocks]` and, with a score
-/// mask, its bits `[.., .., {1|sq}, k_blocks]` (u64 words), zero strides where broadcast.
+/// The GPU's prepared mask: block classes `[pb, ph, {1|q_blocks}, k_blocks]` and its bits
+/// `[.., .., {1|sq}, k_blocks]` (u64 words), zero strides where broadcast: a score mask's, or for
+/// block masks alone one row of all-ones words broadcast over every row.
 #[derive(Clone)]
 pub(crate) struct PreparedMask {
     pub classes: View4,
-    /// Absent without a score mask (every class is then empty or full).
     pub bits: View4,
     pub planes: [usize; 2],
+    /// It has block parts: its block classes may hide blocks its bits show.
+    pub blocks: bool,
     bytes: usize,
     /// The buffers the views point into.
     _bufs: Arc<Vec<DeviceBuffer>>,
@@ -167,6 +169,17 @@ pub(crate) fn prepare(dev: &CudaDevice, parts: &[Part], sq: usize, sk: usize) ->
         temps.extend(block_classes.replace(out));
     }
     bufs.extend(block_classes);
+    // Blocks only: the kernels copy each visited tile's mask words from the bits unless the
+    // block is empty (`mask::load_mask_tile`): one row of all-ones words serves every row.
+    let bits = if bits.is_present() || !classes.is_present() {
+        bits
+    } else {
+        let ones = DeviceBuffer::filled(dev.stream(), 8 * k_blocks, 0xff)?;
+        let view = View4 { ptr: ones.ptr(), stride: [0, 0, 0, 1] };
+        bufs.push(ones);
+        view
+    };
     let bytes = bufs.iter().map(DeviceBuffer::bytes).sum();
-    Ok(PreparedMask { classes, bits, planes, bytes, _bufs: Arc::new(bufs) })
+    let blocks = parts.iter().any(|p| !matches!(p, Part::Dense(_) | Part::Packed(_)));
+    Ok(PreparedMask { classes, bits, planes, blocks, bytes, _bufs: Arc::new(bufs) })
 }
