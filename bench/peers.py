@@ -8,7 +8,11 @@ Peers, all on GPU 0:
 - sdpa-flash, sdpa-cudnn, sdpa-efficient, sdpa-math: F.scaled_dot_product_attention pinned to
   one backend by sdpa_kernel; the mask and bias go in as one attn_mask.
 - flex: flex_attention under torch.compile; the mask is a BlockMask whose mask_mod reads the
-  mask tensor, the bias is a score_mod.
+  mask tensor, the bias is a score_mod. The sparse group's masks are what a flex user would
+  write: windows and compressed causal as a mask_mod of the indices (create_block_mask),
+  BCSR and bitset block masks as a BlockMask of the same kept 128-blocks (from_kv_blocks, all
+  full blocks). Such a BlockMask is built once per case, outside the timed calls, and its build
+  time (a second build, after a warm-up one) and bytes are reported as pass "prep".
 
 Inputs, masks, causal alignment, timing (CUDA events, warm-up, median, rotated operand sets) and
 both file formats are those of bench/SCHEMA.md. A backward is timed alone: the forward it needs
@@ -24,6 +28,7 @@ import gc
 import json
 import math
 import os
+import struct
 import time
 import warnings
 import zlib
@@ -93,8 +98,11 @@ class Case:
 @dataclass
 class Inputs:
     sets: list  # rotated operand sets: (q, k, v, dout)
-    visible: torch.Tensor | None  # [b, mask_heads, sq, sk] bool, the case's mask without causal
+    # [b or 1, mask_heads or 1, sq, sk] bool, the case's mask without causal (a window's or a
+    # compressed causal's band includes its causal edge)
+    visible: torch.Tensor | None
     bias: torch.Tensor | None  # [b, mask_heads, sq, sk]
+    kept: torch.Tensor | None = None  # bcsr / bitset: [b, mask_heads, sq / block, sk / block] bool
 
 
 # ---------------------------------------------------------------------------------------------
@@ -106,6 +114,9 @@ def make_inputs(case, dtype, device):
     mask_shape = (case.batch, case.mask_heads, case.seqlen_q, case.seqlen_k)
     bias = torch.randn(mask_shape, dtype=dtype, device=device) if case.bias else None
     visible = make_mask(case, bias, device)
+    kept = None
+    if case.mask is not None and case.mask["kind"] in BLOCK_LIST_KINDS:
+        kept = block_pattern(case, case.mask["block"], case.mask["density"], device)
     q_shape = (case.batch, case.heads, case.seqlen_q, case.head_dim)
     kv_shape = (case.batch, case.kv_heads, case.seqlen_k, case.head_dim)
     set_bytes = dtype.itemsize * (math.prod(q_shape) + 2 * math.prod(kv_shape))
@@ -116,23 +127,73 @@ def make_inputs(case, dtype, device):
         tuple(torch.randn(s, dtype=dtype, device=device) for s in (q_shape, kv_shape, kv_shape, q_shape))
         for _ in range(n_sets)
     ]
-    return Inputs(sets, visible, bias)
+    return Inputs(sets, visible, bias, kept)
+
+
+# Mask kinds (SCHEMA.md): the parametric bands, and block masks given as lists of kept blocks.
+BAND_KINDS = ("window", "compress", "compress_dense")
+BLOCK_LIST_KINDS = ("bcsr", "bitset")
+MASK64 = (1 << 64) - 1
+
+
+def splitmix64(x):
+    x = (x + 0x9E3779B97F4A7C15) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def block_pattern(case, block, density, device):
+    """[b, mask_heads, ceil(sq / block), ceil(sk / block)] bool: the kept blocks of a random
+    block mask, drawn as dmattn-bench draws them (cases.rs's block_pattern): block n is kept iff
+    (splitmix64(seed + n) >> 11) * 2^-53 < density, seed folding batch, mask_heads, seqlen_q,
+    seqlen_k, block and density's bits through splitmix64. So both sides, and every kind of one
+    shape (blocks, bcsr, bitset), hide the same blocks."""
+    nq, nk = -(-case.seqlen_q // block), -(-case.seqlen_k // block)
+    seed = 0
+    bits = struct.unpack("<Q", struct.pack("<d", float(density)))[0]
+    for word in (case.batch, case.mask_heads, case.seqlen_q, case.seqlen_k, block, bits):
+        seed = splitmix64(seed ^ word)
+    unit, count = 2.0**-53, case.batch * case.mask_heads * nq * nk
+    keep = [(splitmix64((seed + n) & MASK64) >> 11) * unit < density for n in range(count)]
+    return torch.tensor(keep, dtype=torch.bool).view(case.batch, case.mask_heads, nq, nk).to(device)
+
+
+def band_visible(case, device):
+    """[1, 1, sq, sk] bool of a band kind (cases.rs's Case::row_keys): the diagonal is
+    i + sk - sq, or i // cf under compression; causal and compression end a row there, a window
+    starts it `left` keys before."""
+    i = torch.arange(case.seqlen_q, device=device)[:, None]
+    j = torch.arange(case.seqlen_k, device=device)[None, :]
+    kind = case.mask["kind"]
+    if kind in ("compress", "compress_dense"):
+        return (j * case.mask["cf"] <= i)[None, None]
+    diagonal = i + (case.seqlen_k - case.seqlen_q)
+    visible = j >= diagonal - case.mask["left"]
+    if case.causal:
+        visible &= j <= diagonal
+    return visible[None, None]
 
 
 def make_mask(case, bias, device):
-    """The case's mask as [b, mask_heads, sq, sk] bool (True = visible), or None."""
+    """The case's mask as [b, mask_heads, sq, sk] bool (True = visible; a window's or a
+    compression's [1, 1, sq, sk], as it is the same for every plane), or None."""
     if case.mask is None:
         return None
     shape = (case.batch, case.mask_heads, case.seqlen_q, case.seqlen_k)
-    if case.mask["kind"] == "blocks":
+    kind = case.mask["kind"]
+    if kind in ("blocks", *BLOCK_LIST_KINDS):
         block = case.mask["block"]
-        tiles = torch.rand(*shape[:2], -(-shape[2] // block), -(-shape[3] // block), device=device)
-        tiles = tiles < case.mask["density"]
+        tiles = block_pattern(case, block, case.mask["density"], device)
         full = tiles.repeat_interleave(block, 2).repeat_interleave(block, 3)
         return full[:, :, : shape[2], : shape[3]].contiguous()
-    if case.mask["kind"] == "topk":
+    if kind == "compress_dense":  # a dense mask like dmattn's, one per (batch, mask head)
+        return band_visible(case, device).expand(shape).contiguous()
+    if kind in BAND_KINDS:
+        return band_visible(case, device)
+    if kind == "topk":
         return topk_mask(shape, case.mask["keep"], bias, device)
-    raise ValueError(f"unknown mask kind {case.mask['kind']!r}")
+    raise ValueError(f"unknown mask kind {kind!r}")
 
 
 def topk_mask(shape, keep, bias, device):
@@ -215,8 +276,22 @@ def sdpa_mask(case, inputs, device):
 class Flex:
     def __init__(self, case, inputs, device):
         self.bias, self.per = inputs.bias, case.heads // case.mask_heads
-        self.block_mask = flex_block_mask(case, inputs.visible, device)
         self.note = ""
+        self.prep = None  # (ms, bytes, note) of the BlockMask build, for the sparse group's masks
+        kind = case.mask["kind"] if case.mask is not None else None
+        if kind in ("window", "compress", *BLOCK_LIST_KINDS):
+
+            def build():
+                if kind in BLOCK_LIST_KINDS:
+                    return block_list_mask(case, inputs.kept, device), "from_kv_blocks, full blocks"
+                return band_block_mask(case, device)
+
+            # The first build warms up (allocator, kernels); the second is timed.
+            first_ms, _ = wall_ms(build, device)
+            ms, (self.block_mask, how) = wall_ms(build, device)
+            self.prep = (ms, block_mask_bytes(self.block_mask), f"{how}; first build {first_ms:.1f} ms")
+        else:
+            self.block_mask = flex_block_mask(case, inputs.visible, device)
 
     def call(self, repeat_kv, bias_grad):  # repeat_kv is always False: flex takes GQA natively
         score_mod, extra = None, []
@@ -245,6 +320,75 @@ def mask_mod_for(visible, per, causal_offset):
         return keep if causal is None else keep & causal
 
     return mask_mod
+
+
+def wall_ms(fn, device):
+    """(ms, fn()) timed on the wall clock, the device synchronized before and after."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    out = fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return (time.perf_counter() - t0) * 1e3, out
+
+
+def block_mask_bytes(block_mask):
+    """Bytes of a BlockMask's index tensors (kv and q, partial and full)."""
+    names = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
+             "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices")  # fmt: skip
+    tensors = [getattr(block_mask, n, None) for n in names]
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+def band_mask_mod(case):
+    """The band kinds' mask_mod, of the indices only (SCHEMA.md; the same rule as
+    band_visible): sliding window q_idx + offset - kv_idx <= left with bottom-right causal
+    kv_idx <= q_idx + offset, or compressed causal kv_idx * cf <= q_idx."""
+    if case.mask["kind"] == "compress":
+        cf = case.mask["cf"]
+
+        def compress(b, h, q_idx, kv_idx):
+            return kv_idx * cf <= q_idx
+
+        return compress
+    left, offset, causal = case.mask["left"], case.seqlen_k - case.seqlen_q, case.causal
+
+    def window(b, h, q_idx, kv_idx):
+        inside = q_idx + offset - kv_idx <= left
+        return inside & (kv_idx <= q_idx + offset) if causal else inside
+
+    return window
+
+
+def band_block_mask(case, device):
+    """(BlockMask, how) of a window or compressed causal, one for every batch and head, as a flex
+    user builds it by default: create_block_mask, eager (it materializes the sq x sk mask for a
+    moment; compiling it instead took minutes per shape on an H100 with torch 2.11)."""
+    mask_mod, sq, sk = band_mask_mod(case), case.seqlen_q, case.seqlen_k
+    return create_block_mask(mask_mod, 1, 1, sq, sk, device=device), "create_block_mask"
+
+
+def block_list_mask(case, kept, device):
+    """The BlockMask of kept blocks [b, mask_heads, nq, nk] (BCSR / bitset: every kept block is
+    entirely visible, so all are full blocks and no mask_mod runs), broadcast over the heads of
+    a mask head. The block size is the case's (flex's BLOCK_SIZE)."""
+    block = case.mask["block"]
+    kept = kept.to(device)
+    if 1 < kept.size(1) < case.heads:  # one mask head per kv head: repeat to the query heads
+        kept = kept.repeat_interleave(case.heads // kept.size(1), dim=1)
+    full_num = kept.sum(-1, dtype=torch.int32)
+    # Kept block indices first, in order (a stable sort of "not kept").
+    full_idx = torch.argsort((~kept).to(torch.int8), dim=-1, stable=True).to(torch.int32).contiguous()
+    no_partial = torch.zeros_like(full_num)
+    return BlockMask.from_kv_blocks(
+        no_partial,
+        torch.zeros_like(full_idx),
+        full_num,
+        full_idx,
+        BLOCK_SIZE=block,
+        seq_lengths=(case.seqlen_q, case.seqlen_k),
+    )
 
 
 def flex_block_mask(case, visible, device):
@@ -467,6 +611,9 @@ def run_impl(impl, case, inputs, timer, report, over_budget, device):
         fwd_tries = [Try(rep, None) for rep in layouts]
         status, ms, note, used = first_supported(fwd_tries, forward)
         report.add(case, impl, "fwd", status, ms, note)
+        if peer.cache_info().currsize and getattr(peer(), "prep", None) is not None:
+            prep_ms, nbytes, prep_note = peer().prep
+            report.add(case, impl, "prep", "ok", prep_ms, prep_note, nbytes)
         if not case.backward:
             return
         if status != "ok":
@@ -513,10 +660,11 @@ class Report:
             "results": [],
         }
 
-    def add(self, case, impl, pass_, status, ms=None, note=""):
-        self.doc["results"].append(
-            {"case": case.id, "impl": impl, "pass": pass_, "status": status, "ms": ms, "note": note}
-        )
+    def add(self, case, impl, pass_, status, ms=None, note="", nbytes=None):
+        record = {"case": case.id, "impl": impl, "pass": pass_, "status": status, "ms": ms, "note": note}
+        if nbytes is not None:
+            record["bytes"] = nbytes
+        self.doc["results"].append(record)
         shown = f"{ms:.4f} ms" if ms is not None else status
         elapsed = time.monotonic() - self.start
         print(

@@ -1,14 +1,62 @@
 //! The benchmark grid: Flash-DMA's README grid and LLM shapes, as `cases.json` describes them.
+use crate::results::Pass;
 use serde::{Deserialize, Serialize};
 
-/// Which scores a case hides (see SCHEMA.md for how each is drawn).
+/// Which scores a case hides (see SCHEMA.md for how each is drawn). `topk`, `blocks` and
+/// `compress_dense` are given to dmattn as dense bool masks; the others are [`dmattn::SparseMask`]
+/// forms, prepared once per case outside the timed region.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq)]
-#[serde(tag = "kind", rename_all = "lowercase")]
+#[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Mask {
     /// Each query row keeps the `keep` keys of largest bias (Flash-DMA's dynamic top-k mask).
     Topk { keep: usize },
-    /// Independent random `block`×`block` tiles, each visible with probability `density`.
+    /// Independent random `block`×`block` tiles, each visible with probability `density`
+    /// ([`block_pattern`]), as a dense bool mask.
     Blocks { block: usize, density: f64 },
+    /// A left window: key `j` is visible to query `i` iff `j >= i + sk - sq - left` (with the
+    /// case's causal, `SparseMask::causal_window(left)`; without, `window(Some(left), None)`).
+    Window { left: usize },
+    /// Compressed causal, `SparseMask::compress_causal(cf)`: key `j` visible to query `i` iff
+    /// `j * cf <= i` (no `sk - sq` offset). The case's `causal` is false (the rule replaces it)
+    /// and `seqlen_k = seqlen_q / cf`.
+    Compress { cf: usize },
+    /// The `compress` pattern as a dense bool mask `[batch, mask_heads, sq, sk]`, given to dmattn
+    /// as `SparseMask::dense` (prepared once, as the other sparse forms): the baseline the
+    /// parametric form is compared with.
+    CompressDense { cf: usize },
+    /// The `blocks` pattern (the same draw) as BCSR, `SparseMask::bcsr` (I32 row pointers and
+    /// block indices).
+    Bcsr { block: usize, density: f64 },
+    /// The `blocks` pattern (the same draw) as a block bitset, `SparseMask::block_bitset`.
+    Bitset { block: usize, density: f64 },
+}
+
+impl Mask {
+    /// Whether dmattn gets this mask as a prepared `SparseMask` (the rest go in as `.mask(..)`).
+    pub fn is_sparse(&self) -> bool {
+        !matches!(self, Mask::Topk { .. } | Mask::Blocks { .. })
+    }
+}
+
+/// splitmix64: the mixing step of [`block_pattern`], the same in `peers.py`.
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The kept blocks of a random block mask, `[batch, mask_heads, ceil(sq / block),
+/// ceil(sk / block)]` row-major: block `n` is kept iff `(splitmix64(seed + n) >> 11) * 2^-53 <
+/// density`, where `seed` folds batch, mask_heads, seqlen_q, seqlen_k, block and the bits of
+/// `density` through splitmix64. `peers.py` draws the same blocks, and every kind of the same
+/// shape (`blocks`, `bcsr`, `bitset`) the same pattern.
+pub fn block_pattern(c: &Case, block: usize, density: f64) -> Vec<bool> {
+    let (nq, nk) = (c.seqlen_q.div_ceil(block), c.seqlen_k.div_ceil(block));
+    let words = [c.batch as u64, c.mask_heads as u64, c.seqlen_q as u64, c.seqlen_k as u64, block as u64, density.to_bits()];
+    let seed = words.iter().fold(0u64, |s, &w| splitmix64(s ^ w));
+    let unit = 1.0 / (1u64 << 53) as f64;
+    (0..(c.batch * c.mask_heads * nq * nk) as u64).map(|n| ((splitmix64(seed.wrapping_add(n)) >> 11) as f64 * unit) < density).collect()
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -39,35 +87,114 @@ pub struct CaseSet {
 }
 
 impl Case {
-    /// Query-key pairs left by causal masking alone (bottom-right aligned).
-    fn causal_pairs(&self) -> f64 {
+    /// Row `i`'s keys under the case's causal flag and band (`window`, `compress`,
+    /// `compress_dense`), `lo..hi`: the diagonal is `i + sk - sq` (bottom-right), or `i / cf`
+    /// under compression; causal (and compression) end the row there, a window starts it
+    /// `left` keys before.
+    pub fn row_keys(&self, i: usize) -> std::ops::Range<usize> {
         let (sq, sk) = (self.seqlen_q as i64, self.seqlen_k as i64);
-        if !self.causal {
-            return (sq * sk) as f64;
+        let (diagonal, ends) = match self.mask {
+            Some(Mask::Compress { cf } | Mask::CompressDense { cf }) => ((i / cf.max(1)) as i64, true),
+            _ => (i as i64 + sk - sq, self.causal),
+        };
+        let hi = if ends { (diagonal + 1).clamp(0, sk) } else { sk };
+        let lo = match self.mask {
+            Some(Mask::Window { left }) => (diagonal - left as i64).clamp(0, sk),
+            _ => 0,
+        };
+        lo as usize..(hi.max(lo)) as usize
+    }
+
+    /// The kept blocks of a `bcsr` or `bitset` case ([`block_pattern`]) with their block size.
+    pub fn kept_blocks(&self) -> Option<(usize, Vec<bool>)> {
+        match self.mask {
+            Some(Mask::Bcsr { block, density } | Mask::Bitset { block, density }) => Some((block, block_pattern(self, block, density))),
+            _ => None,
         }
-        // Row i sees keys 0..=i + sk - sq, clipped to [0, sk].
-        (0..sq).map(|i| (i + sk - sq + 1).clamp(0, sk)).sum::<i64>() as f64
     }
 
-    /// Dense-equivalent forward FLOPs: the two matmuls over every pair causal masking leaves
-    /// (FlashAttention's count; the mask is not subtracted).
+    /// Query-key pairs of one (batch, head) the FLOP count covers: those causal masking and the
+    /// band leave ([`Case::row_keys`]) and, for `bcsr` and `bitset`, inside the kept blocks
+    /// (averaged over the mask's planes). The data masks given densely (`topk`, `blocks`) are
+    /// not subtracted (the convention of the earlier results); `compress_dense` counts as
+    /// `compress`.
+    pub fn pairs(&self) -> f64 {
+        let rows = |plane: Option<(&[bool], usize)>| -> f64 {
+            (0..self.seqlen_q)
+                .map(|i| {
+                    let keys = self.row_keys(i);
+                    match plane {
+                        None => keys.len(),
+                        Some((kept, block)) => {
+                            let nk = self.seqlen_k.div_ceil(block);
+                            let row = &kept[(i / block) * nk..][..nk];
+                            row.iter()
+                                .enumerate()
+                                .filter(|(_, k)| **k)
+                                .map(|(j, _)| (j * block).max(keys.start)..((j + 1) * block).min(keys.end))
+                                .map(|r| r.len())
+                                .sum()
+                        }
+                    }
+                })
+                .sum::<usize>() as f64
+        };
+        match self.kept_blocks() {
+            None => rows(None),
+            Some((block, kept)) => {
+                let planes = self.batch * self.mask_heads;
+                let per_plane = kept.len() / planes;
+                kept.chunks(per_plane).map(|p| rows(Some((p, block)))).sum::<f64>() / planes as f64
+            }
+        }
+    }
+
+    /// Forward FLOPs: the two matmuls over [`Case::pairs`] (FlashAttention's count, which for
+    /// causal and windows counts the visible pairs).
     pub fn fwd_flops(&self) -> f64 {
-        4.0 * (self.batch * self.heads * self.head_dim) as f64 * self.causal_pairs()
+        4.0 * (self.batch * self.heads * self.head_dim) as f64 * self.pairs()
     }
 
-    /// Dense-equivalent backward FLOPs: five matmuls to the forward's two.
+    /// Backward FLOPs: five matmuls to the forward's two.
     pub fn bwd_flops(&self) -> f64 {
         2.5 * self.fwd_flops()
     }
 
+    /// FLOPs of `pass` ([`Pass::Prep`] has none).
+    pub fn flops(&self, pass: Pass) -> f64 {
+        match pass {
+            Pass::Fwd => self.fwd_flops(),
+            Pass::Bwd => self.bwd_flops(),
+            Pass::Prep => 0.0,
+        }
+    }
+
+    /// FLOPs of `pass` over the score tiles a block-sparse kernel computes: every pair of the
+    /// `computed_fraction` of the `seqlen_q × seqlen_k` tiles that hold a visible score.
+    pub fn computed_flops(&self, pass: Pass, computed_fraction: f64) -> f64 {
+        let rect = 4.0 * (self.batch * self.heads * self.head_dim) as f64 * (self.seqlen_q * self.seqlen_k) as f64;
+        let per_pass = match pass {
+            Pass::Fwd => 1.0,
+            Pass::Bwd => 2.5,
+            Pass::Prep => 0.0,
+        };
+        per_pass * rect * computed_fraction
+    }
+
     /// Bytes a forward must read at least (q, k, v, and the mask and bias) and write (out):
-    /// the memory traffic that bounds decoding. Elements are 2 bytes, mask entries 1.
+    /// the memory traffic that bounds decoding. Elements are 2 bytes, dense mask entries 1,
+    /// parametric masks none.
     pub fn fwd_bytes(&self) -> f64 {
         let qo = 2 * self.batch * self.seqlen_q * self.heads * self.head_dim;
         let kv = 2 * self.batch * self.seqlen_k * self.kv_heads * self.head_dim;
         let scores = self.batch * self.mask_heads * self.seqlen_q * self.seqlen_k;
-        let extra = scores * (self.mask.is_some() as usize + 2 * self.bias as usize);
-        (2 * qo + 2 * kv + extra) as f64
+        let mask = match self.mask {
+            None | Some(Mask::Window { .. } | Mask::Compress { .. }) => 0,
+            Some(Mask::Topk { .. } | Mask::Blocks { .. } | Mask::CompressDense { .. }) => scores,
+            // The kept flags (BCSR's indices are as many words, near enough).
+            Some(Mask::Bitset { block, .. } | Mask::Bcsr { block, .. }) => scores / (block * block),
+        };
+        (2 * qo + 2 * kv + mask + 2 * scores * self.bias as usize) as f64
     }
 
     /// Whether this is a decoding case (one query row), reported in GB/s.
@@ -84,6 +211,11 @@ impl Case {
         match self.mask {
             Some(Mask::Topk { keep }) => parts.push(format!("topk{keep}")),
             Some(Mask::Blocks { block, density }) => parts.push(format!("blocks{block}x{:.0}%", density * 100.0)),
+            Some(Mask::Window { left }) => parts.push(format!("window{left}")),
+            Some(Mask::Compress { cf }) => parts.push(format!("compress{cf}")),
+            Some(Mask::CompressDense { cf }) => parts.push(format!("compress{cf}-dense")),
+            Some(Mask::Bcsr { block, density }) => parts.push(format!("bcsr{block}x{:.0}%", density * 100.0)),
+            Some(Mask::Bitset { block, density }) => parts.push(format!("bitset{block}x{:.0}%", density * 100.0)),
             None => {}
         }
         if self.bias {
@@ -143,8 +275,60 @@ fn llm(group: &str, head_dim: usize, seqlen: usize) -> Vec<Case> {
         .collect()
 }
 
+/// The `sparse` group: the sparse-mask API's targets, on LLM shapes (batch 2, 32 heads, 8 kv
+/// heads), forward and backward. `(head_dim, seqlen_q, mask, causal)` per case: causal with a
+/// left window of 1024 (against FlexAttention's sliding-window BlockMask); compressed causal,
+/// cf 4 and 64, parametric and as a dense bool mask (the same pattern); 50 % random 128-blocks as
+/// BCSR and as a bitset.
+fn sparse(quick: bool) -> Vec<Case> {
+    let mut shapes: Vec<(usize, usize, Mask, bool)> = Vec::new();
+    let window = Mask::Window { left: 1024 };
+    let (dims, seqlens, factors): (&[usize], &[usize], &[usize]) = if quick { (&[128], &[16384], &[4]) } else { (&[128, 64], &[16384, 32768], &[4, 64]) };
+    for &d in dims {
+        shapes.extend(seqlens.iter().map(|&s| (d, s, window, true)));
+    }
+    for &d in dims {
+        for &cf in factors {
+            shapes.push((d, 16384, Mask::Compress { cf }, false));
+            shapes.push((d, 16384, Mask::CompressDense { cf }, false));
+        }
+    }
+    let blocks: &[Mask] = if quick {
+        &[Mask::Bcsr { block: 128, density: 0.5 }]
+    } else {
+        &[Mask::Bcsr { block: 128, density: 0.5 }, Mask::Bitset { block: 128, density: 0.5 }]
+    };
+    shapes.extend(blocks.iter().map(|&m| (128, 8192, m, false)));
+    shapes
+        .into_iter()
+        .map(|(head_dim, seqlen_q, mask, causal)| {
+            let seqlen_k = match mask {
+                Mask::Compress { cf } | Mask::CompressDense { cf } => seqlen_q / cf,
+                _ => seqlen_q,
+            };
+            let mut c = Case {
+                id: String::new(),
+                group: "sparse".into(),
+                batch: 2,
+                heads: 32,
+                kv_heads: 8,
+                seqlen_q,
+                seqlen_k,
+                head_dim,
+                causal,
+                mask: Some(mask),
+                bias: false,
+                mask_heads: 1,
+                backward: true,
+            };
+            c.id = format!("sparse/d{head_dim}/q{seqlen_q}/k{seqlen_k}/{}", c.variant());
+            c
+        })
+        .collect()
+}
+
 /// The groups of the grid, in run order.
-pub const GROUPS: [&str; 6] = ["llm", "llm-d64", "dma-train", "dma-window", "dma-infer", "dma-infer-window"];
+pub const GROUPS: [&str; 7] = ["llm", "llm-d64", "dma-train", "dma-window", "dma-infer", "dma-infer-window", "sparse"];
 
 /// The grid for `groups` (all when empty); `quick` keeps a few sizes of each for a run of about
 /// two minutes.
@@ -172,6 +356,7 @@ pub fn grid(quick: bool, groups: &[String]) -> Vec<Case> {
             "dma-infer-window" => cases.extend(
                 pick(&[32, 128, 512, 2048, 8192], &[64]).into_iter().map(|w| flash_dma(group, 1, 524288, w)),
             ),
+            "sparse" => cases.extend(sparse(quick)),
             _ => unreachable!(),
         }
     }
@@ -204,6 +389,86 @@ mod tests {
         let sq_gt_sk = Case { seqlen_q: 6, seqlen_k: 4, causal: true, ..c };
         // Rows 0 and 1 see nothing; then 1, 2, 3, 4.
         assert_eq!(sq_gt_sk.fwd_flops(), 4.0 * 2.0 * 64.0 * 10.0);
+    }
+
+    fn sparse_case(mask: Mask, causal: bool, seqlen_q: usize, seqlen_k: usize) -> Case {
+        let mut c = flash_dma("t", seqlen_q, seqlen_k, 1);
+        (c.mask, c.causal, c.bias) = (Some(mask), causal, false);
+        c
+    }
+
+    /// Visible pairs of one plane by brute force over every score.
+    fn brute_pairs(c: &Case, visible: impl Fn(usize, usize) -> bool) -> f64 {
+        (0..c.seqlen_q).map(|i| (0..c.seqlen_k).filter(|&j| visible(i, j)).count()).sum::<usize>() as f64
+    }
+
+    #[test]
+    fn band_pairs_follow_the_sparse_mask_rules() {
+        // Causal with a left window of 7, bottom-right: D(i) = i + sk - sq.
+        let c = sparse_case(Mask::Window { left: 7 }, true, 40, 50);
+        assert_eq!(c.pairs(), brute_pairs(&c, |i, j| j <= i + 10 && j + 7 >= i + 10));
+        let c = sparse_case(Mask::Window { left: 7 }, true, 50, 40);
+        assert_eq!(c.pairs(), brute_pairs(&c, |i, j| j + 10 <= i && j + 17 >= i));
+        let c = sparse_case(Mask::Window { left: 7 }, false, 40, 50);
+        assert_eq!(c.pairs(), brute_pairs(&c, |i, j| j + 7 >= i + 10));
+        // Compressed causal: j * cf <= i, no offset; its dense form counts the same.
+        for mask in [Mask::Compress { cf: 4 }, Mask::CompressDense { cf: 4 }] {
+            let c = sparse_case(mask, false, 64, 16);
+            assert_eq!(c.pairs(), brute_pairs(&c, |i, j| j * 4 <= i));
+            assert_eq!(c.pairs(), 4.0 * (16.0 * 17.0 / 2.0));
+        }
+        assert_eq!(sparse_case(Mask::Compress { cf: 4 }, false, 64, 16).fwd_flops(), 4.0 * 2.0 * 64.0 * 544.0);
+    }
+
+    #[test]
+    fn block_pairs_count_the_kept_blocks() {
+        let c = sparse_case(Mask::Bitset { block: 128, density: 0.5 }, false, 1000, 700);
+        let (block, kept) = c.kept_blocks().unwrap();
+        let nk = 700usize.div_ceil(block);
+        let pairs = brute_pairs(&c, |i, j| kept[(i / block) * nk + j / block]);
+        assert_eq!(c.pairs(), pairs);
+        // With causal, only the kept blocks' visible triangle counts.
+        let causal = Case { causal: true, ..c.clone() };
+        assert_eq!(causal.pairs(), brute_pairs(&c, |i, j| kept[(i / block) * nk + j / block] && j + 300 <= i));
+        // The same draw for every kind of one shape.
+        assert_eq!(Case { mask: Some(Mask::Bcsr { block: 128, density: 0.5 }), ..c.clone() }.kept_blocks().unwrap().1, kept);
+    }
+
+    #[test]
+    fn block_pattern_is_the_one_peers_py_draws() {
+        // peers.py's block_pattern on batch 2, 1 mask head, 1000 x 700, 128-blocks, density 0.5.
+        let golden = "101000010101001010100011101010110101000011110010000010111000000011000111101001011101111010100011";
+        let mut c = sparse_case(Mask::Blocks { block: 128, density: 0.5 }, false, 1000, 700);
+        (c.batch, c.mask_heads) = (2, 1);
+        let drawn: String = block_pattern(&c, 128, 0.5).iter().map(|&k| if k { '1' } else { '0' }).collect();
+        assert_eq!(drawn, golden);
+    }
+
+    #[test]
+    fn sparse_group_has_the_issue_shapes() {
+        let all = grid(false, &["sparse".into()]);
+        assert!(all.iter().all(|c| (c.batch, c.heads, c.kv_heads, c.backward, c.bias) == (2, 32, 8, true, false)));
+        let ids: Vec<&str> = all.iter().map(|c| c.id.as_str()).collect();
+        for id in [
+            "sparse/d128/q16384/k16384/causal+window1024",
+            "sparse/d128/q32768/k32768/causal+window1024",
+            "sparse/d64/q16384/k16384/causal+window1024",
+            "sparse/d64/q32768/k32768/causal+window1024",
+            "sparse/d128/q16384/k4096/compress4",
+            "sparse/d128/q16384/k4096/compress4-dense",
+            "sparse/d128/q16384/k256/compress64",
+            "sparse/d128/q16384/k256/compress64-dense",
+            "sparse/d128/q8192/k8192/bcsr128x50%",
+            "sparse/d128/q8192/k8192/bitset128x50%",
+        ] {
+            assert!(ids.contains(&id), "{id} missing from {ids:?}");
+        }
+        assert!(all.iter().filter(|c| matches!(c.mask, Some(Mask::Compress { .. }))).all(|c| !c.causal));
+        assert!(grid(true, &["sparse".into()]).len() < all.len());
+        let text = serde_json::to_string(&all).unwrap();
+        for kind in [r#"{"kind":"window","left":1024}"#, r#"{"kind":"compress","cf":4}"#, r#"{"kind":"compress_dense","cf":64}"#, r#"{"kind":"bcsr","block":128,"density":0.5}"#] {
+            assert!(text.contains(kind), "{kind} not in {text}");
+        }
     }
 
     #[test]

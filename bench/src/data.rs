@@ -1,7 +1,8 @@
-//! Operands of a case, drawn as SCHEMA.md says: N(0, 1) data, Flash-DMA's top-k mask or random
-//! blocks, generated in parallel on the host and copied to the GPU once.
-use dmattn::{Device, Tensor};
-use dmattn_bench::cases::{Case, Mask};
+//! Operands of a case, drawn as SCHEMA.md says: N(0, 1) data, Flash-DMA's top-k mask, random
+//! blocks or the sparse group's masks (a `SparseMask`, prepared once), generated in parallel on
+//! the host and copied to the GPU once.
+use dmattn::{Device, PreparedMask, SparseMask, Tensor};
+use dmattn_bench::cases::{Case, Mask, block_pattern};
 use half::bf16;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use rand_distr::StandardNormal;
@@ -26,9 +27,10 @@ fn bf16_tensor(values: &[f32], shape: &[usize], dev: &Device) -> dmattn::Result<
     Tensor::from_vec(data, shape, dev)
 }
 
-/// Visibility `[batch, mask_heads, sq, sk]` of `mask`, given the bias (or another N(0,1)
-/// score) it ranks for top-k.
-fn visibility(c: &Case, mask: Mask, scores: &[f32], rng: &mut StdRng) -> Vec<bool> {
+/// Visibility `[batch, mask_heads, sq, sk]` of a mask given densely (`topk`, `blocks`,
+/// `compress_dense`), given the bias (or another N(0,1) score) it ranks for top-k; `None` for the
+/// sparse forms, which have no dense tensor.
+fn visibility(c: &Case, mask: Mask, scores: &[f32]) -> Option<Vec<bool>> {
     let (sq, sk) = (c.seqlen_q, c.seqlen_k);
     let mut vis = vec![false; c.batch * c.mask_heads * sq * sk];
     match mask {
@@ -44,43 +46,110 @@ fn visibility(c: &Case, mask: Mask, scores: &[f32], rng: &mut StdRng) -> Vec<boo
         }),
         Mask::Blocks { block, density } => {
             let (nq, nk) = (sq.div_ceil(block), sk.div_ceil(block));
-            let keep: Vec<bool> = (0..c.batch * c.mask_heads * nq * nk).map(|_| rng.random_bool(density)).collect();
+            let keep = block_pattern(c, block, density);
             vis.par_chunks_mut(sk).enumerate().for_each(|(r, row)| {
                 let (bh, i) = (r / sq, r % sq);
                 let blocks = &keep[(bh * nq + i / block) * nk..][..nk];
                 row.iter_mut().enumerate().for_each(|(j, v)| *v = blocks[j / block]);
             });
         }
+        // The band of every row (`Case::row_keys` reads the compression factor).
+        Mask::CompressDense { .. } => vis.par_chunks_mut(sk).enumerate().for_each(|(r, row)| row[c.row_keys(r % sq)].fill(true)),
+        Mask::Window { .. } | Mask::Compress { .. } | Mask::Bcsr { .. } | Mask::Bitset { .. } => return None,
     }
-    vis
+    Some(vis)
 }
 
-/// The share of `TILE`×`TILE` score tiles holding at least one score visible under the mask
-/// and causal masking: what a block-sparse kernel must compute.
+/// The share of `TILE`×`TILE` score tiles holding at least one visible score under the case's
+/// causal flag, band and mask (`vis` for a dense one, else the kept blocks of `bcsr` and
+/// `bitset`): what a block-sparse kernel must compute.
 fn computed_fraction(c: &Case, vis: Option<&[bool]>) -> f64 {
     let (sq, sk) = (c.seqlen_q, c.seqlen_k);
-    if vis.is_none() && !c.causal {
-        return 1.0;
-    }
+    let kept = c.kept_blocks();
     let (nq, nk) = (sq.div_ceil(TILE), sk.div_ceil(TILE));
-    let planes = if vis.is_some() { c.batch * c.mask_heads } else { 1 };
+    let planes = if vis.is_some() || kept.is_some() { c.batch * c.mask_heads } else { 1 };
     let live: usize = (0..planes * nq)
         .into_par_iter()
         .map(|t| {
             let (plane, ti) = (t / nq, t % nq);
             let mut any = vec![false; nk];
             for i in ti * TILE..((ti + 1) * TILE).min(sq) {
-                // Causal: keys past i + sk - sq are hidden.
-                let end = if c.causal { (i + sk).saturating_sub(sq - 1).min(sk) } else { sk };
-                match vis {
-                    Some(v) => v[(plane * sq + i) * sk..][..end].iter().enumerate().for_each(|(j, &x)| any[j / TILE] |= x),
-                    None => any[..end.div_ceil(TILE)].fill(true),
+                let keys = c.row_keys(i);
+                match (vis, &kept) {
+                    (Some(v), _) => v[(plane * sq + i) * sk..][keys.clone()].iter().enumerate().for_each(|(j, &x)| any[(keys.start + j) / TILE] |= x),
+                    (None, Some((block, kept))) => {
+                        let bk = sk.div_ceil(*block);
+                        let row = &kept[(plane * sq.div_ceil(*block) + i / block) * bk..][..bk];
+                        for (jb, _) in row.iter().enumerate().filter(|(_, k)| **k) {
+                            let cols = (jb * block).max(keys.start)..((jb + 1) * block).min(keys.end);
+                            if !cols.is_empty() {
+                                any[cols.start / TILE..cols.end.div_ceil(TILE)].fill(true);
+                            }
+                        }
+                    }
+                    (None, None) if !keys.is_empty() => any[keys.start / TILE..keys.end.div_ceil(TILE)].fill(true),
+                    (None, None) => {}
                 }
             }
             any.iter().filter(|&&x| x).count()
         })
         .sum();
     live as f64 / (planes * nq * nk) as f64
+}
+
+/// A case's [`SparseMask`] (for the sparse mask kinds): its tensors made on `dev` from the same
+/// draw as the dense forms; `vis` is the dense mask of `compress_dense`.
+fn sparse_mask(c: &Case, mask: Mask, vis: Option<Vec<bool>>, dev: &Device) -> dmattn::Result<SparseMask> {
+    let (b, h) = (c.batch, c.mask_heads);
+    let structural = match mask {
+        Mask::Window { left } if c.causal => return Ok(SparseMask::causal_window(left)),
+        Mask::Window { left } => SparseMask::window(Some(left), None),
+        Mask::Compress { cf } => return Ok(SparseMask::compress_causal(cf)),
+        Mask::CompressDense { .. } => {
+            let vis = vis.expect("compress_dense has a dense mask");
+            return Ok(SparseMask::dense(&Tensor::from_vec(vis, &[b, h, c.seqlen_q, c.seqlen_k], dev)?));
+        }
+        Mask::Bitset { block, .. } => {
+            let (_, kept) = c.kept_blocks().expect("bitset has kept blocks");
+            SparseMask::block_bitset(&Tensor::from_vec(kept, &[b, h, c.seqlen_q.div_ceil(block), c.seqlen_k.div_ceil(block)], dev)?, block)
+        }
+        Mask::Bcsr { block, .. } => {
+            let (_, kept) = c.kept_blocks().expect("bcsr has kept blocks");
+            let (row_ptr, col_idx, nnz) = bcsr(&kept, b * h, c.seqlen_q.div_ceil(block), c.seqlen_k.div_ceil(block));
+            let rows = c.seqlen_q.div_ceil(block);
+            SparseMask::bcsr(&Tensor::from_vec(row_ptr, &[b, h, rows + 1], dev)?, &Tensor::from_vec(col_idx, &[b, h, nnz], dev)?, block)
+        }
+        Mask::Topk { .. } | Mask::Blocks { .. } => unreachable!("dense masks are not sparse"),
+    };
+    Ok(if c.causal { structural.and(SparseMask::causal()) } else { structural })
+}
+
+/// Kept flags `[planes, rows, cols]` as BCSR: row pointers `[planes, rows + 1]` and block indices
+/// `[planes, nnz]` (`nnz` the largest plane's count; shorter planes are padded with 0, past their
+/// last row pointer).
+pub(crate) fn bcsr(kept: &[bool], planes: usize, rows: usize, cols: usize) -> (Vec<i32>, Vec<i32>, usize) {
+    let per_plane: Vec<&[bool]> = kept.chunks(rows * cols).collect();
+    let nnz = per_plane.iter().map(|p| p.iter().filter(|&&k| k).count()).max().unwrap_or(0).max(1);
+    let (mut row_ptr, mut col_idx) = (Vec::with_capacity(planes * (rows + 1)), vec![0i32; planes * nnz]);
+    for (p, plane) in per_plane.iter().enumerate() {
+        let mut n = 0;
+        row_ptr.push(0);
+        for r in 0..rows {
+            for (j, _) in plane[r * cols..][..cols].iter().enumerate().filter(|(_, k)| **k) {
+                col_idx[p * nnz + n] = j as i32;
+                n += 1;
+            }
+            row_ptr.push(n as i32);
+        }
+    }
+    (row_ptr, col_idx, nnz)
+}
+
+/// A sparse case's mask: as given (its tensors on the GPU) and prepared once, the prepared form
+/// reused by every timed call.
+pub struct Sparse {
+    pub mask: SparseMask,
+    pub prepared: PreparedMask,
 }
 
 /// Everything one case runs on: `sets` rotated copies of q, k, v (and dout), one mask and bias
@@ -92,6 +161,8 @@ pub struct Operands {
     pub dout: Vec<Tensor>,
     pub mask: Option<Tensor>,
     pub bias: Option<Tensor>,
+    /// The sparse mask kinds' mask, instead of `mask`.
+    pub sparse: Option<Sparse>,
     pub computed_fraction: f64,
 }
 
@@ -107,7 +178,7 @@ impl Operands {
         let mut draw = |shape: &[usize]| bf16_tensor(&normals(shape.iter().product(), rng.random()), shape, dev);
         let (q_shape, kv_shape) = ([b, sq, c.heads, d], [b, sk, c.kv_heads, d]);
         let sets = set_count(c);
-        let mut o = Operands { q: vec![], k: vec![], v: vec![], dout: vec![], mask: None, bias: None, computed_fraction: 1.0 };
+        let mut o = Operands { q: vec![], k: vec![], v: vec![], dout: vec![], mask: None, bias: None, sparse: None, computed_fraction: 1.0 };
         for _ in 0..sets {
             o.q.push(draw(&q_shape)?);
             o.k.push(draw(&kv_shape)?);
@@ -118,10 +189,20 @@ impl Operands {
         }
         let score_shape = [b, c.mask_heads, sq, sk];
         let scores = (c.bias || matches!(c.mask, Some(Mask::Topk { .. }))).then(|| normals(score_shape.iter().product(), rng.random()));
-        let vis = c.mask.map(|m| visibility(c, m, scores.as_deref().unwrap_or(&[]), rng));
+        let vis = c.mask.and_then(|m| visibility(c, m, scores.as_deref().unwrap_or(&[])));
         o.computed_fraction = computed_fraction(c, vis.as_deref());
-        if let Some(vis) = vis {
-            o.mask = Some(Tensor::from_vec(vis, &score_shape, dev)?);
+        match c.mask {
+            Some(m) if m.is_sparse() => {
+                // Prepared once here, outside the timed calls (main.rs times `prepare` apart).
+                let mask = sparse_mask(c, m, vis, dev)?;
+                let prepared = mask.prepare(sq, sk)?;
+                o.sparse = Some(Sparse { mask, prepared });
+            }
+            _ => {
+                if let Some(vis) = vis {
+                    o.mask = Some(Tensor::from_vec(vis, &score_shape, dev)?);
+                }
+            }
         }
         if c.bias {
             // The top-k mask ranks the bias itself, as Flash-DMA's dynamic mask does.
@@ -150,7 +231,7 @@ mod tests {
     fn topk_keeps_exactly_keep_keys_of_largest_score() {
         let c = small(Some(Mask::Topk { keep: 7 }), false);
         let s = normals(c.seqlen_q * c.seqlen_k, 1);
-        let vis = visibility(&c, c.mask.unwrap(), &s, &mut StdRng::seed_from_u64(0));
+        let vis = visibility(&c, c.mask.unwrap(), &s).unwrap();
         for (row, sr) in vis.chunks(c.seqlen_k).zip(s.chunks(c.seqlen_k)) {
             assert_eq!(row.iter().filter(|&&x| x).count(), 7);
             let min_kept = sr.iter().zip(row).filter(|(_, v)| **v).map(|(x, _)| *x).fold(f32::INFINITY, f32::min);
@@ -168,9 +249,99 @@ mod tests {
         // 128-blocks over 1024 x 1024: each block is four whole tiles.
         let mut c = small(Some(Mask::Blocks { block: 128, density: 0.5 }), false);
         (c.seqlen_q, c.seqlen_k) = (1024, 1024);
-        let vis = visibility(&c, c.mask.unwrap(), &[], &mut StdRng::seed_from_u64(3));
+        let vis = visibility(&c, c.mask.unwrap(), &[]).unwrap();
         let visible_blocks = (0..64).filter(|b| vis[(b / 8) * 128 * 1024 + (b % 8) * 128]).count();
         assert!(visible_blocks > 0 && visible_blocks < 64);
         assert_eq!(computed_fraction(&c, Some(&vis)), visible_blocks as f64 / 64.0);
+        // The same draw as a bitset or BCSR: the same tiles, without a dense mask.
+        for mask in [Mask::Bitset { block: 128, density: 0.5 }, Mask::Bcsr { block: 128, density: 0.5 }] {
+            assert_eq!(computed_fraction(&Case { mask: Some(mask), ..c.clone() }, None), visible_blocks as f64 / 64.0);
+        }
+    }
+
+    /// Tiles with a visible score, by brute force over every score of `c`'s band.
+    fn brute_fraction(c: &Case, visible: impl Fn(usize, usize) -> bool) -> f64 {
+        let (nq, nk) = (c.seqlen_q.div_ceil(TILE), c.seqlen_k.div_ceil(TILE));
+        let live = (0..nq * nk)
+            .filter(|t| {
+                let (ti, tj) = (t / nk, t % nk);
+                (ti * TILE..((ti + 1) * TILE).min(c.seqlen_q)).any(|i| (tj * TILE..((tj + 1) * TILE).min(c.seqlen_k)).any(|j| visible(i, j)))
+            })
+            .count();
+        live as f64 / (nq * nk) as f64
+    }
+
+    #[test]
+    fn computed_fraction_of_bands() {
+        // Causal with a left window of 100, bottom-right (sk - sq = 100).
+        let c = small(Some(Mask::Window { left: 100 }), true);
+        let f = brute_fraction(&c, |i, j| j <= i + 100 && j + 100 >= i + 100);
+        assert_eq!(computed_fraction(&c, None), f);
+        assert!(f < 17.0 / 20.0);
+        // Compressed causal, cf 4: key j visible to query i iff 4 j <= i (no offset).
+        let mut c = small(Some(Mask::Compress { cf: 4 }), false);
+        c.seqlen_k = 50;
+        let f = brute_fraction(&c, |i, j| 4 * j <= i);
+        assert_eq!(computed_fraction(&c, None), f);
+        // The same pattern as a dense mask: the same tiles.
+        let dense = Case { mask: Some(Mask::CompressDense { cf: 4 }), ..c.clone() };
+        let vis = visibility(&dense, dense.mask.unwrap(), &[]).unwrap();
+        assert!(vis.chunks(50).enumerate().all(|(i, row)| row.iter().enumerate().all(|(j, &v)| v == (4 * j <= i % 200))));
+        assert_eq!(computed_fraction(&dense, Some(&vis)), f);
+    }
+
+    /// Each sparse kind's `SparseMask`, prepared on the CPU, gives the attention of the dense
+    /// mask written from the rule (SCHEMA.md; what peers.py builds).
+    #[test]
+    fn sparse_masks_are_their_dense_patterns() {
+        let dev = Device::Cpu;
+        let mut c = small(None, false);
+        (c.batch, c.heads, c.kv_heads, c.head_dim) = (2, 2, 1, 16);
+        type Rule = Box<dyn Fn(usize, usize, usize) -> bool>;
+        let blocks = |c: &Case| {
+            let (block, kept) = c.kept_blocks().unwrap();
+            let (nq, nk) = (c.seqlen_q.div_ceil(block), c.seqlen_k.div_ceil(block));
+            Box::new(move |b: usize, i: usize, j: usize| kept[(b * nq + i / block) * nk + j / block]) as Rule
+        };
+        let mut cases: Vec<(Case, Rule)> = vec![
+            // 200 queries, 300 keys: D(i) = i + 100.
+            (Case { mask: Some(Mask::Window { left: 30 }), causal: true, ..c.clone() }, Box::new(|_, i, j| j <= i + 100 && j + 30 >= i + 100)),
+            (Case { mask: Some(Mask::Window { left: 30 }), causal: false, ..c.clone() }, Box::new(|_, i, j| j + 30 >= i + 100)),
+            (Case { mask: Some(Mask::Compress { cf: 4 }), seqlen_k: 50, ..c.clone() }, Box::new(|_, i, j| j * 4 <= i)),
+            (Case { mask: Some(Mask::CompressDense { cf: 4 }), seqlen_k: 50, ..c.clone() }, Box::new(|_, i, j| j * 4 <= i)),
+        ];
+        for mask in [Mask::Bitset { block: 64, density: 0.5 }, Mask::Bcsr { block: 64, density: 0.5 }] {
+            let case = Case { mask: Some(mask), ..c.clone() };
+            cases.push((case.clone(), blocks(&case)));
+            let causal = Case { causal: true, ..case };
+            let kept = blocks(&causal);
+            cases.push((causal, Box::new(move |b, i, j| kept(b, i, j) && j <= i + 100)));
+        }
+        for (c, rule) in cases {
+            let (sq, sk) = (c.seqlen_q, c.seqlen_k);
+            let vis = visibility(&c, c.mask.unwrap(), &[]);
+            let sparse = sparse_mask(&c, c.mask.unwrap(), vis, &dev).unwrap().prepare(sq, sk).unwrap();
+            let dense: Vec<bool> = (0..c.batch * sq * sk).map(|n| rule(n / (sq * sk), n / sk % sq, n % sk)).collect();
+            let dense = Tensor::from_vec(dense, &[c.batch, 1, sq, sk], &dev).unwrap();
+            let input = |rows: usize, heads: usize, seed: f64| {
+                Tensor::from_fn(&[c.batch, rows, heads, c.head_dim], dmattn::DType::F32, &dev, move |i| (i as f64 * seed).sin()).unwrap()
+            };
+            let (q, k, v) = (input(sq, c.heads, 0.37), input(sk, c.kv_heads, 0.11), input(sk, c.kv_heads, 0.23));
+            // As main.rs calls it: the case's causal flag besides the mask that includes it.
+            let got = dmattn::attention(&q, &k, &v).sparse_mask(&sparse).causal(c.causal).forward().unwrap().out.to_vec::<f32>().unwrap();
+            let want = dmattn::attention(&q, &k, &v).mask(&dense).forward().unwrap().out.to_vec::<f32>().unwrap();
+            let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(worst < 1e-5, "{}: off by {worst}", c.id);
+        }
+    }
+
+    #[test]
+    fn bcsr_lists_the_kept_blocks_of_each_plane() {
+        // Two planes of 2 x 3 blocks.
+        let kept = [true, false, true, false, false, false, /* plane 1 */ true, true, true, false, true, false];
+        let (row_ptr, col_idx, nnz) = bcsr(&kept, 2, 2, 3);
+        assert_eq!(nnz, 4);
+        assert_eq!(row_ptr, [0, 2, 2, 0, 3, 4]);
+        assert_eq!(col_idx, [0, 2, 0, 0, 0, 1, 2, 1]);
     }
 }

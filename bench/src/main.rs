@@ -4,6 +4,7 @@
 //! by `cargo xtask gpu-pack`).
 mod ceiling;
 mod data;
+mod memory;
 mod timing;
 
 use clap::{Parser, ValueEnum};
@@ -64,6 +65,9 @@ fn forward(imp: Impl, c: &Case, o: &Operands, set: usize) -> dmattn::Result<dmat
     if let Some(m) = &o.mask {
         call = call.mask(m);
     }
+    if let Some(s) = &o.sparse {
+        call = call.sparse_mask(&s.prepared);
+    }
     if let Some(b) = &o.bias {
         call = call.bias(b);
     }
@@ -85,19 +89,38 @@ fn record(c: &Case, imp: Impl, pass: Pass, timed: &dmattn::Result<f64>) -> Recor
             (status, None, e.to_string())
         }
     };
-    Record { case: c.id.clone(), implementation: imp.name(), pass, status, ms, note }
+    Record { case: c.id.clone(), implementation: imp.name(), pass, status, ms, note, bytes: None }
 }
 
-/// The line printed for each measurement: time, and throughput against the ceilings.
+/// The line printed for each measurement: time, and throughput against the ceilings (for a
+/// `prep` record, the bytes of the prepared mask).
 fn describe(c: &Case, r: &Record, computed: f64, ceil_tflops: f64) -> String {
     let Some(ms) = r.ms else { return format!("{:?}: {}", r.status, r.note) };
-    let flops = if r.pass == Pass::Fwd { c.fwd_flops() } else { c.bwd_flops() };
-    let tf = flops / (ms * 1e-3) / 1e12;
-    let mut s = format!("{ms:9.3} ms {tf:6.0} TF/s dense-eq ({:.0} computed, {:.0}% of matmul)", tf * computed, 100.0 * tf * computed / ceil_tflops);
+    if r.pass == Pass::Prep {
+        return format!("{ms:9.3} ms, {} B prepared ({})", r.bytes.unwrap_or(0), r.note);
+    }
+    let tf = c.flops(r.pass) / (ms * 1e-3) / 1e12;
+    let tc = c.computed_flops(r.pass, computed) / (ms * 1e-3) / 1e12;
+    let mut s = format!("{ms:9.3} ms {tf:6.0} TF/s dense-eq ({tc:.0} computed, {:.0}% of matmul)", 100.0 * tc / ceil_tflops);
     if c.is_decode() {
         s += &format!(" {:.0} GB/s", c.fwd_bytes() / (ms * 1e-3) / 1e9);
     }
     s
+}
+
+/// Times `prepare` of a sparse case's mask (median, like the calls) and records the prepared
+/// form's bytes and dmattn's estimate of the speedup it buys.
+fn time_prepare(c: &Case, sparse: &data::Sparse, timer: &Timer, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Record {
+    let timed = timer.median_ms(stream, |_| sparse.mask.prepare(c.seqlen_q, c.seqlen_k).map(drop));
+    let mut r = record(c, Impl::Dmattn, Pass::Prep, &timed);
+    if r.status == Status::Ok {
+        r.bytes = Some(sparse.prepared.memory_bytes() as u64);
+        r.note = match sparse.prepared.estimated_speedup() {
+            Ok(x) => format!("estimated speedup {x:.2}x"),
+            Err(e) => format!("estimated speedup: {e}"),
+        };
+    }
+    r
 }
 
 fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
@@ -136,10 +159,19 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         computed_fraction: Default::default(),
         results: vec![],
         runs: vec![],
+        mask_memory: vec![],
     };
 
     let device = Device::Cuda(dev.clone());
     let stream = dev.stream();
+    if set.cases.iter().any(|c| c.group == "sparse") {
+        println!("\nmask memory (b1 h1, prepared once; dense bool for comparison):");
+        results.mask_memory = memory::table(&device, stream);
+        for m in &results.mask_memory {
+            println!("  {}", memory::describe(m));
+        }
+        std::fs::write(args.out.join("dmattn.json"), serde_json::to_string_pretty(&results)?)?;
+    }
     let mut rng = StdRng::seed_from_u64(rand::random());
     for c in &set.cases {
         println!("\n{} (b{} h{} hk{} d{} sq{} sk{})", c.id, c.batch, c.heads, c.kv_heads, c.head_dim, c.seqlen_q, c.seqlen_k);
@@ -153,6 +185,11 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             }
         };
         results.computed_fraction.insert(c.id.clone(), ops.computed_fraction);
+        if let Some(sparse) = ops.sparse.as_ref().filter(|_| args.impls.contains(&Impl::Dmattn)) {
+            let r = time_prepare(c, sparse, &timer, stream);
+            println!("  {:<20} prep {}", Impl::Dmattn.name(), describe(c, &r, ops.computed_fraction, ceil.matmul_tflops));
+            results.results.push(r);
+        }
         for &imp in &args.impls {
             let fwd = timer.median_ms(stream, |i| forward(imp, c, &ops, i % ops.sets()).map(drop));
             let r = record(c, imp, Pass::Fwd, &fwd);

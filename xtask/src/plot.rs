@@ -48,16 +48,22 @@ fn x_of(c: &Case) -> usize {
 fn panels(run: &Run) -> Vec<(String, &'static str, Vec<&Case>, Pass)> {
     let mut out = Vec::new();
     for group in run.groups() {
+        // A series is one variant (and one head dim, where the group mixes them).
+        let in_group = || run.set.cases.iter().filter(|c| c.group == group);
+        let mixed_dims = in_group().any(|c| c.head_dim != in_group().next().map_or(0, |f| f.head_dim));
+        let key = |c: &Case| match (group.contains("window"), mixed_dims) {
+            (true, _) => String::new(),
+            (false, true) => format!("d{} {}", c.head_dim, c.variant()),
+            (false, false) => c.variant(),
+        };
         let mut variants: Vec<String> = Vec::new();
-        for c in run.set.cases.iter().filter(|c| c.group == group) {
-            let key = if group.contains("window") { String::new() } else { c.variant() };
-            if !variants.contains(&key) {
-                variants.push(key);
+        for c in in_group() {
+            if !variants.contains(&key(c)) {
+                variants.push(key(c));
             }
         }
         for v in variants {
-            let series: Vec<&Case> =
-                run.set.cases.iter().filter(|c| c.group == group && (group.contains("window") || c.variant() == v)).collect();
+            let series: Vec<&Case> = in_group().filter(|c| key(c) == v).collect();
             if series.len() < 2 {
                 continue;
             }

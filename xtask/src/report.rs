@@ -56,6 +56,9 @@ impl Run {
                         mine.results.retain(|r| !replaced(r));
                         mine.results.extend(t.results);
                         mine.computed_fraction.extend(t.computed_fraction);
+                        if !t.mask_memory.is_empty() {
+                            mine.mask_memory = t.mask_memory;
+                        }
                         mine.runs.push(t.date);
                     }
                     None => run.tools.push(t),
@@ -108,9 +111,21 @@ impl Run {
     }
 }
 
-/// What a table row is called.
-fn row_label(c: &Case) -> String {
-    format!("q {} k {} {}", c.seqlen_q, c.seqlen_k, c.variant())
+/// What a table row is called; `with_dim` where the group's head dims differ.
+fn row_label(c: &Case, with_dim: bool) -> String {
+    let dim = if with_dim { format!("d{} ", c.head_dim) } else { String::new() };
+    format!("{dim}q {} k {} {}", c.seqlen_q, c.seqlen_k, c.variant())
+}
+
+/// The head dims of `cases`, in order, once each.
+fn head_dims(cases: &[&Case]) -> Vec<usize> {
+    let mut dims: Vec<usize> = Vec::new();
+    for c in cases {
+        if !dims.contains(&c.head_dim) {
+            dims.push(c.head_dim);
+        }
+    }
+    dims
 }
 
 fn status_word(r: Option<&Record>) -> String {
@@ -140,6 +155,7 @@ fn table(run: &Run, group: &str, pass: Pass, out: &mut String, notes: &mut Vec<S
     let ceil = run.dmattn().ceilings.map(|c| c.matmul_tflops);
     let peers: Vec<String> = run.impls().into_iter().filter(|i| i != DMATTN).collect();
     let first = &cases[0];
+    let dims = head_dims(&cases);
     let _ = writeln!(
         out,
         "\n### {group} — {} (batch {}, heads {}, kv heads {}, dim {})\n",
@@ -147,7 +163,7 @@ fn table(run: &Run, group: &str, pass: Pass, out: &mut String, notes: &mut Vec<S
         first.batch,
         first.heads,
         first.kv_heads,
-        first.head_dim
+        dims.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(" and ")
     );
     let rate = if decode { "dmattn GB/s" } else { "dmattn TF/s dense-eq / computed" };
     let _ = write!(out, "| case | dmattn ms | {rate} |");
@@ -162,14 +178,14 @@ fn table(run: &Run, group: &str, pass: Pass, out: &mut String, notes: &mut Vec<S
             if decode {
                 format!("{:.0}", c.fwd_bytes() / (ms * 1e-3) / 1e9)
             } else {
-                let flops = if pass == Pass::Fwd { c.fwd_flops() } else { c.bwd_flops() };
-                let tf = flops / (ms * 1e-3) / 1e12;
+                let tf = c.flops(pass) / (ms * 1e-3) / 1e12;
                 let computed = run.dmattn().computed_fraction.get(&c.id).copied().unwrap_or(1.0);
-                let pct = ceil.map_or(String::new(), |m| format!(" ({:.0}%)", 100.0 * tf * computed / m));
-                format!("{tf:.0} / {:.0}{pct}", tf * computed)
+                let tc = c.computed_flops(pass, computed) / (ms * 1e-3) / 1e12;
+                let pct = ceil.map_or(String::new(), |m| format!(" ({:.0}%)", 100.0 * tc / m));
+                format!("{tf:.0} / {tc:.0}{pct}")
             }
         });
-        let _ = write!(out, "| {} | {dm_cell} | {rate_cell} |", row_label(c));
+        let _ = write!(out, "| {} | {dm_cell} | {rate_cell} |", row_label(c, dims.len() > 1));
         for p in &peers {
             let rec = run.record(&c.id, p, pass);
             // A result that came with a caveat (K/V repeated for GQA, no bias gradient) is
@@ -198,6 +214,83 @@ fn table(run: &Run, group: &str, pass: Pass, out: &mut String, notes: &mut Vec<S
             _ => "—".into(),
         };
         let _ = writeln!(out, " {best} |");
+    }
+}
+
+/// Bytes for a table: B, KiB, MiB or GiB.
+fn bytes(n: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB"];
+    let (mut x, mut u) = (n as f64, 0);
+    while x >= 1024.0 && u + 1 < units.len() {
+        (x, u) = (x / 1024.0, u + 1);
+    }
+    if u == 0 { format!("{n} B") } else { format!("{x:.1} {}", units[u]) }
+}
+
+/// The group's `prep` records (a sparse mask prepared once, a flex BlockMask built once): time
+/// and bytes of each implementation that reported one.
+fn prep_table(run: &Run, group: &str, out: &mut String, notes: &mut Vec<String>) {
+    let cases: Vec<&Case> = run.set.cases.iter().filter(|c| c.group == group).collect();
+    let impls: Vec<String> = run.impls().into_iter().filter(|i| cases.iter().any(|c| run.record(&c.id, i, Pass::Prep).is_some())).collect();
+    if impls.is_empty() {
+        return;
+    }
+    let with_dim = head_dims(&cases).len() > 1;
+    let _ = writeln!(out, "\n### {group} — mask preparation (once per mask, outside the timed calls)\n");
+    let _ = write!(out, "| case |");
+    impls.iter().for_each(|i| {
+        let _ = write!(out, " {i} ms | {i} bytes |");
+    });
+    let _ = writeln!(out, "\n|{}", "---|".repeat(1 + 2 * impls.len()));
+    for c in cases.iter().filter(|c| impls.iter().any(|i| run.record(&c.id, i, Pass::Prep).is_some())) {
+        let _ = write!(out, "| {} |", row_label(c, with_dim));
+        for i in &impls {
+            let rec = run.record(&c.id, i, Pass::Prep);
+            let ms = match (run.ms(&c.id, i, Pass::Prep), rec) {
+                (Some(ms), _) => format!("{ms:.3}"),
+                (None, r) => {
+                    if let Some(r) = r.filter(|r| !r.note.is_empty()) {
+                        note_once(notes, i, &format!("prep {}", status_word(rec)), &r.note);
+                    }
+                    status_word(r)
+                }
+            };
+            let size = rec.and_then(|r| r.bytes).map_or("—".into(), bytes);
+            let _ = write!(out, " {ms} | {size} |");
+        }
+        out.push('\n');
+    }
+}
+
+/// dmattn-bench's mask-memory table, where it made one.
+fn memory_table(run: &Run, out: &mut String) {
+    let rows = &run.dmattn().mask_memory;
+    if rows.is_empty() {
+        return;
+    }
+    out.push_str(
+        "\n## Mask memory\n\nOne pattern's forms on the GPU (batch 1, one head), from `PreparedMask::memory_bytes()`: the tensors the caller gives, \
+the prepared form the kernels read, and the dense bool mask of the same scores.\n\n",
+    );
+    out.push_str("| form | q × k | given | prepared | dense bool | prepared ÷ dense bool | prepare ms | note |\n|---|---|---|---|---|---|---|---|\n");
+    for m in rows {
+        let ratio = match (m.prepared_bytes, m.dense_bool_bytes) {
+            (_, 0) => "—".into(),
+            (0, _) => "0".into(),
+            (p, d) => format!("{:.2e}", p as f64 / d as f64),
+        };
+        let prep = m.prepare_ms.map_or("—".into(), |ms| format!("{ms:.3}"));
+        let _ = writeln!(
+            out,
+            "| {} | {} × {} | {} | {} | {} | {ratio} | {prep} | {} |",
+            m.form,
+            m.seqlen_q,
+            m.seqlen_k,
+            bytes(m.input_bytes),
+            bytes(m.prepared_bytes),
+            bytes(m.dense_bool_bytes),
+            m.note.replace('|', "/")
+        );
     }
 }
 
@@ -235,8 +328,11 @@ pub fn markdown(run: &Run, plot_file: Option<&str>) -> String {
         None => out += "No peers ran (no PyTorch with CUDA on this machine): only dmattn's own figures.\n",
     }
     out += "\nCells hold milliseconds and, in parentheses, that implementation's time ÷ dmattn's: above 1 dmattn is faster. \
-TF/s dense-eq counts every pair causal masking leaves (FlashAttention's convention; backward = 2.5× forward); \
-computed counts only the 64×64 score tiles holding a visible score (what a block-sparse kernel must do). \
+TF/s dense-eq counts every pair causal masking, windows, compression and block masks (BCSR, bitset) leave (FlashAttention's convention; \
+backward = 2.5× forward; top-k and random-block masks given densely are not subtracted); \
+computed counts every score of the 64×64 score tiles holding a visible score (what a block-sparse kernel must do). \
+Sparse masks are prepared once per case outside the timed calls (as layers of a model reuse one), and flex's BlockMask is built once likewise; \
+both build times are listed under their group. \
 Decode rows give the bytes of q, k, v, mask, bias and out over the time. `cublas-materialized` is dmattn's \
 unfused baseline (S = QKᵀ on cuBLAS, masked softmax, PV on cuBLAS). Failures are listed, not dropped; \
 † marks a peer result with a caveat (listed under its group), and a backward without the bias gradient is never \
@@ -259,6 +355,7 @@ counted as the best peer.\n";
         let mut notes = Vec::new();
         table(run, group, Pass::Fwd, &mut out, &mut notes);
         table(run, group, Pass::Bwd, &mut out, &mut notes);
+        prep_table(run, group, &mut out, &mut notes);
         if !notes.is_empty() {
             out += "\nFailures and caveats (†):\n";
             notes.iter().for_each(|n| {
@@ -266,6 +363,7 @@ counted as the best peer.\n";
             });
         }
     }
+    memory_table(run, &mut out);
     out
 }
 
@@ -276,7 +374,7 @@ mod tests {
 
     fn rec(case: &str, imp: &str, pass: Pass, ms: Option<f64>) -> Record {
         let status = if ms.is_some() { Status::Ok } else { Status::Oom };
-        Record { case: case.into(), implementation: imp.into(), pass, status, ms, note: if ms.is_some() { "" } else { "CUDA out of memory" }.into() }
+        Record { case: case.into(), implementation: imp.into(), pass, status, ms, note: if ms.is_some() { "" } else { "CUDA out of memory" }.into(), bytes: None }
     }
 
     fn results(tool: &str, results: Vec<Record>) -> Results {
@@ -289,6 +387,7 @@ mod tests {
             computed_fraction: Default::default(),
             results,
             runs: vec![],
+            mask_memory: vec![],
         }
     }
 
@@ -311,5 +410,36 @@ mod tests {
         assert!(md.contains("| 3.000 (1.50×) |"), "{md}");
         assert!(md.contains("| oom |") && md.contains("sdpa-math oom: CUDA out of memory"), "{md}");
         assert!(md.contains("trails its best peer in 1 of"), "{md}");
+    }
+
+    #[test]
+    fn sparse_group_prep_records_and_mask_memory() {
+        use dmattn_bench::results::MaskMemory;
+        let cases = grid(false, &["sparse".into()]);
+        let w = &cases.iter().find(|c| c.id == "sparse/d64/q16384/k16384/causal+window1024").unwrap().id;
+        let prep = |imp: &str, ms: f64, bytes: u64| Record { bytes: Some(bytes), ..rec(w, imp, Pass::Prep, Some(ms)) };
+        let mut dm = results("dmattn-bench", vec![rec(w, "dmattn", Pass::Fwd, Some(2.0)), prep("dmattn", 0.01, 0)]);
+        dm.mask_memory = vec![MaskMemory {
+            form: "block_bitset(128), 50 % random".into(),
+            batch: 1,
+            heads: 1,
+            seqlen_q: 32768,
+            seqlen_k: 32768,
+            input_bytes: 65536,
+            prepared_bytes: 262144,
+            dense_bool_bytes: 1 << 30,
+            prepare_ms: Some(0.05),
+            note: String::new(),
+        }];
+        let peers = results("peers", vec![rec(w, "flex", Pass::Fwd, Some(3.0)), prep("flex", 1.5, 2048)]);
+        let run = Run { set: CaseSet { dtype: "bf16".into(), warmup: 1, reps: 1, cases }, tools: vec![dm, peers] };
+        let md = markdown(&run, None);
+        // The group mixes head dims: rows and header say which.
+        assert!(md.contains("dim 128 and 64") && md.contains("| d64 q 16384 k 16384 causal+window1024 | 2.000 |"), "{md}");
+        assert!(md.contains("| dmattn ms | dmattn bytes | flex ms | flex bytes |"), "{md}");
+        assert!(md.contains("| d64 q 16384 k 16384 causal+window1024 | 0.010 | 0 B | 1.500 | 2.0 KiB |"), "{md}");
+        assert!(md.contains("| block_bitset(128), 50 % random | 32768 × 32768 | 64.0 KiB | 256.0 KiB | 1.0 GiB | 2.44e-4 | 0.050 |"), "{md}");
+        // A prep record is no forward or backward: dmattn trails nowhere.
+        assert!(behind(&run).is_empty());
     }
 }
