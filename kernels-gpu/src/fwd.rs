@@ -221,6 +221,11 @@ pub unsafe fn forward<
                 None => break,
             }
         }
+    } else {
+        // No tile to visit: the loop's barriers never ran, and the epilogue reads the position
+        // and softmax state other threads wrote (the same values, but racecheck rightly asks
+        // for the order).
+        sync_threads();
     }
 
     // Epilogue. Every warp passed the loop's last barrier after its last read of Q, so the Q tile
