@@ -450,7 +450,9 @@ pub fn map_planes(f: &FwdParams) -> u32 {
 /// all-ones words there) unless the block is empty, zero then. `classes` is the class of the
 /// tile's first block, block rows `q_stride` bytes apart; without `by_class` (a constant) every
 /// word is copied (the host keeps masks with block parts from such kernels). Rows past
-/// `rows_valid` are hidden. All `threads` threads of the CTA call this.
+/// `rows_valid` are hidden and their bits and classes never read; a tile overhanging the keys
+/// reads one word and one class past a row (the host pads the buffers for the last row), which
+/// the key bound hides. All `threads` threads of the CTA call this.
 #[inline(always)]
 pub unsafe fn load_mask_tile<const BM: usize, const BN: usize>(
     dst: u32,
@@ -469,8 +471,9 @@ pub unsafe fn load_mask_tile<const BM: usize, const BN: usize>(
         let (r, word) = (w / words_per_row, w % words_per_row);
         if r < BM as u32 {
             let ok = r < rows_valid;
-            let at = bits + 8 * ((if ok { r } else { 0 }) as u64 * bits_stride + word as u64);
-            let shown = !by_class || unsafe { ld_global_nc_u8(classes + (r / BLOCK_MAP_Q) as u64 * q_stride + word as u64) } != block_class::EMPTY as u32;
+            let row = if ok { r } else { 0 };
+            let at = bits + 8 * (row as u64 * bits_stride + word as u64);
+            let shown = !by_class || unsafe { ld_global_nc_u8(classes + (row / BLOCK_MAP_Q) as u64 * q_stride + word as u64) } != block_class::EMPTY as u32;
             unsafe { cp_async_8(dst + 8 * w, at, if ok && shown { 8 } else { 0 }) };
         }
     }

@@ -56,6 +56,10 @@ impl PreparedMask {
     }
 }
 
+/// Bytes past the last row of the bits and of the classes that a kernel tile overhanging the keys
+/// may read (one word, one class; read, never used).
+const PAD: usize = 8;
+
 /// Strides of a contiguous `dims` array, zero on size-1 dims.
 fn strides(dims: [usize; 4]) -> [u64; 4] {
     let mut s = [0u64; 4];
@@ -78,9 +82,10 @@ fn pack(dev: &CudaDevice, t: &Tensor, packed: bool, sq: usize, sk: usize, bufs: 
         return Err(Error::Layout { arg: "packed_bits", backend: BACKEND, reason: "the bytes of a row must be contiguous".into() });
     }
     let (q_blocks, k_blocks) = (mq.div_ceil(BLOCK_MAP_Q as usize), sk.div_ceil(BLOCK_MAP_K as usize));
-    // The pack kernel writes every word and every class of this buffer.
-    let bits_bytes = 8 * mb * mh * mq * k_blocks;
-    let buf = DeviceBuffer::uninit(dev.stream(), bits_bytes + mb * mh * q_blocks * k_blocks)?;
+    // The pack kernel writes every word and every class of this buffer but the padding: a kernel
+    // tile overhanging the keys reads a word and a class past the last row (`mask::load_mask_tile`).
+    let bits_bytes = 8 * mb * mh * mq * k_blocks + PAD;
+    let buf = DeviceBuffer::uninit(dev.stream(), bits_bytes + mb * mh * q_blocks * k_blocks + PAD)?;
     let mut view = broadcast_view(t);
     // A key-broadcast mask is read as sk keys of stride 0, so it packs like any other.
     if mk == 1 {
@@ -152,7 +157,7 @@ pub(crate) fn prepare(dev: &CudaDevice, parts: &[Part], sq: usize, sk: usize) ->
         planes = combine_planes(plane_list.iter().copied())?;
         let dims = [planes[0], planes[1], q_blocks, k_blocks];
         let total = dims.iter().product::<usize>();
-        let out = DeviceBuffer::uninit(dev.stream(), total)?;
+        let out = DeviceBuffer::uninit(dev.stream(), total + PAD)?;
         let params = BlockMaskParams {
             cells,
             cell_rows: cell_rows as u32,
@@ -174,7 +179,7 @@ pub(crate) fn prepare(dev: &CudaDevice, parts: &[Part], sq: usize, sk: usize) ->
     let bits = if bits.is_present() || !classes.is_present() {
         bits
     } else {
-        let ones = DeviceBuffer::filled(dev.stream(), 8 * k_blocks, 0xff)?;
+        let ones = DeviceBuffer::filled(dev.stream(), 8 * k_blocks + PAD, 0xff)?;
         let view = View4 { ptr: ones.ptr(), stride: [0, 0, 0, 1] };
         bufs.push(ones);
         view
