@@ -523,6 +523,106 @@ pub struct BlockMaskParams {
     pub dims: [u32; 4],
 }
 
+/// Parameters of the key-compaction kernel: for each plane `[mb, mh]` of a query-broadcast mask
+/// (`[mb, mh, 1, sk]`, bool bytes, or bits as in [`MaskPackParams::packed`]), the kept keys' indices
+/// in ascending order (`pos`, i32 `[planes, sk]`, -1 past the count), each key's slot in that list
+/// (`slot`, i32 `[planes, sk]`, -1 for a hidden key) and the count (`counts`, u32 `[planes]`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct KeyCompactParams {
+    pub mask: View4,
+    pub pos: u64,
+    pub slot: u64,
+    pub counts: u64,
+    /// `[mb, mh, sk]`.
+    pub dims: [u32; 3],
+    pub packed: u32,
+}
+
+/// Threads per block of the key-compaction kernel (one block per plane) and the keys each
+/// thread takes per pass.
+pub const COMPACT_THREADS: u32 = 1024;
+pub const COMPACT_KEYS_PER_THREAD: u32 = 16;
+
+/// Which compacted key list an operand's `(batch, head)` reads: the list of plane
+/// `(x * batch, (y / head_div) * head)` (strides in i32 elements, zero where broadcast). A null
+/// `ptr` is the identity list (entry `c` is `c`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct KeyLists {
+    pub ptr: u64,
+    pub batch: u64,
+    pub head: u64,
+    pub head_div: u32,
+    pub _pad: u32,
+}
+
+/// Parameters of the row-gather kernel: output row `(x, y, q, c)` of `dims` (`row_bytes` bytes,
+/// at `dst + x dst_stride[0] + y dst_stride[1] + q dst_stride[2] + c dst_stride[3]`, byte strides)
+/// is source row `(x, y / src_head_div, q, lists[c])` (zero strides where broadcast), or zeros
+/// past the list's end (-1). Copied in `unit`-byte pieces (16, or 2 where a row or stride is not
+/// 16-byte aligned). Gathers K and V rows and a bias's key columns.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GatherParams {
+    pub src: u64,
+    pub src_stride: [u64; 4],
+    pub dst: u64,
+    pub dst_stride: [u64; 4],
+    /// `[X, Y, Q, W]` of the output.
+    pub dims: [u32; 4],
+    pub row_bytes: u32,
+    pub unit: u32,
+    pub src_head_div: u32,
+    pub _pad: u32,
+    pub lists: KeyLists,
+}
+
+/// Parameters of the scatter kernel, the gather's adjoint: output row `(x, y, q, j)` of `dims`
+/// (`row_elems` 16-bit elements, byte strides) is the sum over the source rows
+/// `(x ratio[0] + a, y ratio[1] + b, q, slot[j])`, `a < ratio[0]`, `b < ratio[1]`, whose key list
+/// (`lists` read at `(x ratio[0] + a, y ratio[1] + b)` and key `j`) holds key `j`, in that fixed
+/// order (f32 sums; zero where none does). Writes dK, dV and dbias from their gathered forms.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ScatterParams {
+    pub src: u64,
+    pub src_stride: [u64; 4],
+    pub dst: u64,
+    pub dst_stride: [u64; 4],
+    /// `[X, Y, Q, sk]` of the output.
+    pub dims: [u32; 4],
+    pub ratio: [u32; 2],
+    pub row_elems: u32,
+    pub unit: u32,
+    /// The key slots (`KeyCompactParams::slot`) by source plane.
+    pub slots: KeyLists,
+}
+
+/// Parameters of the kernel that writes the mask of a gathered problem: for each plane
+/// `[mb, mh]`, block classes `[mb, mh, q_blocks, k_blocks]` and bits `[mb, mh, sq, k_blocks]` (as
+/// [`MaskPackParams`] writes them, every word written) over the `k_blocks * 64` gathered keys,
+/// compacted key `c` of plane `p` being original key `pos[p][c]` (ascending, -1 past the count):
+/// visible to query `i` iff `band` shows original key `pos[c]` to it in a problem of `seqlen_q`
+/// queries and `seqlen_k` keys.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GatherMaskParams {
+    pub pos: u64,
+    /// Elements between planes' key lists.
+    pub pos_plane: u64,
+    pub classes: u64,
+    pub bits: u64,
+    pub band: Band,
+    pub seqlen_q: u32,
+    pub seqlen_k: u32,
+    pub q_blocks: u32,
+    pub k_blocks: u32,
+}
+
+/// Threads per block of the gather, scatter and gathered-mask kernels.
+pub const GATHER_THREADS: u32 = 256;
+
 /// Threads per block of the block-mask kernel (one output class each).
 pub const BLOCK_MASK_THREADS: u32 = 256;
 
@@ -663,6 +763,11 @@ pub mod modifiers {
 pub mod names {
     pub const MASK_PACK: &str = "dmattn_mask_pack";
     pub const BLOCK_MASK: &str = "dmattn_block_mask";
+    pub const KEY_COMPACT: &str = "dmattn_key_compact";
+    pub const GATHER_ROWS: &str = "dmattn_gather_rows";
+    pub const GATHER_MASK: &str = "dmattn_gather_mask";
+    /// `dmattn_scatter_rows_<elem>`.
+    pub const SCATTER_ROWS_PREFIX: &str = "dmattn_scatter_rows_";
     pub const BWD_PREFIX: &str = "dmattn_bwd_";
     /// The Hopper backward kernels (sm_90a module): `dmattn_bwd_sm90_<elem>_d<dim>[_mask|_bias|_mods]`.
     pub const BWD_WGMMA_PREFIX: &str = "dmattn_bwd_sm90_";

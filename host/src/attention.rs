@@ -171,7 +171,7 @@ impl<'a> Attention<'a> {
             (Some(m), _) => Some(SparseMask::dense(m).prepare(d.seqlen_q, d.seqlen_k)?),
             (None, sparse) => sparse.cloned(),
         };
-        let saved = Saved { q: i.q.clone(), k: i.k.clone(), v: i.v.clone(), mask, bias: i.bias.cloned() };
+        let saved = Saved { q: i.q.clone(), k: i.k.clone(), v: i.v.clone(), mask, bias: i.bias.cloned(), gathered: None };
         match i.q.device() {
             Device::Cpu => {
                 let (out, lse) = cpu::forward(&problem, &saved)?;
@@ -191,6 +191,8 @@ pub(crate) struct Saved {
     pub v: Tensor,
     pub mask: Option<PreparedMask>,
     pub bias: Option<Tensor>,
+    /// The call as the GPU ran it over gathered keys (`cuda::gather`), for the backward.
+    pub gathered: Option<std::sync::Arc<cuda::GatheredCall>>,
 }
 
 /// The result of a forward pass, holding what its backward pass needs.

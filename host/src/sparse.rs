@@ -265,9 +265,25 @@ pub(crate) struct DenseMask {
 }
 
 impl PreparedMask {
+    /// Device data prepared by a backend, with no band.
+    pub(crate) fn on_device(data: MaskData, planes: [usize; 2], seqlen_q: usize, seqlen_k: usize, device: Device) -> Self {
+        PreparedMask { band: Band::ALL, seqlen_q, seqlen_k, planes, data: Some(data), device }
+    }
+
     /// The device the mask was prepared on (any device's tensors may use a parametric mask).
     pub fn device(&self) -> Device {
         self.device.clone()
+    }
+
+    /// Where the mask runs as gather attention, the keys each call gathers per plane: the most any
+    /// plane keeps, rounded up to a 64-key tile. That is a GPU mask whose only part is a score mask
+    /// that does not vary along the queries (`[.., .., 1, sk]`, bool or bit-packed) and keeps at
+    /// most half the keys; the calls then do O(seqlen_q x kept keys) work. `None` otherwise.
+    pub fn gathered_keys(&self) -> Option<usize> {
+        match &self.data {
+            Some(MaskData::Cuda(g)) => g.gather.as_ref().map(|l| l.width),
+            _ => None,
+        }
     }
 
     /// Bytes of device (or, on the CPU, host) memory the prepared mask holds: 0 for a parametric
@@ -287,6 +303,14 @@ impl PreparedMask {
     /// differ. Reads the block classes back from the GPU (waits for the device).
     pub fn estimated_speedup(&self) -> Result<f64> {
         let (qb, kb) = (self.seqlen_q.div_ceil(64), self.seqlen_k.div_ceil(64));
+        if let Some(MaskData::Cuda(g)) = &self.data
+            && let Some(lists) = &g.gather
+        {
+            // Gathered: the band's tiles, each holding the kept keys' share of the keys.
+            let band = (0..qb).map(|i| (0..kb).filter(|&j| self.band_touches(i * 64, j * 64)).count()).sum::<usize>();
+            let visited = band as f64 * lists.width as f64 / (kb * 64) as f64;
+            return Ok((qb * kb) as f64 / visited.max(1.0));
+        }
         let classes = match &self.data {
             None => None,
             Some(MaskData::Cpu(d)) => Some(d.block_classes(self.seqlen_q, self.seqlen_k)),

@@ -21,6 +21,7 @@ mod bwd_pre;
 mod combine;
 mod elem;
 mod fwd;
+mod gather;
 mod mask;
 mod mask_pack;
 mod schedule;
@@ -30,7 +31,7 @@ mod softmax_rows;
 mod tile;
 
 use dmattn_abi::{
-    BlockMaskParams, BwdParams, BwdPreParams, BwdTile, CombineParams, ConvertParams, FwdParams, FwdTile, OrderParams, FwdVariants, MaskPackParams,
+    BlockMaskParams, BwdParams, GatherMaskParams, GatherParams, KeyCompactParams, ScatterParams, BwdPreParams, BwdTile, CombineParams, ConvertParams, FwdParams, FwdTile, OrderParams, FwdVariants, MaskPackParams,
     SoftmaxRowsParams, bwd_tile, fwd_variants, modifiers,
 };
 use elem::{Bf16, F16};
@@ -54,6 +55,24 @@ pub unsafe extern "ptx-kernel" fn dmattn_block_mask(p: BlockMaskParams) {
 
 /// The work order of each head dim's modifier variant: `dmattn_fwd_order_d<dim>`
 /// (`dmattn_abi::names::FWD_ORDER_PREFIX`).
+#[cfg(not(target_feature = "sm_90a"))]
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn dmattn_key_compact(p: KeyCompactParams) {
+    unsafe { gather::key_compact(&p) }
+}
+
+#[cfg(not(target_feature = "sm_90a"))]
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn dmattn_gather_rows(p: GatherParams) {
+    unsafe { gather::gather_rows(&p) }
+}
+
+#[cfg(not(target_feature = "sm_90a"))]
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn dmattn_gather_mask(p: GatherMaskParams) {
+    unsafe { gather::gather_mask(&p) }
+}
+
 macro_rules! fwd_order_kernels {
     ($($d:literal: $name:ident;)*) => {$(
         #[unsafe(no_mangle)]
@@ -207,7 +226,11 @@ bwd_wgmma_kernels! {
 /// Per element type: the backward's delta and conversion passes, the split-KV combine, and the
 /// materialising path's row softmax (`dmattn_softmax_rows_<elem>`).
 macro_rules! elem_kernels {
-    ($($elem:ty: $delta:ident, $convert:ident, $combine:ident, $softmax_rows:ident;)*) => {$(
+    ($($elem:ty: $delta:ident, $convert:ident, $combine:ident, $softmax_rows:ident, $scatter:ident;)*) => {$(
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $scatter(p: ScatterParams) {
+            unsafe { gather::scatter_rows::<$elem>(&p) }
+        }
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $delta(p: BwdPreParams) {
             unsafe { bwd_pre::delta::<$elem>(&p) }
@@ -229,6 +252,6 @@ macro_rules! elem_kernels {
 
 #[cfg(not(target_feature = "sm_90a"))]
 elem_kernels! {
-    Bf16: dmattn_bwd_pre_bf16, dmattn_convert_bf16, dmattn_fwd_combine_bf16, dmattn_softmax_rows_bf16;
-    F16: dmattn_bwd_pre_f16, dmattn_convert_f16, dmattn_fwd_combine_f16, dmattn_softmax_rows_f16;
+    Bf16: dmattn_bwd_pre_bf16, dmattn_convert_bf16, dmattn_fwd_combine_bf16, dmattn_softmax_rows_bf16, dmattn_scatter_rows_bf16;
+    F16: dmattn_bwd_pre_f16, dmattn_convert_f16, dmattn_fwd_combine_f16, dmattn_softmax_rows_f16, dmattn_scatter_rows_f16;
 }

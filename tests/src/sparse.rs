@@ -350,6 +350,11 @@ pub enum Kind {
     Bitset(usize),
     DenseBlocks(usize),
     Bcsr(usize),
+    /// A key-side (query-broadcast) dense mask, `[{1|b}, {1|hk|h}, 1, sk]`: what gather
+    /// attention compacts (see [`random_key_keep`]).
+    KeySide,
+    /// The same as bit-packed bytes.
+    KeySidePacked,
 }
 
 /// A window side: unbounded, 0, 1, small, anywhere up to `sq + sk`, near `sk`, near and beyond
@@ -403,6 +408,50 @@ pub fn random_keep(rng: &mut StdRng, shape: [usize; 4], densities: &[f64]) -> Ve
     }
 }
 
+/// Per plane of a key-side mask `[pb, ph, 1, sk]`, kept keys from one to about half of them, or
+/// none, or all: one random key, the first or the last key, random keys at a density from 0.5 %
+/// to 50 %, or a contiguous run.
+pub fn random_key_keep(rng: &mut StdRng, shape: [usize; 4]) -> Vec<bool> {
+    let sk = shape[3];
+    let mut keep = Vec::with_capacity(shape.iter().product());
+    for _ in 0..shape[0] * shape[1] {
+        let row: Vec<bool> = match rng.random_range(0..10) {
+            0 => {
+                let j = [0, sk - 1, rng.random_range(0..sk)][rng.random_range(0..3)];
+                (0..sk).map(|x| x == j).collect()
+            }
+            1 => vec![rng.random_bool(0.2); sk],
+            2 | 3 => {
+                let (a, len) = (rng.random_range(0..sk), rng.random_range(1..=sk.div_ceil(2)));
+                (0..sk).map(|x| x >= a && x < a + len).collect()
+            }
+            _ => {
+                let p = [0.005, 0.02, 0.1, 0.3, 0.5][rng.random_range(0..5)];
+                (0..sk).map(|_| rng.random_bool(p)).collect()
+            }
+        };
+        keep.extend(row);
+    }
+    keep
+}
+
+/// Bool rows `[.., sk]` as little-endian bit bytes `[.., ceil(sk / 8)]`, some of the ignored bits
+/// past `sk` set.
+fn pack_rows(rng: &mut StdRng, keep: &[bool], rows: usize, sk: usize) -> Vec<u8> {
+    let nbytes = sk.div_ceil(8);
+    let mut bytes = vec![0u8; rows * nbytes];
+    for (x, &k) in keep.iter().enumerate() {
+        let (j, r) = (x % sk, x / sk);
+        bytes[r * nbytes + j / 8] |= (k as u8) << (j % 8);
+    }
+    if sk % 8 != 0 {
+        for r in 0..rows {
+            bytes[r * nbytes + nbytes - 1] |= rng.random::<u8>() & (0xFFu8 << (sk % 8));
+        }
+    }
+    bytes
+}
+
 /// A random part of `kind` for `case`'s sizes, its plane dims each the given one or 1.
 pub fn random_part(rng: &mut StdRng, case: &Case, kind: Kind, planes: [usize; 2]) -> MaskSpec {
     let (sq, sk) = (case.seqlen_q, case.seqlen_k);
@@ -435,19 +484,18 @@ pub fn random_part(rng: &mut StdRng, case: &Case, kind: Kind, planes: [usize; 2]
         Kind::Packed => {
             let shape = [pb, ph, rows(rng), sk];
             let keep = random_keep(rng, shape, &[0.0, 0.05, 0.3, 0.7, 0.97, 1.0, 1.0]);
-            let nbytes = sk.div_ceil(8);
-            let mut bytes = vec![0u8; pb * ph * shape[2] * nbytes];
-            for (x, &k) in keep.iter().enumerate() {
-                let (j, r) = (x % sk, x / sk);
-                bytes[r * nbytes + j / 8] |= (k as u8) << (j % 8);
-            }
-            // Bits past sk are ignored: set some.
-            if sk % 8 != 0 {
-                for r in 0..pb * ph * shape[2] {
-                    bytes[r * nbytes + nbytes - 1] |= rng.random::<u8>() & (0xFFu8 << (sk % 8));
-                }
-            }
-            MaskSpec::data(DataPart::Packed { shape: [pb, ph, shape[2], nbytes], bytes })
+            let bytes = pack_rows(rng, &keep, pb * ph * shape[2], sk);
+            MaskSpec::data(DataPart::Packed { shape: [pb, ph, shape[2], sk.div_ceil(8)], bytes })
+        }
+        Kind::KeySide => {
+            let shape = [pb, ph, 1, sk];
+            MaskSpec::data(DataPart::Dense { shape, keep: random_key_keep(rng, shape) })
+        }
+        Kind::KeySidePacked => {
+            let shape = [pb, ph, 1, sk];
+            let keep = random_key_keep(rng, shape);
+            let bytes = pack_rows(rng, &keep, pb * ph, sk);
+            MaskSpec::data(DataPart::Packed { shape: [pb, ph, 1, sk.div_ceil(8)], bytes })
         }
         Kind::Bitset(block) => {
             let shape = [pb, ph, sq.div_ceil(block), sk.div_ceil(block)];
@@ -554,13 +602,34 @@ fn gpu_kinds() -> impl Strategy<Value = Vec<Kind>> {
 /// (not with compressed causal), softcap, scale, a bias of any broadcast shape, and the mask's
 /// kinds.
 pub fn gpu_sparse_cases(max_seqlen: usize) -> impl Strategy<Value = SparseCase> {
+    sparse_cases_of(max_seqlen, gpu_kinds())
+}
+
+/// The kinds of a gather-attention mask: a key-side mask (dense or packed), perhaps with a band or
+/// compressed causal applied on the original key positions.
+fn gather_kinds() -> impl Strategy<Value = Vec<Kind>> {
+    let band = prop_oneof![
+        2 => Just(None),
+        3 => Just(Some(Kind::Band)),
+        1 => prop::sample::select(vec![1usize, 2, 4]).prop_map(|cf| Some(Kind::Compress(cf))),
+    ];
+    let keys = prop_oneof![3 => Just(Kind::KeySide), 1 => Just(Kind::KeySidePacked)];
+    (band, keys).prop_map(|(band, keys)| band.into_iter().chain([keys]).collect())
+}
+
+/// [`gpu_sparse_cases`] whose mask is a key-side one ([`gather_kinds`]): gather attention's cases.
+pub fn gpu_gather_cases(max_seqlen: usize) -> impl Strategy<Value = SparseCase> {
+    sparse_cases_of(max_seqlen, gather_kinds())
+}
+
+fn sparse_cases_of(max_seqlen: usize, kinds: impl Strategy<Value = Vec<Kind>>) -> impl Strategy<Value = SparseCase> {
     let dims = prop::sample::select(vec![32usize, 32, 32, 64, 64, 64, 96, 128, 128, 192, 256]);
     (
         (prop::sample::select(vec![DType::BF16, DType::F16]), dims),
         (1usize..=2, 1usize..=2, prop::sample::select(vec![1usize, 2, 3])),
         (seqlen(max_seqlen), seqlen(max_seqlen), any::<bool>(), -1i64..=1),
         (any::<bool>(), prop_oneof![3 => Just(0.0), 1 => Just(20.0)], prop::option::weighted(0.2, 0.05f64..0.5)),
-        (gpu_kinds(), any::<bool>(), any::<u64>()),
+        (kinds, any::<bool>(), any::<u64>()),
     )
         .prop_flat_map(move |((dtype, d), (b, hk, group), (sq, sk, compressed_len, delta), (causal, softcap, scale), (kinds, has_bias, seed))| {
             let h = hk * group;

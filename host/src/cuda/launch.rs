@@ -4,7 +4,7 @@ use crate::device::CudaDevice;
 use crate::error::Result;
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use dmattn_abi::{
-    BlockMaskParams, BwdParams, BwdPreParams, CombineParams, ConvertParams, OrderParams, FwdParams, MASK_PACK_THREADS, MaskPackParams, SoftmaxRowsParams,
+    BlockMaskParams, BwdParams, GatherMaskParams, GatherParams, KeyCompactParams, ScatterParams, BwdPreParams, CombineParams, ConvertParams, OrderParams, FwdParams, MASK_PACK_THREADS, MaskPackParams, SoftmaxRowsParams,
     names,
 };
 
@@ -24,6 +24,10 @@ unsafe impl DeviceRepr for ByValue<BwdPreParams> {}
 unsafe impl DeviceRepr for ByValue<ConvertParams> {}
 unsafe impl DeviceRepr for ByValue<CombineParams> {}
 unsafe impl DeviceRepr for ByValue<SoftmaxRowsParams> {}
+unsafe impl DeviceRepr for ByValue<KeyCompactParams> {}
+unsafe impl DeviceRepr for ByValue<GatherParams> {}
+unsafe impl DeviceRepr for ByValue<GatherMaskParams> {}
+unsafe impl DeviceRepr for ByValue<ScatterParams> {}
 
 pub(crate) struct Launch {
     name: String,

@@ -1,12 +1,13 @@
 //! The CUDA backend: checks what the kernels need beyond the shared validation, prepares the
 //! mask (block classes and packed bits, read by forward and backward alike) and launches. The
 //! unfused forward on cuBLAS is in `materialized`.
+mod gather;
 mod launch;
 mod materialized;
 mod prepare;
 
 pub(crate) use prepare::{PreparedMask, prepare};
-pub(crate) use materialized::forward as forward_materialized;
+pub(crate) use gather::GatheredCall;
 
 use crate::attention::{Forward, ForwardBuffers, GradientBuffers, Gradients, Saved};
 use crate::cpu::lse_shape;
@@ -17,6 +18,7 @@ use crate::problem::{Dims, Problem};
 use crate::tensor::Tensor;
 use crate::memory::DeviceBuffer;
 use crate::sparse::MaskData;
+use std::sync::Arc;
 use dmattn_abi::{
     BwdParams, BwdTile, BwdPreParams, CombineParams, ConvertParams, DeviceElem, ORDER_SMEM_BYTES, ORDER_WARPS, OrderParams, FwdParams, PRE_THREADS,
     QueryRows, View4, bwd_tile, flags, fwd_variants, modifiers,
@@ -190,7 +192,15 @@ fn output(provided: Option<&Tensor>, shape: &[usize], dtype: DType, device: &cra
     }
 }
 
+/// The key lists of a call whose prepared mask runs as gather attention.
+fn key_lists(saved: &Saved) -> Option<Arc<gather::KeyListsBuf>> {
+    device_mask(saved)?.gather.clone()
+}
+
 pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, into: ForwardBuffers) -> Result<Forward> {
+    if let Some(lists) = key_lists(&saved) {
+        return gather::forward(dev, p, saved, &lists, |p, s| forward(dev, p, s, into));
+    }
     let d = p.dims;
     let elem = check_operands(&p, &saved)?;
     let variants = fwd_variants(d.head_dim as u32).ok_or_else(|| unsupported_head_dim(d.head_dim))?;
@@ -330,7 +340,18 @@ fn bwd_kernel_name(tile: &BwdTile, elem: DeviceElem, head_dim: usize, modifiers:
     name
 }
 
+/// The unfused forward (`materialized`), over gathered keys where the mask says so.
+pub(crate) fn forward_materialized(dev: &CudaDevice, p: Problem, saved: Saved) -> Result<Forward> {
+    match key_lists(&saved) {
+        Some(lists) => gather::forward(dev, p, saved, &lists, |p, s| materialized::forward(dev, p, s)),
+        None => materialized::forward(dev, p, saved),
+    }
+}
+
 pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, into: GradientBuffers) -> Result<Gradients> {
+    if let Some(call) = &fwd.saved.gathered {
+        return gather::backward(dev, fwd, call, dout, into);
+    }
     let (p, saved) = (&fwd.problem, &fwd.saved);
     let deterministic = p.deterministic;
     let d = p.dims;

@@ -5,6 +5,7 @@
 //! from a dense mask by the pack kernel's classes) then narrows the classes with
 //! `dmattn_block_mask`.
 use super::launch::{Launch, launch};
+use super::gather::KeyListsBuf;
 use super::{BACKEND, broadcast_view};
 use crate::device::CudaDevice;
 use crate::dtype::DType::{Bool, U8};
@@ -25,14 +26,23 @@ pub(crate) struct PreparedMask {
     pub planes: [usize; 2],
     /// It has block parts: its block classes may hide blocks its bits show.
     pub blocks: bool,
+    /// A query-broadcast score mask sparse enough to run as gather attention: its key lists
+    /// (`classes` and `bits` are then absent; each call writes its gathered problem's own).
+    pub gather: Option<Arc<KeyListsBuf>>,
     bytes: usize,
     /// The buffers the views point into.
     _bufs: Arc<Vec<DeviceBuffer>>,
 }
 
 impl PreparedMask {
+    /// A score mask's classes and bits in `bufs`.
+    pub fn new(classes: View4, bits: View4, planes: [usize; 2], bufs: Vec<DeviceBuffer>) -> Self {
+        let bytes = bufs.iter().map(DeviceBuffer::bytes).sum();
+        PreparedMask { classes, bits, planes, blocks: false, gather: None, bytes, _bufs: Arc::new(bufs) }
+    }
+
     pub fn memory_bytes(&self) -> usize {
-        self.bytes
+        self.bytes + self.gather.as_ref().map_or(0, |g| g.memory_bytes())
     }
 
     /// Whether each 64x64 block of each plane is visited, `[planes, q_blocks, k_blocks]` (read
@@ -58,10 +68,10 @@ impl PreparedMask {
 
 /// Bytes past the last row of the bits and of the classes that a kernel tile overhanging the keys
 /// may read (one word, one class; read, never used).
-const PAD: usize = 8;
+pub(crate) const PAD: usize = 8;
 
 /// Strides of a contiguous `dims` array, zero on size-1 dims.
-fn strides(dims: [usize; 4]) -> [u64; 4] {
+pub(crate) fn strides(dims: [usize; 4]) -> [u64; 4] {
     let mut s = [0u64; 4];
     let mut acc = 1u64;
     for i in (0..4).rev() {
@@ -142,6 +152,17 @@ pub(crate) fn prepare(dev: &CudaDevice, parts: &[Part], sq: usize, sk: usize) ->
     if scores.len() > 1 {
         return Err(Error::Unsupported { what: "more than one score mask (dense or packed bits) in one sparse mask".into(), backend: BACKEND });
     }
+    // A query-broadcast score mask alone: gather attention where sparse enough.
+    if let ([part], [Part::Dense(t) | Part::Packed(t)]) = (parts, scores.as_slice()) {
+        let packed = matches!(part, Part::Packed(_));
+        let want = if packed { check_part_shape(t, "packed_bits", U8, sq, sk.div_ceil(8), [true, false]) } else { check_part_shape(t, "mask", Bool, sq, sk, [true, true]) };
+        want?;
+        if let Some(lists) = super::gather::compact(dev, t, packed, sk)? {
+            let planes = lists.planes;
+            let gather = Some(Arc::new(lists));
+            return Ok(PreparedMask { classes: View4::ABSENT, bits: View4::ABSENT, planes, blocks: false, gather, bytes: 0, _bufs: Arc::new(Vec::new()) });
+        }
+    }
     let (mut classes, bits, mut planes) = match scores.first() {
         Some(Part::Dense(t)) => pack(dev, t, false, sq, sk, &mut bufs)?,
         Some(Part::Packed(t)) => pack(dev, t, true, sq, sk, &mut bufs)?,
@@ -186,5 +207,5 @@ pub(crate) fn prepare(dev: &CudaDevice, parts: &[Part], sq: usize, sk: usize) ->
     };
     let bytes = bufs.iter().map(DeviceBuffer::bytes).sum();
     let blocks = parts.iter().any(|p| !matches!(p, Part::Dense(_) | Part::Packed(_)));
-    Ok(PreparedMask { classes, bits, planes, blocks, bytes, _bufs: Arc::new(bufs) })
+    Ok(PreparedMask { classes, bits, planes, blocks, gather: None, bytes, _bufs: Arc::new(bufs) })
 }

@@ -1,0 +1,324 @@
+//! Gather attention: a mask that does not vary along the queries (`[.., .., 1, sk]`) keeps the same
+//! keys for every query of a plane, so the call runs as attention over those keys alone. At
+//! prepare time one launch compacts each plane's kept keys into an ascending list; each call then
+//! gathers K and V rows (and the bias's key columns) along the lists, writes the gathered
+//! problem's mask from the band on the original key positions (causal stays causal), runs the
+//! ordinary kernels on it, and the backward scatters dK, dV and dbias back (keys no query sees get
+//! zeros). Work and memory are O(queries x kept keys) instead of O(queries x keys).
+use super::launch::{Launch, launch};
+use super::{BACKEND, device_elem};
+use crate::attention::{Forward, GradientBuffers, Gradients, Saved};
+use crate::device::CudaDevice;
+use crate::dtype::DType::{Bool, U8};
+use crate::error::{Error, Result};
+use crate::memory::DeviceBuffer;
+use crate::problem::{Dims, Problem};
+use crate::sparse::{MaskData, PreparedMask as Prepared};
+use crate::tensor::Tensor;
+use dmattn_abi::{
+    BLOCK_MAP_K, BLOCK_MAP_Q, Band, COMPACT_THREADS, GATHER_THREADS, GatherMaskParams, GatherParams, KeyCompactParams, KeyLists, ScatterParams, View4,
+    names,
+};
+use std::sync::Arc;
+
+/// Bytes of a gathered element (the CUDA kernels' f16 and bf16).
+const ELEM: u64 = 2;
+
+/// The kept keys of each plane `[mb, mh]` of a query-broadcast mask, on the device.
+pub(crate) struct KeyListsBuf {
+    /// `[mb, mh]`.
+    pub planes: [usize; 2],
+    pub seqlen_k: usize,
+    /// Gathered keys per call: the longest list, rounded up to a 64-key block.
+    pub width: usize,
+    /// i32 `[planes, sk]`: each plane's kept keys ascending, then -1.
+    pos: DeviceBuffer,
+    /// i32 `[planes, sk]`: each key's place in its plane's list, -1 where hidden.
+    slot: DeviceBuffer,
+}
+
+impl KeyListsBuf {
+    pub fn memory_bytes(&self) -> usize {
+        self.pos.bytes() + self.slot.bytes()
+    }
+
+    /// `buf`'s lists as read by an operand whose `(batch, head)` plane is `(x, y)`, `y` counting
+    /// `heads` heads of a problem with `dims`.
+    fn lists(&self, buf: &DeviceBuffer, heads: usize, dims: &Dims) -> KeyLists {
+        let [mb, mh] = self.planes;
+        let sk = self.seqlen_k as u64;
+        // The mask's heads are 1, kv_heads or heads; an operand with query heads reads a kv-head
+        // mask's plane through the group.
+        let head_div = if mh == dims.kv_heads && heads == dims.heads && mh != heads { dims.kv_group() as u32 } else { 1 };
+        KeyLists {
+            ptr: buf.ptr(),
+            batch: if mb > 1 { mh as u64 * sk } else { 0 },
+            head: if mh > 1 { sk } else { 0 },
+            head_div,
+            _pad: 0,
+        }
+    }
+}
+
+/// Keys a gathered call keeps at most, as a fraction of all keys: above it the dense-tile path
+/// (whose block classes skip key tiles without a kept key) is used. The gathered path's cost is
+/// its width in 64-key tiles plus the gathers, about one tile's work per query tile.
+const GATHER_MAX_DENSITY: f64 = 0.5;
+
+/// Compacts a query-broadcast score mask (bool or bit-packed, `[mb, mh, 1, {1|sk}]`) into key
+/// lists, when the gathered path pays (`GATHER_MAX_DENSITY`). Reads the lists' lengths back (waits
+/// for the device): the width sizes every later launch.
+pub(crate) fn compact(dev: &CudaDevice, mask: &Tensor, packed: bool, sk: usize) -> Result<Option<KeyListsBuf>> {
+    let s = mask.shape();
+    if s.len() != 4 || s[2] != 1 || s[3] == 1 || mask.dtype() != if packed { U8 } else { Bool } {
+        return Ok(None);
+    }
+    if packed && mask.strides()[3] != 1 {
+        return Err(Error::Layout { arg: "packed_bits", backend: BACKEND, reason: "the bytes of a row must be contiguous".into() });
+    }
+    let (mb, mh) = (s[0], s[1]);
+    let planes = mb * mh;
+    let stream = dev.stream();
+    let pos = DeviceBuffer::uninit(stream, 4 * planes * sk)?;
+    let slot = DeviceBuffer::uninit(stream, 4 * planes * sk)?;
+    let counts = DeviceBuffer::uninit(stream, 4 * planes)?;
+    let params = KeyCompactParams {
+        mask: super::broadcast_view(mask),
+        pos: pos.ptr(),
+        slot: slot.ptr(),
+        counts: counts.ptr(),
+        dims: [mb as u32, mh as u32, sk as u32],
+        packed: packed as u32,
+    };
+    launch(dev, &Launch::kernel(names::KEY_COMPACT, (planes as u32, 1, 1), COMPACT_THREADS, 4 * 33), params)?;
+    let host = counts.to_host(0, 4 * planes)?;
+    let longest = host.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")) as usize).max().unwrap_or(0);
+    let width = longest.div_ceil(BLOCK_MAP_K as usize).max(1) * BLOCK_MAP_K as usize;
+    if width as f64 > GATHER_MAX_DENSITY * sk as f64 {
+        return Ok(None);
+    }
+    Ok(Some(KeyListsBuf { planes: [mb, mh], seqlen_k: sk, width, pos, slot }))
+}
+
+/// A call rewritten over gathered keys: the problem and operands the kernels run on, and what the
+/// backward needs to scatter its gradients back.
+pub(crate) struct GatheredCall {
+    pub problem: Problem,
+    pub saved: Saved,
+    lists: Arc<KeyListsBuf>,
+    /// How the gathered problem's bias was made from the call's: `Some(true)` gathered along the
+    /// key lists, `Some(false)` copied to every query head; `None`: it is the call's own (or none).
+    bias_lists: Option<bool>,
+}
+
+/// Strides in bytes of a contiguous `dims` array.
+fn contiguous_bytes(dims: [usize; 4]) -> [u64; 4] {
+    let mut s = [0u64; 4];
+    let mut acc = ELEM;
+    for i in (0..4).rev() {
+        s[i] = acc;
+        acc *= dims[i] as u64;
+    }
+    s
+}
+
+/// A tensor's strides in bytes, zero on size-1 dims, permuted by `order`.
+fn byte_strides(t: &Tensor, order: [usize; 4]) -> [u64; 4] {
+    order.map(|d| if t.shape()[d] == 1 { 0 } else { t.strides()[d] as u64 * ELEM })
+}
+
+fn gather_launch(dev: &CudaDevice, params: GatherParams) -> Result<()> {
+    let units = params.dims.iter().fold((params.row_bytes / params.unit) as u64, |n, &d| n * d as u64);
+    let blocks = units.div_ceil(GATHER_THREADS as u64).clamp(1, 65535) as u32;
+    launch(dev, &Launch::kernel(names::GATHER_ROWS, (blocks, 1, 1), GATHER_THREADS, 0), params)
+}
+
+/// Heads of a gathered operand whose own heads are `own` and whose mask has `mask`: the finer.
+fn gathered_heads(d: &Dims, own: usize, mask: usize) -> usize {
+    if own == d.heads || mask == d.heads {
+        d.heads
+    } else if own == d.kv_heads || mask == d.kv_heads {
+        d.kv_heads
+    } else {
+        1
+    }
+}
+
+/// Divisor from a gathered operand's head to its source's head (`src` heads of `gathered`).
+fn source_head_div(d: &Dims, src: usize, gathered: usize) -> u32 {
+    if src == d.kv_heads && gathered == d.heads && src != gathered { d.kv_group() as u32 } else { 1 }
+}
+
+/// Rewrites a call whose prepared mask holds key lists into the gathered call.
+pub(crate) fn gathered(dev: &CudaDevice, p: &Problem, saved: &Saved, lists: &Arc<KeyListsBuf>) -> Result<GatheredCall> {
+    let d = p.dims;
+    device_elem("q", p.dtype)?;
+    let (k_view, v_view) = (super::qkv_view(&saved.k, "k")?, super::qkv_view(&saved.v, "v")?);
+    let device = saved.q.device();
+    let [mb, mh] = lists.planes;
+    let w = lists.width;
+    // A mask per query head under GQA gives each query head its own keys: K and V are gathered per
+    // query head, and the kernels see as many kv heads as heads.
+    let kv_heads = gathered_heads(&d, d.kv_heads, mh);
+    let kv_dims = [d.batch, w, kv_heads, d.head_dim];
+    let mut kv = Vec::with_capacity(2);
+    for view in [k_view, v_view] {
+        let out = Tensor::empty(&kv_dims, p.dtype, &device)?;
+        let dst = contiguous_bytes(kv_dims);
+        let s = view.stride.map(|x| x * ELEM);
+        gather_launch(dev, GatherParams {
+            src: view.ptr,
+            src_stride: [s[0], s[2], 0, s[1]],
+            dst: out.device_ptr().expect("CUDA tensor"),
+            dst_stride: [dst[0], dst[2], 0, dst[1]],
+            dims: [d.batch as u32, kv_heads as u32, 1, w as u32],
+            row_bytes: (d.head_dim as u64 * ELEM) as u32,
+            unit: 16,
+            src_head_div: source_head_div(&d, d.kv_heads, kv_heads),
+            _pad: 0,
+            lists: lists.lists(&lists.pos, kv_heads, &d),
+        })?;
+        kv.push(out);
+    }
+    let (k, v) = (kv.remove(0), kv.remove(0));
+
+    // A bias with a key dimension is gathered along the same lists, at the finer of its own and
+    // the mask's batch and heads. A key-broadcast one is read as it is, unless K and V were
+    // gathered per query head and it has kv heads, which the gathered problem cannot broadcast:
+    // it is copied out to every query head.
+    let (bias, bias_lists) = match &saved.bias {
+        Some(b) => {
+            let [bb, bh, bq, bk] = <[usize; 4]>::try_from(b.shape()).expect("validated bias");
+            let per_kv_head = bh == d.kv_heads && bh != 1 && bh != d.heads && kv_heads == d.heads;
+            if bk > 1 || per_kv_head {
+                let (gb, gh, gk) = if bk > 1 { (if bb > 1 || mb > 1 { d.batch } else { 1 }, gathered_heads(&d, bh, mh), w) } else { (bb, d.heads, 1) };
+                let dims = [gb, gh, bq, gk];
+                let out = Tensor::empty(&dims, b.dtype(), &device)?;
+                let with_lists = if bk > 1 { Some(lists.lists(&lists.pos, gh, &d)) } else { None };
+                gather_launch(dev, GatherParams {
+                    src: b.device_ptr().expect("CUDA tensor"),
+                    src_stride: byte_strides(b, [0, 1, 2, 3]),
+                    dst: out.device_ptr().expect("CUDA tensor"),
+                    dst_stride: contiguous_bytes(dims),
+                    dims: dims.map(|x| x as u32),
+                    row_bytes: ELEM as u32,
+                    unit: ELEM as u32,
+                    src_head_div: source_head_div(&d, bh, gh),
+                    _pad: 0,
+                    lists: with_lists.unwrap_or_default(),
+                })?;
+                (Some(out), Some(bk > 1))
+            } else {
+                (Some(b.clone()), None)
+            }
+        }
+        None => (None, None),
+    };
+
+    // The gathered keys' mask: the band on their original positions, and the lists' ends.
+    let (sq, k_blocks, q_blocks) = (d.seqlen_q, w / BLOCK_MAP_K as usize, d.seqlen_q.div_ceil(BLOCK_MAP_Q as usize));
+    let planes = mb * mh;
+    // A kernel tile overhanging the last row reads a word and a class past it (see `prepare`).
+    let bits_bytes = 8 * planes * sq * k_blocks + super::prepare::PAD;
+    let buf = DeviceBuffer::uninit(dev.stream(), bits_bytes + planes * q_blocks * k_blocks + super::prepare::PAD)?;
+    let params = GatherMaskParams {
+        pos: lists.pos.ptr(),
+        pos_plane: lists.seqlen_k as u64,
+        classes: buf.ptr() + bits_bytes as u64,
+        bits: buf.ptr(),
+        band: p.band,
+        seqlen_q: sq as u32,
+        seqlen_k: d.seqlen_k as u32,
+        q_blocks: q_blocks as u32,
+        k_blocks: k_blocks as u32,
+    };
+    launch(dev, &Launch::kernel(names::GATHER_MASK, (k_blocks as u32, q_blocks as u32, planes as u32), 64, 4 * 64), params)?;
+    let strides = |dims: [usize; 4]| super::prepare::strides(dims);
+    let mask = super::PreparedMask::new(
+        View4 { ptr: params.classes, stride: strides([mb, mh, q_blocks, k_blocks]) },
+        View4 { ptr: params.bits, stride: strides([mb, mh, sq, k_blocks]) },
+        [mb, mh],
+        vec![buf],
+    );
+    let dims = Dims { seqlen_k: w, kv_heads, ..d };
+    let problem = Problem { dims, mask: Some([mb, mh]), bias: bias.as_ref().map(|b| b.shape().try_into().expect("4 dims")), band: Band::ALL, ..p.clone() };
+    let prepared = Prepared::on_device(MaskData::Cuda(mask), [mb, mh], sq, w, device);
+    let saved = Saved { q: saved.q.clone(), k, v, mask: Some(prepared), bias, gathered: None };
+    Ok(GatheredCall { problem, saved, lists: lists.clone(), bias_lists })
+}
+
+/// Runs `fwd` on the gathered form of a call, returning the call's own forward (which keeps the
+/// gathered one for the backward).
+pub(crate) fn forward(
+    dev: &CudaDevice,
+    p: Problem,
+    saved: Saved,
+    lists: &Arc<KeyListsBuf>,
+    fwd: impl FnOnce(Problem, Saved) -> Result<Forward>,
+) -> Result<Forward> {
+    let call = gathered(dev, &p, &saved, lists)?;
+    let inner = fwd(call.problem.clone(), call.saved.clone())?;
+    let saved = Saved { gathered: Some(Arc::new(call)), ..saved };
+    Ok(Forward { out: inner.out, lse: inner.lse, problem: p, saved })
+}
+
+/// The backward of a gathered forward: the kernels' backward on the gathered call, then dK, dV
+/// and (for a gathered bias) dbias scattered to the keys of the call.
+pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, call: &GatheredCall, dout: &Tensor, into: GradientBuffers) -> Result<Gradients> {
+    let (p, saved) = (&fwd.problem, &fwd.saved);
+    let d = p.dims;
+    let elem = device_elem("q", p.dtype)?;
+    let device = saved.q.device();
+    let inner = Forward { out: fwd.out.clone(), lse: fwd.lse.clone(), problem: call.problem.clone(), saved: call.saved.clone() };
+    let dbias_into = if call.bias_lists.is_some() { None } else { into.dbias };
+    let g = super::backward(dev, &inner, dout, GradientBuffers { dq: into.dq, dk: None, dv: None, dbias: dbias_into })?;
+    let scatter = format!("{}{}", names::SCATTER_ROWS_PREFIX, elem.name());
+    let run = |params: ScatterParams| {
+        let units = params.dims.iter().fold((params.row_elems / params.unit) as u64, |n, &x| n * x as u64);
+        let blocks = units.div_ceil(GATHER_THREADS as u64).clamp(1, 65535) as u32;
+        launch(dev, &Launch::kernel(&scatter, (blocks, 1, 1), GATHER_THREADS, 0), params)
+    };
+    let lists = &call.lists;
+    let kv_heads = call.problem.dims.kv_heads;
+    let mut out = Vec::with_capacity(2);
+    for (src, provided, like, arg) in [(&g.dk, into.dk, &saved.k, "dk"), (&g.dv, into.dv, &saved.v, "dv")] {
+        let dst = super::output(provided, like.shape(), p.dtype, &device)?;
+        let view = super::qkv_view(&dst, arg)?;
+        let s = view.stride.map(|x| x * ELEM);
+        let src_s = contiguous_bytes([d.batch, lists.width, kv_heads, d.head_dim]);
+        run(ScatterParams {
+            src: src.device_ptr().expect("CUDA tensor"),
+            src_stride: [src_s[0], src_s[2], 0, src_s[1]],
+            dst: view.ptr,
+            dst_stride: [s[0], s[2], 0, s[1]],
+            dims: [d.batch as u32, d.kv_heads as u32, 1, d.seqlen_k as u32],
+            ratio: [1, (kv_heads / d.kv_heads) as u32],
+            row_elems: d.head_dim as u32,
+            unit: 8,
+            slots: lists.lists(&lists.slot, kv_heads, &d),
+        })?;
+        out.push(dst);
+    }
+    let (dk, dv) = (out.remove(0), out.remove(0));
+    let dbias = match (&saved.bias, g.dbias) {
+        (Some(b), Some(gathered)) if let Some(along_keys) = call.bias_lists => {
+            let dst = super::output(into.dbias, b.shape(), b.dtype(), &device)?;
+            let [bb, bh, bq, sk] = <[usize; 4]>::try_from(b.shape()).expect("validated bias");
+            let gs = gathered.shape();
+            run(ScatterParams {
+                src: gathered.device_ptr().expect("CUDA tensor"),
+                src_stride: contiguous_bytes(gs.try_into().expect("4 dims")),
+                dst: dst.device_ptr().expect("CUDA tensor"),
+                dst_stride: contiguous_bytes([bb, bh, bq, sk]),
+                dims: [bb as u32, bh as u32, bq as u32, sk as u32],
+                ratio: [(gs[0] / bb) as u32, (gs[1] / bh) as u32],
+                row_elems: 1,
+                unit: 1,
+                slots: if along_keys { lists.lists(&lists.slot, gs[1], &d) } else { KeyLists::default() },
+            })?;
+            Some(dst)
+        }
+        (_, dbias) => dbias,
+    };
+    Ok(Gradients { dq: g.dq, dk, dv, dbias })
+}

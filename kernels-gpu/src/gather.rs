@@ -1,0 +1,255 @@
+//! Gather attention's data movement: a query-broadcast mask compacted into per-plane key lists,
+//! K/V rows and bias columns gathered along those lists, the gathered problem's mask written from
+//! the band on the original key positions, and the gradients scattered back. The attention itself
+//! runs in the ordinary kernels over the gathered keys, so its cost is O(queries x kept keys).
+use crate::arch::*;
+use crate::elem::Elem;
+use crate::mask::Visibility;
+use dmattn_abi::{
+    BLOCK_MAP_K, BLOCK_MAP_Q, COMPACT_KEYS_PER_THREAD, COMPACT_THREADS, GATHER_THREADS, GatherMaskParams, GatherParams, KeyCompactParams,
+    KeyLists, ScatterParams, block_class, mask_bit,
+};
+
+/// Whether the mask shows key `k` of the row at `base` (bool bytes `stride` apart, or bits).
+#[inline(always)]
+unsafe fn shown(p: &KeyCompactParams, base: u64, k: u32) -> u32 {
+    if p.packed != 0 {
+        (unsafe { ld_global_nc_u8(base + (k / 8) as u64) } >> (k % 8)) & 1
+    } else {
+        (unsafe { ld_global_nc_u8(base + k as u64 * p.mask.stride[3]) } != 0) as u32
+    }
+}
+
+/// This thread's `COMPACT_KEYS_PER_THREAD` keys from `first` as bits (bit `j`: key `first + j`
+/// shown; zero past `sk`).
+#[inline(always)]
+unsafe fn strip_bits(p: &KeyCompactParams, base: u64, first: u32, sk: u32) -> u32 {
+    const N: u32 = COMPACT_KEYS_PER_THREAD;
+    let strip = base + first as u64 * p.mask.stride[3];
+    if p.packed == 0 && p.mask.stride[3] == 1 && strip % 16 == 0 && first + N <= sk {
+        // One 16-byte load of bool bytes.
+        let words = unsafe { ld_global_nc_v4(strip) };
+        let mut bits = 0;
+        for (i, w) in words.iter().enumerate() {
+            for b in 0..4 {
+                bits |= (((w >> (8 * b)) & 0xff != 0) as u32) << (4 * i as u32 + b);
+            }
+        }
+        bits
+    } else {
+        let mut bits = 0;
+        for j in 0..N {
+            if first + j < sk {
+                bits |= unsafe { shown(p, base, first + j) } << j;
+            }
+        }
+        bits
+    }
+}
+
+/// Inclusive prefix sum of `x` over the warp (warp-collective).
+#[inline(always)]
+fn warp_scan(x: u32, lane: u32) -> u32 {
+    let mut s = x;
+    for d in [1, 2, 4, 8, 16] {
+        let y = shfl_up_u32(s, d);
+        if lane >= d {
+            s += y;
+        }
+    }
+    s
+}
+
+/// Grid `(planes)`, `COMPACT_THREADS` threads: passes of `COMPACT_THREADS x
+/// COMPACT_KEYS_PER_THREAD` keys, each thread a contiguous strip, a block-wide scan of the strips'
+/// counts placing each kept key. Dynamic shared memory: 33 u32.
+#[inline(always)]
+pub unsafe fn key_compact(p: &KeyCompactParams) {
+    const N: u32 = COMPACT_KEYS_PER_THREAD;
+    let tid = thread_idx();
+    let (lane, warp) = (tid % 32, tid / 32);
+    let plane = block_idx().0;
+    let [_, mh, sk] = p.dims;
+    let base = p.mask.ptr + (plane / mh) as u64 * p.mask.stride[0] + (plane % mh) as u64 * p.mask.stride[1];
+    let out = plane as u64 * sk as u64;
+    let (pos, slot) = (p.pos as *mut i32, p.slot as *mut i32);
+    let sums = smem_base();
+    let mut total = 0u32;
+    let mut k0 = 0u32;
+    while k0 < sk {
+        let first = k0 + tid * N;
+        let bits = if first < sk { unsafe { strip_bits(p, base, first, sk) } } else { 0 };
+        let n = bits.count_ones();
+        let incl = warp_scan(n, lane);
+        if lane == 31 {
+            unsafe { st_shared_u32(sums + 4 * warp, incl) };
+        }
+        sync_threads();
+        if warp == 0 {
+            let x = unsafe { ld_shared_u32(sums + 4 * lane) };
+            let s = warp_scan(x, lane);
+            // Each lane rewrites only the slot it read; the last lane's sum is the pass's count.
+            unsafe { st_shared_u32(sums + 4 * lane, s - x) };
+            if lane == 31 {
+                unsafe { st_shared_u32(sums + 4 * 32, s) };
+            }
+        }
+        sync_threads();
+        let mut at = total + unsafe { ld_shared_u32(sums + 4 * warp) } + incl - n;
+        for j in 0..N {
+            let k = first + j;
+            if k < sk {
+                let kept = (bits >> j) & 1 != 0;
+                unsafe { *slot.add((out + k as u64) as usize) = if kept { at as i32 } else { -1 } };
+                if kept {
+                    unsafe { *pos.add((out + at as u64) as usize) = k as i32 };
+                    at += 1;
+                }
+            }
+        }
+        total += unsafe { ld_shared_u32(sums + 4 * 32) };
+        // Everyone has read this pass's sums before the next pass stores its own.
+        sync_threads();
+        k0 += COMPACT_THREADS * N;
+    }
+    let mut c = total + tid;
+    while c < sk {
+        unsafe { *pos.add((out + c as u64) as usize) = -1 };
+        c += COMPACT_THREADS;
+    }
+    if tid == 0 {
+        unsafe { *(p.counts as *mut u32).add(plane as usize) = total };
+    }
+}
+
+/// The entry of `lists` for operand plane `(x, y)` and list slot `c` (`c` itself where the lists
+/// are absent: a copy that only broadcasts or sums heads).
+#[inline(always)]
+unsafe fn list_entry(l: &KeyLists, x: u32, y: u32, c: u32) -> i32 {
+    if l.ptr == 0 {
+        return c as i32;
+    }
+    let at = x as u64 * l.batch + div(y, l.head_div) as u64 * l.head + c as u64;
+    unsafe { *(l.ptr as *const i32).add(at as usize) }
+}
+
+/// `i` as `(x, y, q, c, unit)` of `dims` with `units` pieces per row.
+#[inline(always)]
+fn split(i: u64, dims: [u32; 4], units: u32) -> (u32, u32, u32, u32, u32) {
+    let u = (i % units as u64) as u32;
+    let r = i / units as u64;
+    let c = (r % dims[3] as u64) as u32;
+    let r = r / dims[3] as u64;
+    let q = (r % dims[2] as u64) as u32;
+    let r = r / dims[2] as u64;
+    ((r / dims[1] as u64) as u32, (r % dims[1] as u64) as u32, q, c, u)
+}
+
+#[inline(always)]
+fn at(base: u64, s: &[u64; 4], x: u32, y: u32, q: u32, c: u32) -> u64 {
+    base + x as u64 * s[0] + y as u64 * s[1] + q as u64 * s[2] + c as u64 * s[3]
+}
+
+/// Grid-stride, `GATHER_THREADS` threads, one `unit`-byte piece of a row each.
+#[inline(always)]
+pub unsafe fn gather_rows(p: &GatherParams) {
+    let units = p.row_bytes / p.unit;
+    let total = p.dims.iter().fold(units as u64, |n, &d| n * d as u64);
+    let mut i = block_idx().0 as u64 * GATHER_THREADS as u64 + thread_idx() as u64;
+    let step = grid_dim_x() as u64 * GATHER_THREADS as u64;
+    while i < total {
+        let (x, y, q, c, u) = split(i, p.dims, units);
+        let key = unsafe { list_entry(&p.lists, x, y, c) };
+        let dst = at(p.dst, &p.dst_stride, x, y, q, c) + (u * p.unit) as u64;
+        let src = at(p.src, &p.src_stride, x, div(y, p.src_head_div), q, key.max(0) as u32) + (u * p.unit) as u64;
+        unsafe {
+            if p.unit == 16 {
+                st_global_v4(dst, if key >= 0 { ld_global_nc_v4(src) } else { [0; 4] });
+            } else {
+                st_global_u16(dst, if key >= 0 { ld_global_nc_u16(src) } else { 0 });
+            }
+        }
+        i += step;
+    }
+}
+
+/// Grid-stride, `GATHER_THREADS` threads, one piece (8 elements, or 1) of an output row each.
+#[inline(always)]
+pub unsafe fn scatter_rows<E: Elem>(p: &ScatterParams) {
+    let units = p.row_elems / p.unit;
+    let total = p.dims.iter().fold(units as u64, |n, &d| n * d as u64);
+    let mut i = block_idx().0 as u64 * GATHER_THREADS as u64 + thread_idx() as u64;
+    let step = grid_dim_x() as u64 * GATHER_THREADS as u64;
+    while i < total {
+        let (x, y, q, j, u) = split(i, p.dims, units);
+        let mut acc = [0f32; 8];
+        for a in 0..p.ratio[0] {
+            for b in 0..p.ratio[1] {
+                let (xs, ys) = (x * p.ratio[0] + a, y * p.ratio[1] + b);
+                let slot = unsafe { list_entry(&p.slots, xs, ys, j) };
+                if slot >= 0 {
+                    let src = at(p.src, &p.src_stride, xs, ys, q, slot as u32) + (2 * u * p.unit) as u64;
+                    if p.unit == 8 {
+                        let v = unsafe { ld_global_v4(src) };
+                        for (k, w) in v.iter().enumerate() {
+                            let (lo, hi) = E::unpack(*w);
+                            acc[2 * k] += lo;
+                            acc[2 * k + 1] += hi;
+                        }
+                    } else {
+                        acc[0] += E::unpack(unsafe { ld_global_u16(src) }).0;
+                    }
+                }
+            }
+        }
+        let dst = at(p.dst, &p.dst_stride, x, y, q, j) + (2 * u * p.unit) as u64;
+        unsafe {
+            if p.unit == 8 {
+                let w = core::array::from_fn(|k| E::pack(acc[2 * k], acc[2 * k + 1]));
+                st_global_v4(dst, w);
+            } else {
+                st_global_u16(dst, E::pack(acc[0], 0.0) & 0xffff);
+            }
+        }
+        i += step;
+    }
+}
+
+/// Grid `(k_blocks, q_blocks, planes)`, 64 threads: the block's 64 key positions in shared
+/// memory, one query row per thread.
+#[inline(always)]
+pub unsafe fn gather_mask(p: &GatherMaskParams) {
+    const { assert!(BLOCK_MAP_Q == 64 && BLOCK_MAP_K == 64) };
+    let (kb, qb, plane) = block_idx();
+    let t = thread_idx();
+    let keys = smem_base();
+    let key = unsafe { *(p.pos as *const i32).add((plane as u64 * p.pos_plane + (kb * 64 + t) as u64) as usize) };
+    unsafe { st_shared_u32(keys + 4 * t, key as u32) };
+    sync_threads();
+    let row = qb * 64 + t;
+    let vis = Visibility::new(p.seqlen_q, p.seqlen_k, p.band);
+    let mut word = 0u64;
+    if row < p.seqlen_q {
+        let (lo, hi) = vis.row_keys(row);
+        let sinks = vis.row_sinks().min(hi);
+        for c in 0..64 {
+            // -1 (past the list's end) is above every bound as u32.
+            let j = unsafe { ld_shared_u32(keys + 4 * c) };
+            let shown = j < hi && (j >= lo || j < sinks);
+            word |= (shown as u64) << mask_bit(c);
+        }
+        let at = (plane as u64 * p.seqlen_q as u64 + row as u64) * p.k_blocks as u64 + kb as u64;
+        unsafe { *(p.bits as *mut u64).add(at as usize) = word };
+    }
+    let any = sync_threads_or(word != 0);
+    let all = sync_threads_and(row >= p.seqlen_q || word == u64::MAX);
+    if t == 0 {
+        let class = match (any, all) {
+            (false, _) => block_class::EMPTY,
+            (true, true) => block_class::FULL,
+            (true, false) => block_class::PARTIAL,
+        };
+        let at = ((plane * p.q_blocks + qb) * p.k_blocks + kb) as usize;
+        unsafe { *(p.classes as *mut u8).add(at) = class };
+    }
+}

@@ -1,0 +1,159 @@
+//! Gather attention on the GPU (a key-side mask `[{1|b}, {1|hk|h}, 1, sk]` compacted to its kept
+//! keys) against the f64 CPU reference run with the equivalent dense mask: property tests over
+//! key-side masks from one key to half the keys (random, contiguous runs, none), bool and
+//! bit-packed, with and without a band or compressed causal applied on the original key positions,
+//! causal with `sq != sk`, every bias broadcast, GQA/MQA and per-query-head masks, head dims 32-256,
+//! f16 and bf16, rows with no visible key; forward, backward, deterministic backward, the
+//! materialising forward, and the unprepared `.mask()` call. Also: which masks take the gathered
+//! path, bit-identical deterministic gradients, and keys beyond one compaction pass.
+//! `DMATTN_GPU_CASES` sets the property tests' case counts. Skips, saying why, where there is no
+//! CUDA device.
+use dmattn::{DType, SparseMask, Tensor};
+use dmattn_tests::sparse::{DataPart, MaskSpec, SparseCase, check_gpu_prepared, check_gpu_sparse, gpu_gather_cases, random_key_keep};
+use dmattn_tests::*;
+use proptest::test_runner::TestCaseError;
+use rand::Rng;
+
+fn gather_property(cases: u32, max_seqlen: usize, property: impl Fn(SparseCase) -> Result<(), TestCaseError>) {
+    if let Err(e) = gpu_runner(cases).run(&gpu_gather_cases(max_seqlen), property) {
+        panic!("{e}");
+    }
+}
+
+#[test]
+fn gather_forward_matches_reference() {
+    let Some(gpu) = gpu() else { return };
+    gather_property(1000, 300, |sc| check_gpu_sparse(&sc, &gpu, ForwardPath::Fused, false, false));
+}
+
+#[test]
+fn gather_backward_matches_reference() {
+    let Some(gpu) = gpu() else { return };
+    gather_property(700, 300, |sc| check_gpu_sparse(&sc, &gpu, ForwardPath::Fused, true, false));
+}
+
+#[test]
+fn gather_deterministic_backward_matches_reference() {
+    let Some(gpu) = gpu() else { return };
+    gather_property(150, 200, |sc| check_gpu_sparse(&sc, &gpu, ForwardPath::Fused, true, true));
+}
+
+#[test]
+fn gather_materialized_matches_reference() {
+    let Some(gpu) = gpu() else { return };
+    gather_property(100, 300, |sc| check_gpu_sparse(&sc, &gpu, ForwardPath::Materialized, sc.seed % 2 == 0, false));
+}
+
+/// The unprepared call: a key-side mask passed to `.mask()` (prepared by the call itself),
+/// forward and backward, against the reference on the same mask.
+#[test]
+fn gather_through_the_mask_argument_matches_reference() {
+    let Some(gpu) = gpu() else { return };
+    gather_property(150, 300, |sc| {
+        dmattn::set_output_poisoning(true);
+        let case = &sc.case;
+        let mut rng = seeded_rng(sc.seed);
+        let pb = if rng.random_bool(0.5) { case.batch } else { 1 };
+        let ph = [1, case.kv_heads, case.heads][rng.random_range(0..3)];
+        let shape = [pb, ph, 1, case.seqlen_k];
+        let keep = random_key_keep(&mut rng, shape);
+        let case = Case { mask: Some(shape), ..case.clone() };
+        let mut inputs = case.inputs(&mut rng);
+        inputs.mask = Some(Tensor::from_vec(keep, &shape, &dmattn::Device::Cpu).unwrap());
+        let want = case.forward(&inputs).map_err(|e| TestCaseError::fail(format!("reference: {e}")))?;
+        let on_gpu = inputs.to(&gpu);
+        let got = case.forward(&on_gpu).map_err(|e| TestCaseError::fail(format!("gpu: {e} for {case:?}")))?;
+        compare_forward(&case, ForwardPath::Fused, case.dtype, &got, &want, 0.0)?;
+        let dout = gpu_dout(&case, sc.seed ^ 0x5EED);
+        let g = got.backward(&dout.to_device(&gpu).unwrap()).map_err(|e| TestCaseError::fail(format!("gpu backward: {e} for {case:?}")))?;
+        let w = want.backward(&dout).unwrap();
+        let (spec, data) = (naive::Spec::of(&case), naive::Data::of(&inputs));
+        let nf = naive::forward(&spec, &data);
+        let mags = naive::backward_magnitudes(&spec, &data, &nf, &dout.to_f64_vec().unwrap());
+        let mags = [Some(mags.dq), Some(mags.dk), Some(mags.dv), mags.dbias];
+        compare_gradients(&case, &grads_vec(&g), &grads_vec(&w), &mags, gpu_tolerance(case.dtype))
+    });
+}
+
+/// A key-side mask alone keeping at most half the keys is gathered, to the longest plane's count
+/// rounded up to 64; denser ones, masks varying along the queries and masks with block parts are
+/// not.
+#[test]
+fn which_masks_are_gathered() {
+    let Some(gpu) = gpu() else { return };
+    let sk = 1000;
+    let mask = |shape: [usize; 4], kept: &dyn Fn(usize) -> bool| {
+        let n: usize = shape.iter().product();
+        Tensor::from_vec((0..n).map(|x| kept(x % sk)).collect(), &shape, &gpu).unwrap()
+    };
+    let prepared = |m: SparseMask| m.prepare(200, sk).unwrap().gathered_keys();
+    // Planes keeping 100 and 130 keys: 130 rounds up to 192.
+    let two = Tensor::from_vec((0..2 * sk).map(|x| if x < sk { x % 10 == 0 } else { x - sk < 130 }).collect(), &[1, 2, 1, sk], &gpu).unwrap();
+    assert_eq!(prepared(SparseMask::dense(&two)), Some(192));
+    assert_eq!(prepared(SparseMask::dense(&mask([1, 1, 1, sk], &|j| j == 999))), Some(64));
+    assert_eq!(prepared(SparseMask::dense(&mask([1, 1, 1, sk], &|_| false))), Some(64));
+    assert_eq!(prepared(SparseMask::dense(&mask([1, 1, 1, sk], &|j| j < 448)).and(SparseMask::causal())), Some(448));
+    assert_eq!(prepared(SparseMask::dense(&mask([1, 1, 1, sk], &|j| j < 600))), None);
+    assert_eq!(prepared(SparseMask::dense(&mask([1, 1, 200, sk], &|j| j < 10))), None);
+    let bitset = Tensor::from_vec(vec![true; 4 * 16], &[1, 1, 4, 16], &gpu).unwrap();
+    assert_eq!(prepared(SparseMask::dense(&mask([1, 1, 1, sk], &|j| j < 10)).and(SparseMask::block_bitset(&bitset, 64))), None);
+}
+
+/// Two deterministic runs through the gathered path give bit-identical gradients (dK, dV and
+/// dbias summed over query heads and batches by the scatter), and match the reference.
+#[test]
+fn gather_deterministic_runs_are_bit_identical() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = fresh_rng("gather_deterministic_runs_are_bit_identical");
+    let cases = [
+        Case { bias: Some([1, 1, 1, 700]), causal: true, dtype: DType::BF16, ..Case::new(2, 300, 700, 4, 2, 64) },
+        Case { bias: Some([2, 4, 300, 500]), dtype: DType::F16, ..Case::new(2, 300, 500, 4, 1, 128) },
+    ];
+    for case in cases {
+        let seed: u64 = rng.random();
+        let mut r = seeded_rng(seed);
+        let inputs = case.inputs(&mut r);
+        let shape = [case.batch, case.heads, 1, case.seqlen_k];
+        let keep: Vec<bool> = (0..shape.iter().product()).map(|_| r.random_bool(0.1)).collect();
+        let spec = MaskSpec::data(DataPart::Dense { shape, keep });
+        let prepared = spec.prepare(&gpu, case.seqlen_q, case.seqlen_k).unwrap();
+        assert!(prepared.gathered_keys().is_some(), "a 10 % key-side mask is gathered");
+        let on_gpu = inputs.to(&gpu);
+        let dout = gpu_dout(&case, seed).to_device(&gpu).unwrap();
+        dmattn::set_output_poisoning(true);
+        let run = || grads_vec(&case.call(&on_gpu).sparse_mask(&prepared).deterministic(true).forward().unwrap().backward(&dout).unwrap());
+        let first = run();
+        for _ in 0..3 {
+            let again = run();
+            for (name, (a, b)) in ["dq", "dk", "dv", "dbias"].iter().zip(first.iter().zip(&again)) {
+                let same = match (a, b) {
+                    (Some(a), Some(b)) => a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    (a, b) => a.is_none() && b.is_none(),
+                };
+                assert!(same, "{name} differs between deterministic runs for {case:?}");
+            }
+        }
+        let sc = SparseCase { case: case.clone(), kinds: Vec::new(), seed };
+        check_gpu_prepared(&sc, &spec, &prepared, &inputs, &gpu, ForwardPath::Fused, true, true).unwrap();
+    }
+}
+
+/// The workload's shape in small: long keys (three compaction passes), a top-k-like key mask, a
+/// key-side bias, causal with fewer queries than keys; forward and backward.
+#[test]
+fn long_keys_with_key_side_bias_match_reference() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = fresh_rng("long_keys_with_key_side_bias_match_reference");
+    let sk = 40_000;
+    let case = Case { bias: Some([1, 1, 1, sk]), causal: true, dtype: DType::BF16, ..Case::new(1, 200, sk, 2, 1, 64) };
+    let seed: u64 = rng.random();
+    let mut r = seeded_rng(seed);
+    let inputs = case.inputs(&mut r);
+    let shape = [1, 1, 1, sk];
+    let keep: Vec<bool> = (0..sk).map(|j| r.random_bool(0.025) || j >= sk - 100).collect();
+    let spec = MaskSpec::data(DataPart::Dense { shape, keep });
+    let prepared = spec.prepare(&gpu, case.seqlen_q, sk).unwrap();
+    assert!(prepared.gathered_keys().is_some_and(|w| w < 2000), "gathered: {:?}", prepared.gathered_keys());
+    let sc = SparseCase { case, kinds: Vec::new(), seed };
+    check_gpu_prepared(&sc, &spec, &prepared, &inputs, &gpu, ForwardPath::Fused, true, false).unwrap();
+}
