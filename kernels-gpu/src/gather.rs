@@ -28,14 +28,9 @@ unsafe fn strip_bits(p: &KeyCompactParams, base: u64, first: u32, sk: u32) -> u3
     let strip = base + first as u64 * p.mask.stride[3];
     if p.packed == 0 && p.mask.stride[3] == 1 && strip % 16 == 0 && first + N <= sk {
         // One 16-byte load of bool bytes.
-        let words = unsafe { ld_global_nc_v4(strip) };
-        let mut bits = 0;
-        for (i, w) in words.iter().enumerate() {
-            for b in 0..4 {
-                bits |= (((w >> (8 * b)) & 0xff != 0) as u32) << (4 * i as u32 + b);
-            }
-        }
-        bits
+        let [w0, w1, w2, w3] = unsafe { ld_global_nc_v4(strip) };
+        let nonzero = |w: u32, at: u32| (0..4).fold(0, |bits, b| bits | (((w >> (8 * b)) & 0xff != 0) as u32) << (at + b));
+        nonzero(w0, 0) | nonzero(w1, 4) | nonzero(w2, 8) | nonzero(w3, 12)
     } else {
         let mut bits = 0;
         for j in 0..N {
@@ -50,12 +45,15 @@ unsafe fn strip_bits(p: &KeyCompactParams, base: u64, first: u32, sk: u32) -> u3
 /// Inclusive prefix sum of `x` over the warp (warp-collective).
 #[inline(always)]
 fn warp_scan(x: u32, lane: u32) -> u32 {
+    // A counted loop, not an iterator over an array: the array would live in local memory.
     let mut s = x;
-    for d in [1, 2, 4, 8, 16] {
+    let mut d = 1;
+    while d < 32 {
         let y = shfl_up_u32(s, d);
         if lane >= d {
             s += y;
         }
+        d *= 2;
     }
     s
 }

@@ -262,16 +262,94 @@ pub(crate) fn forward(
     Ok(Forward { out: inner.out, lse: inner.lse, problem: p, saved })
 }
 
-/// The backward of a gathered forward: the kernels' backward on the gathered call, then dK, dV
-/// and (for a gathered bias) dbias scattered to the keys of the call.
+/// Query chunks the gathered backward runs as batch entries of their own. Its kernels parallelise
+/// over key tiles, and a gathered problem has few (16 for 1024 keys): each chunk gets its own CTAs
+/// and its own dK/dV partial, summed by the scatter. Powers of two of at least 512 queries each,
+/// towards four CTAs per SM; only where the folding is a strided view (batch 1, a bias without a
+/// query dimension).
+fn query_chunks(dev: &CudaDevice, call: &GatheredCall) -> usize {
+    let d = call.problem.dims;
+    if d.batch != 1 || call.problem.bias.is_some_and(|b| b[2] != 1) {
+        return 1;
+    }
+    let ctas = (d.seqlen_k / BLOCK_MAP_K as usize).max(1) * d.kv_heads;
+    let target = (4 * dev.sms() as usize).div_ceil(ctas);
+    let mut chunks = 1;
+    while 2 * chunks <= target && d.seqlen_q.is_multiple_of(2 * chunks * BLOCK_MAP_Q as usize) && d.seqlen_q / (2 * chunks) >= 512 {
+        chunks *= 2;
+    }
+    chunks
+}
+
+/// `[1, sq, h, d]` (any strides) seen as `[chunks, sq / chunks, h, d]`.
+fn fold_rows(t: &Tensor, chunks: usize) -> Result<Tensor> {
+    let (s, st) = (t.shape(), t.strides());
+    let rows = s[1] / chunks;
+    t.as_strided(&[chunks, rows, s[2], s[3]], &[rows * st[1], st[1], st[2], st[3]], t.layout().offset)
+}
+
+/// The gathered call (batch 1) as `chunks` batch entries of `sq / chunks` queries each: q, out,
+/// the prepared mask and (written here) LSE folded, K, V and the bias broadcast over them.
+fn fold(dev: &CudaDevice, call: &GatheredCall, out: &Tensor, lse: &Tensor, chunks: usize) -> Result<Forward> {
+    let d = call.problem.dims;
+    let rows = d.seqlen_q / chunks;
+    let saved = &call.saved;
+    let broadcast = |t: &Tensor| {
+        let (s, st) = (t.shape(), t.strides());
+        t.as_strided(&[chunks, s[1], s[2], s[3]], &[0, st[1], st[2], st[3]], t.layout().offset)
+    };
+    // LSE [1, h, sq] -> [chunks, h, rows]: an identity-list copy of f32 pieces.
+    let lse_f = Tensor::empty(&[chunks, d.heads, rows], lse.dtype(), &lse.device())?;
+    gather_launch(dev, GatherParams {
+        src: lse.device_ptr().expect("CUDA tensor"),
+        src_stride: [0, 4 * rows as u64, 4 * d.seqlen_q as u64, 4],
+        dst: lse_f.device_ptr().expect("CUDA tensor"),
+        dst_stride: [0, 4 * (d.heads * rows) as u64, 4 * rows as u64, 4],
+        dims: [1, chunks as u32, d.heads as u32, rows as u32],
+        row_bytes: 4,
+        unit: 2,
+        src_head_div: 1,
+        _pad: 0,
+        lists: KeyLists::default(),
+    })?;
+    let Some(MaskData::Cuda(m)) = saved.mask.as_ref().and_then(|m| m.data.as_ref()) else { unreachable!("a gathered call has a GPU mask") };
+    let (mut classes, mut bits) = (m.classes, m.bits);
+    classes.stride[0] = (rows / BLOCK_MAP_Q as usize) as u64 * classes.stride[2];
+    bits.stride[0] = rows as u64 * bits.stride[2];
+    let planes = [chunks, m.planes[1]];
+    let mask = Prepared::on_device(MaskData::Cuda(m.viewed(classes, bits, planes)), planes, rows, d.seqlen_k, saved.q.device());
+    let problem = Problem { dims: Dims { batch: chunks, seqlen_q: rows, ..d }, mask: Some(planes), ..call.problem.clone() };
+    let saved = Saved {
+        q: fold_rows(&saved.q, chunks)?,
+        k: broadcast(&saved.k)?,
+        v: broadcast(&saved.v)?,
+        mask: Some(mask),
+        bias: saved.bias.clone(),
+        gathered: None,
+    };
+    Ok(Forward { out: fold_rows(out, chunks)?, lse: lse_f, problem, saved })
+}
+
+/// The backward of a gathered forward: the kernels' backward on the gathered call (in query
+/// chunks, see [`query_chunks`]), then dK, dV and (for a gathered bias) dbias scattered to the keys
+/// of the call, summed over chunks and query heads in a fixed order.
 pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, call: &GatheredCall, dout: &Tensor, into: GradientBuffers) -> Result<Gradients> {
     let (p, saved) = (&fwd.problem, &fwd.saved);
     let d = p.dims;
     let elem = device_elem("q", p.dtype)?;
     let device = saved.q.device();
-    let inner = Forward { out: fwd.out.clone(), lse: fwd.lse.clone(), problem: call.problem.clone(), saved: call.saved.clone() };
     let dbias_into = if call.bias_lists.is_some() { None } else { into.dbias };
-    let g = super::backward(dev, &inner, dout, GradientBuffers { dq: into.dq, dk: None, dv: None, dbias: dbias_into })?;
+    let chunks = query_chunks(dev, call);
+    let g = if chunks > 1 {
+        let inner = fold(dev, call, &fwd.out, &fwd.lse, chunks)?;
+        let dq = super::output(into.dq, saved.q.shape(), p.dtype, &device)?;
+        let dq_f = fold_rows(&dq, chunks)?;
+        let g = super::backward(dev, &inner, &fold_rows(dout, chunks)?, GradientBuffers { dq: Some(&dq_f), dk: None, dv: None, dbias: dbias_into })?;
+        Gradients { dq, ..g }
+    } else {
+        let inner = Forward { out: fwd.out.clone(), lse: fwd.lse.clone(), problem: call.problem.clone(), saved: call.saved.clone() };
+        super::backward(dev, &inner, dout, GradientBuffers { dq: into.dq, dk: None, dv: None, dbias: dbias_into })?
+    };
     let scatter = format!("{}{}", names::SCATTER_ROWS_PREFIX, elem.name());
     let run = |params: ScatterParams| {
         let units = params.dims.iter().fold((params.row_elems / params.unit) as u64, |n, &x| n * x as u64);
@@ -285,14 +363,15 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, call: &GatheredCall, dou
         let dst = super::output(provided, like.shape(), p.dtype, &device)?;
         let view = super::qkv_view(&dst, arg)?;
         let s = view.stride.map(|x| x * ELEM);
-        let src_s = contiguous_bytes([d.batch, lists.width, kv_heads, d.head_dim]);
+        // `[batch x chunks, width, kv_heads', d]`: a batch entry's chunks are its sources.
+        let src_s = contiguous_bytes([d.batch * chunks, lists.width, kv_heads, d.head_dim]);
         run(ScatterParams {
             src: src.device_ptr().expect("CUDA tensor"),
             src_stride: [src_s[0], src_s[2], 0, src_s[1]],
             dst: view.ptr,
             dst_stride: [s[0], s[2], 0, s[1]],
             dims: [d.batch as u32, d.kv_heads as u32, 1, d.seqlen_k as u32],
-            ratio: [1, (kv_heads / d.kv_heads) as u32],
+            ratio: [chunks as u32, (kv_heads / d.kv_heads) as u32],
             row_elems: d.head_dim as u32,
             unit: 8,
             slots: lists.lists(&lists.slot, kv_heads, &d),

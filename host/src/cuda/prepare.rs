@@ -45,6 +45,11 @@ impl PreparedMask {
         self.bytes + self.gather.as_ref().map_or(0, |g| g.memory_bytes())
     }
 
+    /// The same data seen through other views (into the same buffers) and planes.
+    pub fn viewed(&self, classes: View4, bits: View4, planes: [usize; 2]) -> Self {
+        PreparedMask { classes, bits, planes, ..self.clone() }
+    }
+
     /// Whether each 64x64 block of each plane is visited, `[planes, q_blocks, k_blocks]` (read
     /// back from the device).
     pub fn block_classes(&self, q_blocks: usize, k_blocks: usize) -> Result<Vec<bool>> {
