@@ -523,10 +523,12 @@ pub struct BlockMaskParams {
     pub dims: [u32; 4],
 }
 
-/// Parameters of the key-compaction kernel: for each plane `[mb, mh]` of a query-broadcast mask
-/// (`[mb, mh, 1, sk]`, bool bytes, or bits as in [`MaskPackParams::packed`]), the kept keys' indices
-/// in ascending order (`pos`, i32 `[planes, sk]`, -1 past the count), each key's slot in that list
-/// (`slot`, i32 `[planes, sk]`, -1 for a hidden key) and the count (`counts`, u32 `[planes]`).
+/// Parameters of the key-compaction kernels (a count pass, then the compaction, both over chunks
+/// of `COMPACT_THREADS x COMPACT_KEYS_PER_THREAD` keys): for each plane `[mb, mh]` of a
+/// query-broadcast mask (`[mb, mh, 1, sk]`, bool bytes, or bits as in [`MaskPackParams::packed`]),
+/// the kept keys' indices in ascending order (`pos`, i32 `[planes, sk]`, -1 past the count), each key's slot in that list (`slot`, i32
+/// `[planes, sk]`, -1 for a hidden key) and the count (`counts`, u32 `[planes]`); `chunk_counts`
+/// (u32 `[planes, chunks]`) passes each chunk's count from the first pass to the second.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct KeyCompactParams {
@@ -534,13 +536,14 @@ pub struct KeyCompactParams {
     pub pos: u64,
     pub slot: u64,
     pub counts: u64,
+    pub chunk_counts: u64,
     /// `[mb, mh, sk]`.
     pub dims: [u32; 3],
     pub packed: u32,
 }
 
-/// Threads per block of the key-compaction kernel (one block per plane) and the keys each
-/// thread takes per pass.
+/// Threads per block of the key-compaction kernels (one block per chunk of a plane) and the keys
+/// each thread takes.
 pub const COMPACT_THREADS: u32 = 1024;
 pub const COMPACT_KEYS_PER_THREAD: u32 = 16;
 
@@ -763,6 +766,7 @@ pub mod modifiers {
 pub mod names {
     pub const MASK_PACK: &str = "dmattn_mask_pack";
     pub const BLOCK_MASK: &str = "dmattn_block_mask";
+    pub const KEY_COUNT: &str = "dmattn_key_count";
     pub const KEY_COMPACT: &str = "dmattn_key_compact";
     pub const GATHER_ROWS: &str = "dmattn_gather_rows";
     pub const GATHER_MASK: &str = "dmattn_gather_mask";

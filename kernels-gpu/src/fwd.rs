@@ -122,6 +122,10 @@ pub unsafe fn forward<
     let tid = thread_idx();
 
     let b = BlockInfo::new::<MODS>(p, BM as u32, position::<MODS>(p, sm.position));
+    if MODS {
+        // The loop rereads the stored position before its first barrier (racecheck).
+        sync_threads();
+    }
     let map = MapRows::<BM, BN>::new(&p.block_map, b.block_map(), b.m_block, &b.vis);
     let (first, end) = b.key_tiles(map.end());
     if let Some(mut tile) = next_tile::<MODS>(&mut cursor, first, tid % 32, &map.until(end)) {

@@ -58,64 +58,99 @@ fn warp_scan(x: u32, lane: u32) -> u32 {
     s
 }
 
-/// Grid `(planes)`, `COMPACT_THREADS` threads: passes of `COMPACT_THREADS x
-/// COMPACT_KEYS_PER_THREAD` keys, each thread a contiguous strip, a block-wide scan of the strips'
-/// counts placing each kept key. Dynamic shared memory: 33 u32.
+/// The mask row of `plane` and the keys of its chunk `chunk`: `(row base, first key)`.
+#[inline(always)]
+fn chunk_of(p: &KeyCompactParams, chunk: u32, plane: u32) -> (u64, u32) {
+    let mh = p.dims[1];
+    let base = p.mask.ptr + (plane / mh) as u64 * p.mask.stride[0] + (plane % mh) as u64 * p.mask.stride[1];
+    (base, chunk * COMPACT_THREADS * COMPACT_KEYS_PER_THREAD)
+}
+
+/// Block-wide sum of `x` (collective), through 33 words of shared memory at `sums`: returns
+/// (exclusive prefix of this thread, total). Ends with every thread past its reads.
+#[inline(always)]
+fn block_scan(x: u32, tid: u32, sums: u32) -> (u32, u32) {
+    let (lane, warp) = (tid % 32, tid / 32);
+    let incl = warp_scan(x, lane);
+    if lane == 31 {
+        unsafe { st_shared_u32(sums + 4 * warp, incl) };
+    }
+    sync_threads();
+    if warp == 0 {
+        let w = unsafe { ld_shared_u32(sums + 4 * lane) };
+        let s = warp_scan(w, lane);
+        // Each lane rewrites only the word it read; the last lane's sum is the total.
+        unsafe { st_shared_u32(sums + 4 * lane, s - w) };
+        if lane == 31 {
+            unsafe { st_shared_u32(sums + 4 * 32, s) };
+        }
+    }
+    sync_threads();
+    let r = (unsafe { ld_shared_u32(sums + 4 * warp) } + incl - x, unsafe { ld_shared_u32(sums + 4 * 32) });
+    sync_threads();
+    r
+}
+
+/// Grid `(chunks, planes)`, `COMPACT_THREADS` threads, each a strip of `COMPACT_KEYS_PER_THREAD`
+/// keys: each chunk's kept-key count (`counts` holds `[planes, chunks]` here). Dynamic shared
+/// memory: 33 u32.
+#[inline(always)]
+pub unsafe fn key_count(p: &KeyCompactParams) {
+    let tid = thread_idx();
+    let (chunk, plane, _) = block_idx();
+    let (base, k0) = chunk_of(p, chunk, plane);
+    let first = k0 + tid * COMPACT_KEYS_PER_THREAD;
+    let bits = if first < p.dims[2] { unsafe { strip_bits(p, base, first, p.dims[2]) } } else { 0 };
+    let (_, total) = block_scan(bits.count_ones(), tid, smem_base());
+    if tid == 0 {
+        unsafe { *(p.chunk_counts as *mut u32).add((plane * grid_dim_x() + chunk) as usize) = total };
+    }
+}
+
+/// Grid `(chunks, planes)` as [`key_count`], after it: each chunk places its kept keys after the
+/// earlier chunks' (a block-wide scan of the strips' counts), and `-1` in the list slots of its
+/// range past the plane's count. Dynamic shared memory: 33 u32.
 #[inline(always)]
 pub unsafe fn key_compact(p: &KeyCompactParams) {
     const N: u32 = COMPACT_KEYS_PER_THREAD;
     let tid = thread_idx();
-    let (lane, warp) = (tid % 32, tid / 32);
-    let plane = block_idx().0;
-    let [_, mh, sk] = p.dims;
-    let base = p.mask.ptr + (plane / mh) as u64 * p.mask.stride[0] + (plane % mh) as u64 * p.mask.stride[1];
+    let (chunk, plane, _) = block_idx();
+    let chunks = grid_dim_x();
+    let sk = p.dims[2];
+    let (base, k0) = chunk_of(p, chunk, plane);
+    // This plane's earlier chunks' counts, and its total (at most a few dozen words).
+    let counts = p.chunk_counts as *const u32;
+    let (mut before, mut total) = (0u32, 0u32);
+    for c in 0..chunks {
+        let n = unsafe { *counts.add((plane * chunks + c) as usize) };
+        total += n;
+        if c < chunk {
+            before += n;
+        }
+    }
     let out = plane as u64 * sk as u64;
     let (pos, slot) = (p.pos as *mut i32, p.slot as *mut i32);
-    let sums = smem_base();
-    let mut total = 0u32;
-    let mut k0 = 0u32;
-    while k0 < sk {
-        let first = k0 + tid * N;
-        let bits = if first < sk { unsafe { strip_bits(p, base, first, sk) } } else { 0 };
-        let n = bits.count_ones();
-        let incl = warp_scan(n, lane);
-        if lane == 31 {
-            unsafe { st_shared_u32(sums + 4 * warp, incl) };
-        }
-        sync_threads();
-        if warp == 0 {
-            let x = unsafe { ld_shared_u32(sums + 4 * lane) };
-            let s = warp_scan(x, lane);
-            // Each lane rewrites only the slot it read; the last lane's sum is the pass's count.
-            unsafe { st_shared_u32(sums + 4 * lane, s - x) };
-            if lane == 31 {
-                unsafe { st_shared_u32(sums + 4 * 32, s) };
+    let first = k0 + tid * N;
+    let bits = if first < sk { unsafe { strip_bits(p, base, first, sk) } } else { 0 };
+    let (mine, _) = block_scan(bits.count_ones(), tid, smem_base());
+    let mut at = before + mine;
+    for j in 0..N {
+        let k = first + j;
+        if k < sk {
+            let kept = (bits >> j) & 1 != 0;
+            unsafe { *slot.add((out + k as u64) as usize) = if kept { at as i32 } else { -1 } };
+            if kept {
+                unsafe { *pos.add((out + at as u64) as usize) = k as i32 };
+                at += 1;
             }
         }
-        sync_threads();
-        let mut at = total + unsafe { ld_shared_u32(sums + 4 * warp) } + incl - n;
-        for j in 0..N {
-            let k = first + j;
-            if k < sk {
-                let kept = (bits >> j) & 1 != 0;
-                unsafe { *slot.add((out + k as u64) as usize) = if kept { at as i32 } else { -1 } };
-                if kept {
-                    unsafe { *pos.add((out + at as u64) as usize) = k as i32 };
-                    at += 1;
-                }
-            }
-        }
-        total += unsafe { ld_shared_u32(sums + 4 * 32) };
-        // Everyone has read this pass's sums before the next pass stores its own.
-        sync_threads();
-        k0 += COMPACT_THREADS * N;
     }
-    let mut c = total + tid;
-    while c < sk {
+    let mut c = k0.max(total) + tid;
+    while c < sk.min(k0 + COMPACT_THREADS * N) {
         unsafe { *pos.add((out + c as u64) as usize) = -1 };
         c += COMPACT_THREADS;
     }
-    if tid == 0 {
+    if tid == 0 && chunk == 0 {
         unsafe { *(p.counts as *mut u32).add(plane as usize) = total };
     }
 }

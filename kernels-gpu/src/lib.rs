@@ -57,6 +57,12 @@ pub unsafe extern "ptx-kernel" fn dmattn_block_mask(p: BlockMaskParams) {
 /// (`dmattn_abi::names::FWD_ORDER_PREFIX`).
 #[cfg(not(target_feature = "sm_90a"))]
 #[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn dmattn_key_count(p: KeyCompactParams) {
+    unsafe { gather::key_count(&p) }
+}
+
+#[cfg(not(target_feature = "sm_90a"))]
+#[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn dmattn_key_compact(p: KeyCompactParams) {
     unsafe { gather::key_compact(&p) }
 }

@@ -16,7 +16,7 @@ use crate::problem::{Dims, Problem};
 use crate::sparse::{MaskData, PreparedMask as Prepared};
 use crate::tensor::Tensor;
 use dmattn_abi::{
-    BLOCK_MAP_K, BLOCK_MAP_Q, Band, COMPACT_THREADS, GATHER_THREADS, GatherMaskParams, GatherParams, KeyCompactParams, KeyLists, ScatterParams, View4,
+    BLOCK_MAP_K, BLOCK_MAP_Q, Band, COMPACT_KEYS_PER_THREAD, COMPACT_THREADS, GATHER_THREADS, GatherMaskParams, GatherParams, KeyCompactParams, KeyLists, ScatterParams, View4,
     names,
 };
 use std::sync::Arc;
@@ -78,19 +78,27 @@ pub(crate) fn compact(dev: &CudaDevice, mask: &Tensor, packed: bool, sk: usize) 
     }
     let (mb, mh) = (s[0], s[1]);
     let planes = mb * mh;
+    // Planes run along grid y.
+    if planes > 65535 {
+        return Ok(None);
+    }
     let stream = dev.stream();
     let pos = DeviceBuffer::uninit(stream, 4 * planes * sk)?;
     let slot = DeviceBuffer::uninit(stream, 4 * planes * sk)?;
-    let counts = DeviceBuffer::uninit(stream, 4 * planes)?;
+    let chunks = sk.div_ceil((COMPACT_THREADS * COMPACT_KEYS_PER_THREAD) as usize);
+    let counts = DeviceBuffer::uninit(stream, 4 * planes * (1 + chunks))?;
     let params = KeyCompactParams {
         mask: super::broadcast_view(mask),
         pos: pos.ptr(),
         slot: slot.ptr(),
         counts: counts.ptr(),
+        chunk_counts: counts.ptr() + 4 * planes as u64,
         dims: [mb as u32, mh as u32, sk as u32],
         packed: packed as u32,
     };
-    launch(dev, &Launch::kernel(names::KEY_COMPACT, (planes as u32, 1, 1), COMPACT_THREADS, 4 * 33), params)?;
+    let grid = (chunks as u32, planes as u32, 1);
+    launch(dev, &Launch::kernel(names::KEY_COUNT, grid, COMPACT_THREADS, 4 * 33), params)?;
+    launch(dev, &Launch::kernel(names::KEY_COMPACT, grid, COMPACT_THREADS, 4 * 33), params)?;
     let host = counts.to_host(0, 4 * planes)?;
     let longest = host.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")) as usize).max().unwrap_or(0);
     let width = longest.div_ceil(BLOCK_MAP_K as usize).max(1) * BLOCK_MAP_K as usize;
