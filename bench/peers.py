@@ -6,13 +6,25 @@
 
 Peers, all on GPU 0:
 - sdpa-flash, sdpa-cudnn, sdpa-efficient, sdpa-math: F.scaled_dot_product_attention pinned to
-  one backend by sdpa_kernel; the mask and bias go in as one attn_mask.
+  one backend by sdpa_kernel; the mask and bias go in as one attn_mask (a float mask, bias with
+  -inf where hidden; with causal it is materialized [b, mask_heads, sq, sk], and per query head
+  where 1 < mask_heads < heads: a mask that does not fit in the free memory is reported "oom").
 - flex: flex_attention under torch.compile; the mask is a BlockMask whose mask_mod reads the
   mask tensor, the bias is a score_mod. The sparse group's masks are what a flex user would
   write: windows and compressed causal as a mask_mod of the indices (create_block_mask),
   BCSR and bitset block masks as a BlockMask of the same kept 128-blocks (from_kv_blocks, all
   full blocks). Such a BlockMask is built once per case, outside the timed calls, and its build
-  time (a second build, after a warm-up one) and bytes are reported as pass "prep".
+  time (a second build, after a warm-up one) and bytes are reported as pass "prep"; so is the
+  gather group's (key_topk: mask_mod kept[b, h_kv, kv_idx] & causal, create_block_mask), whose
+  mask is data that changes every step in use (dmattn's timed forward includes its compaction).
+- fa2-kept-keys, fa2-dense-causal (key_topk cases only): FlashAttention-2 references that do not
+  do the case's work, reported for scale and never counted as the best peer. fa2-kept-keys is
+  the floor of gather attention: K and V gathered along each plane's kept keys (outside the
+  timed calls) into [b, keep, kv_heads, d], then attention over them alone, without bias and
+  without causal. fa2-dense-causal is dense causal attention over all the keys, mask and bias
+  ignored. Both use flash_attn.flash_attn_func where the flash_attn package is installed, else
+  PyTorch's own FlashAttention-2 kernel (SDPA pinned to its flash backend, [b, h, s, d]); the
+  note says which.
 
 Inputs, masks, causal alignment, timing (CUDA events, warm-up, median, rotated operand sets) and
 both file formats are those of bench/SCHEMA.md. A backward is timed alone: the forward it needs
@@ -41,13 +53,21 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
+try:  # the FlashAttention-2 package, where installed (else fa2-* run PyTorch's copy of its kernel)
+    import flash_attn
+    from flash_attn import flash_attn_func
+except ImportError:
+    flash_attn = flash_attn_func = None
+
 SDPA_BACKENDS = {
     "sdpa-flash": SDPBackend.FLASH_ATTENTION,
     "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
     "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION,
     "sdpa-math": SDPBackend.MATH,
 }
-IMPLS = [*SDPA_BACKENDS, "flex"]
+# References for key_topk cases only (see the docstring): they skip part of the case's work.
+FA2_IMPLS = ("fa2-kept-keys", "fa2-dense-causal")
+IMPLS = [*SDPA_BACKENDS, "flex", *FA2_IMPLS]
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
 # flex recompiles for every shape and every new mask_mod/score_mod. Past dynamo's recompile limit
@@ -99,10 +119,11 @@ class Case:
 class Inputs:
     sets: list  # rotated operand sets: (q, k, v, dout)
     # [b or 1, mask_heads or 1, sq, sk] bool, the case's mask without causal (a window's or a
-    # compressed causal's band includes its causal edge)
+    # compressed causal's band includes its causal edge); key_topk: [b, mask_heads, 1, sk]
     visible: torch.Tensor | None
-    bias: torch.Tensor | None  # [b, mask_heads, sq, sk]
+    bias: torch.Tensor | None  # [b, mask_heads, sq, sk]; key_topk: [b, mask_heads, 1, sk]
     kept: torch.Tensor | None = None  # bcsr / bitset: [b, mask_heads, sq / block, sk / block] bool
+    kept_keys: torch.Tensor | None = None  # key_topk: [b, mask_heads, keep] int64, ascending
 
 
 # ---------------------------------------------------------------------------------------------
@@ -112,8 +133,12 @@ class Inputs:
 def make_inputs(case, dtype, device):
     """The case's operands, N(0, 1), made on the device (the masks are too big for the host)."""
     mask_shape = (case.batch, case.mask_heads, case.seqlen_q, case.seqlen_k)
-    bias = torch.randn(mask_shape, dtype=dtype, device=device) if case.bias else None
-    visible = make_mask(case, bias, device)
+    kept_keys = None
+    if case.mask is not None and case.mask["kind"] == "key_topk":
+        kept_keys, visible, bias = key_topk_inputs(case, dtype, device)
+    else:
+        bias = torch.randn(mask_shape, dtype=dtype, device=device) if case.bias else None
+        visible = make_mask(case, bias, device)
     kept = None
     if case.mask is not None and case.mask["kind"] in BLOCK_LIST_KINDS:
         kept = block_pattern(case, case.mask["block"], case.mask["density"], device)
@@ -127,7 +152,7 @@ def make_inputs(case, dtype, device):
         tuple(torch.randn(s, dtype=dtype, device=device) for s in (q_shape, kv_shape, kv_shape, q_shape))
         for _ in range(n_sets)
     ]
-    return Inputs(sets, visible, bias, kept)
+    return Inputs(sets, visible, bias, kept, kept_keys)
 
 
 # Mask kinds (SCHEMA.md): the parametric bands, and block masks given as lists of kept blocks.
@@ -157,6 +182,40 @@ def block_pattern(case, block, density, device):
     unit, count = 2.0**-53, case.batch * case.mask_heads * nq * nk
     keep = [(splitmix64((seed + n) & MASK64) >> 11) * unit < density for n in range(count)]
     return torch.tensor(keep, dtype=torch.bool).view(case.batch, case.mask_heads, nq, nk).to(device)
+
+
+KEY_TOPK_TAG = int.from_bytes(b"key_topk", "big")  # cases.rs's KEY_TOPK_TAG
+
+
+def key_topk_scores(case):
+    """[b, mask_heads, sk] float64 in (0, 1), on the host: cases.rs's key_scores, the same values
+    (exact integer arithmetic): u_n = (2 (splitmix64(seed + n) >> 12) + 1) 2^-53, seed folding
+    the tag, batch, mask_heads, seqlen_k and keep through splitmix64."""
+    seed = 0
+    for word in (KEY_TOPK_TAG, case.batch, case.mask_heads, case.seqlen_k, case.mask["keep"]):
+        seed = splitmix64(seed ^ word)
+    count = case.batch * case.mask_heads * case.seqlen_k
+    u = [((splitmix64((seed + n) & MASK64) >> 12) * 2 + 1) * 2.0**-53 for n in range(count)]
+    return torch.tensor(u, dtype=torch.float64).view(case.batch, case.mask_heads, case.seqlen_k)
+
+
+def top_keys(scores, keep):
+    """[..., keep] int64: the keep keys of largest score of each plane (ties to the lower key, a
+    stable sort), ascending: cases.rs's top_keys."""
+    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices
+    return order[..., : min(keep, scores.size(-1))].sort(dim=-1).values
+
+
+def key_topk_inputs(case, dtype, device):
+    """(kept_keys [b, mask_heads, keep], visible [b, mask_heads, 1, sk] bool, bias [b, mask_heads,
+    1, sk] or None) of a key_topk case, as dmattn-bench draws them: the bias is Phi^-1 of
+    key_topk_scores (N(0, 1), ranked as the scores are), the mask keeps the keep keys of largest
+    score, so both sides keep the same keys of the same bias."""
+    scores = key_topk_scores(case)
+    kept_keys = top_keys(scores, case.mask["keep"])
+    visible = torch.zeros(scores.shape, dtype=torch.bool).scatter_(-1, kept_keys, True)
+    bias = torch.special.ndtri(scores)[:, :, None].to(device=device, dtype=dtype) if case.bias else None
+    return kept_keys.to(device), visible[:, :, None].to(device), bias
 
 
 def band_visible(case, device):
@@ -193,6 +252,8 @@ def make_mask(case, bias, device):
         return band_visible(case, device)
     if kind == "topk":
         return topk_mask(shape, case.mask["keep"], bias, device)
+    if kind == "key_topk":
+        return key_topk_inputs(case, torch.float32, device)[1]
     raise ValueError(f"unknown mask kind {kind!r}")
 
 
@@ -238,7 +299,9 @@ class Sdpa:
         ):
             # attn_mask broadcasts over heads but cannot map query head h to mask head
             # h // group, so it is materialized per query head (and so is its dbias).
-            self.attn_mask = self.attn_mask.repeat_interleave(case.heads // self.attn_mask.size(1), dim=1)
+            group = case.heads // self.attn_mask.size(1)
+            check_fits(self.attn_mask.numel() * group * self.attn_mask.element_size(), "attn_mask per query head", device)
+            self.attn_mask = self.attn_mask.repeat_interleave(group, dim=1)
             self.note = "mask per query head"
 
     def call(self, repeat_kv, bias_grad):
@@ -265,6 +328,12 @@ def sdpa_mask(case, inputs, device):
         if visible is None and inputs.bias is None and case.seqlen_q == case.seqlen_k:
             return None, True
         causal = causal_visible(case, device)
+        if visible is not None and visible.shape[-2] < causal.shape[0]:
+            # A query-broadcast mask (key_topk) becomes [b, mask_heads, sq, sk] with causal:
+            # bool visible and its complement, and the float mask with a bias.
+            shape = torch.broadcast_shapes(visible.shape, causal.shape)
+            per = 2 + (inputs.bias.element_size() if inputs.bias is not None else 0)
+            check_fits(math.prod(shape) * per, f"attn_mask {list(shape)} with causal", device)
         visible = causal if visible is None else visible & causal
     if inputs.bias is None:
         return visible, False
@@ -273,17 +342,29 @@ def sdpa_mask(case, inputs, device):
     return inputs.bias.masked_fill(~visible, -math.inf), False
 
 
+def check_fits(nbytes, what, device):
+    """Raises OutOfMemoryError (reported "oom", with this reason) where `nbytes` exceed the free
+    device memory (free in the driver's count plus PyTorch's cached, unused blocks)."""
+    if device.type != "cuda":
+        return
+    free = torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    if nbytes > free:
+        raise torch.OutOfMemoryError(f"{what}: {nbytes / 2**30:.1f} GiB does not fit in the {free / 2**30:.1f} GiB free")
+
+
 class Flex:
     def __init__(self, case, inputs, device):
         self.bias, self.per = inputs.bias, case.heads // case.mask_heads
         self.note = ""
         self.prep = None  # (ms, bytes, note) of the BlockMask build, for the sparse group's masks
         kind = case.mask["kind"] if case.mask is not None else None
-        if kind in ("window", "compress", *BLOCK_LIST_KINDS):
+        if kind in ("window", "compress", "key_topk", *BLOCK_LIST_KINDS):
 
             def build():
                 if kind in BLOCK_LIST_KINDS:
                     return block_list_mask(case, inputs.kept, device), "from_kv_blocks, full blocks"
+                if kind == "key_topk":
+                    return flex_block_mask(case, inputs.visible, device), "create_block_mask of kept keys & causal"
                 return band_block_mask(case, device)
 
             # The first build warms up (allocator, kernels); the second is timed.
@@ -298,9 +379,15 @@ class Flex:
         if self.bias is not None:
             bias, per = self.bias.detach().requires_grad_(bias_grad), self.per
             extra = [bias] if bias_grad else []
+            if bias.size(2) == 1:  # one row for every query (key_topk's key-side bias)
 
-            def score_mod(score, b, h, q_idx, kv_idx):
-                return score + bias[b, h // per, q_idx, kv_idx]
+                def score_mod(score, b, h, q_idx, kv_idx):
+                    return score + bias[b, h // per, 0, kv_idx]
+
+            else:
+
+                def score_mod(score, b, h, q_idx, kv_idx):
+                    return score + bias[b, h // per, q_idx, kv_idx]
 
         def attend(q, k, v):
             return compiled_flex(q, k, v, score_mod=score_mod, block_mask=self.block_mask, enable_gqa=True)
@@ -309,14 +396,16 @@ class Flex:
 
 
 def mask_mod_for(visible, per, causal_offset):
-    """mask_mod reading `visible` at mask head h // per, ANDed with bottom-right causal
-    (kv_idx <= q_idx + causal_offset) unless causal_offset is None."""
+    """mask_mod reading `visible` at mask head h // per (its one row for every query where it has
+    one row: key_topk's kept keys), ANDed with bottom-right causal (kv_idx <= q_idx +
+    causal_offset) unless causal_offset is None."""
+    one_row = visible is not None and visible.size(2) == 1
 
     def mask_mod(b, h, q_idx, kv_idx):
         causal = None if causal_offset is None else kv_idx <= q_idx + causal_offset
         if visible is None:
             return causal
-        keep = visible[b, h // per, q_idx, kv_idx]
+        keep = visible[b, h // per, 0, kv_idx] if one_row else visible[b, h // per, q_idx, kv_idx]
         return keep if causal is None else keep & causal
 
     return mask_mod
@@ -417,6 +506,86 @@ def flex_block_mask(case, visible, device):
         mask_mod=mask_mod,
         seq_lengths=(sq, sk),
     )
+
+
+class Fa2:
+    """FlashAttention-2 references of a key_topk case (not its work; see the docstring): over the
+    kept keys alone (kept_keys, K and V gathered by prepare, untimed), or dense causal over every
+    key; no bias either way, so bias_grad asks for nothing."""
+
+    def __init__(self, case, inputs, device, kept_keys):
+        if case.mask is None or case.mask["kind"] != "key_topk":
+            raise NotImplementedError("fa2 references are for key_topk cases only")
+        self.kept = inputs.kept_keys if kept_keys else None
+        self.causal = False if kept_keys else case.causal_applies
+        self.native = flash_attn_func is not None
+        if not self.native and self.causal and case.seqlen_q != case.seqlen_k:
+            raise NotImplementedError("SDPA's is_causal is top-left, the case's causal bottom-right")
+        how = f"flash_attn {flash_attn.__version__}" if self.native else "PyTorch's FA2 (SDPA flash backend)"
+        if kept_keys:
+            self.note = f"floor, not the same work: {how} over the {self.kept.size(-1)} kept keys only, gathered untimed; bias and causal ignored"
+        else:
+            self.note = f"mask ignored, not the same work: {how} dense causal over all keys, no bias"
+
+    def prepare(self, sets):
+        """The operand sets as this reference takes them (outside the timed calls): K and V
+        gathered along the kept keys; [b, s, h, d] for flash_attn_func."""
+        out = []
+        for q, k, v, dout in sets:
+            if self.kept is not None:
+                k, v = gather_keys(k, self.kept), gather_keys(v, self.kept)
+            if self.native:
+                q, k, v, dout = (t.transpose(1, 2).contiguous() for t in (q, k, v, dout))
+            out.append((q, k, v, dout))
+        return out
+
+    def call(self, repeat_kv, bias_grad):
+        causal = self.causal
+        if self.native:
+
+            def attend(q, k, v):
+                return flash_attn_func(q, k, v, causal=causal)
+
+        else:
+            gqa = not repeat_kv
+
+            def attend(q, k, v):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa and q.size(1) != k.size(1))
+
+        return attend, []
+
+
+def gather_keys(t, kept_keys):
+    """t [b, heads, sk, d] at each plane's kept keys [b, mask_heads, keep] -> [b, heads, keep, d];
+    mask head h // (heads / mask_heads) serves head h (one mask head serves all)."""
+    heads, planes = t.size(1), kept_keys.size(1)
+    if planes == 1:
+        idx = kept_keys.expand(-1, heads, -1)
+    else:
+        idx = kept_keys.repeat_interleave(heads // planes, dim=1)
+    return torch.gather(t, 2, idx[..., None].expand(-1, -1, -1, t.size(3)))
+
+
+def make_peer(impl, case, inputs, device):
+    if impl == "flex":
+        return Flex(case, inputs, device)
+    if impl in FA2_IMPLS:
+        return Fa2(case, inputs, device, kept_keys=impl == "fa2-kept-keys")
+    return Sdpa(case, inputs, device)
+
+
+def backend(impl):
+    """The SDPA backend context an implementation runs in (none for flex and flash_attn)."""
+    if impl in SDPA_BACKENDS:
+        return sdpa_kernel(SDPA_BACKENDS[impl])
+    if impl in FA2_IMPLS and flash_attn_func is None:
+        return sdpa_kernel(SDPBackend.FLASH_ATTENTION)
+    return nullcontext()
+
+
+def applies(impl, case):
+    """Whether `impl` runs on `case`: the fa2 references on key_topk cases only."""
+    return impl not in FA2_IMPLS or (case.mask is not None and case.mask["kind"] == "key_topk")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -585,19 +754,21 @@ def run_impl(impl, case, inputs, timer, report, over_budget, device):
         for p in case.passes():
             report.add(case, impl, p, "skipped", note="time budget")
         return
-    peer = functools.cache(lambda: (Flex if impl == "flex" else Sdpa)(case, inputs, device))
+    peer = functools.cache(lambda: make_peer(impl, case, inputs, device))
     group = case.heads // case.kv_heads
     # flex takes GQA natively; an SDPA backend that rejects enable_gqa gets k/v repeated.
     layouts = [False, True] if impl != "flex" and group > 1 else [False]
     dbias = [True, False] if inputs.bias is not None else [None]
 
     def sets_for(t):
-        if not t.repeat_kv:
-            return inputs.sets
-        return [
-            (q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), do)
-            for q, k, v, do in inputs.sets
-        ]
+        sets = inputs.sets
+        if t.repeat_kv:
+            sets = [
+                (q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), do)
+                for q, k, v, do in sets
+            ]
+        prepare = getattr(peer(), "prepare", None)  # untimed per-peer layout (fa2 references)
+        return prepare(sets) if prepare is not None else sets
 
     def forward(t):
         attend, _ = peer().call(t.repeat_kv, bias_grad=False)
@@ -607,7 +778,7 @@ def run_impl(impl, case, inputs, timer, report, over_budget, device):
         attend, extra = peer().call(t.repeat_kv, bias_grad=bool(t.dbias))
         return backward_ms(attend, extra, sets_for(t), timer), peer().note
 
-    with sdpa_kernel(SDPA_BACKENDS[impl]) if impl != "flex" else nullcontext():
+    with backend(impl):
         fwd_tries = [Try(rep, None) for rep in layouts]
         status, ms, note, used = first_supported(fwd_tries, forward)
         report.add(case, impl, "fwd", status, ms, note)
@@ -629,6 +800,7 @@ def run_impl(impl, case, inputs, timer, report, over_budget, device):
 
 
 def run_case(case, impls, dtype, timer, report, over_budget, device):
+    impls = [i for i in impls if applies(i, case)]
     if over_budget():
         for impl in impls:
             for p in case.passes():
@@ -682,6 +854,8 @@ class Report:
 
 def versions():
     found = {"torch": torch.__version__, "cuda": torch.version.cuda}
+    if flash_attn is not None:
+        found["flash_attn"] = flash_attn.__version__
     try:
         import triton
 

@@ -3,7 +3,8 @@ use crate::results::Pass;
 use serde::{Deserialize, Serialize};
 
 /// Which scores a case hides (see SCHEMA.md for how each is drawn). `topk`, `blocks` and
-/// `compress_dense` are given to dmattn as dense bool masks; the others are [`dmattn::SparseMask`]
+/// `compress_dense` are given to dmattn as dense bool masks; `key_topk` as a query-broadcast bool
+/// mask through `.mask(..)`, prepared by every timed call; the others are [`dmattn::SparseMask`]
 /// forms, prepared once per case outside the timed region.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -29,12 +30,18 @@ pub enum Mask {
     Bcsr { block: usize, density: f64 },
     /// The `blocks` pattern (the same draw) as a block bitset, `SparseMask::block_bitset`.
     Bitset { block: usize, density: f64 },
+    /// Flash-DMA's key-side top-k: a bias `[batch, mask_heads, 1, seqlen_k]` and a mask of the
+    /// same shape keeping, per (batch, mask head) plane, the `keep` keys of largest bias, the same
+    /// for every query ([`key_scores`], [`top_keys`]). Given to dmattn unprepared (`.mask(..)`):
+    /// the timed forward prepares it, which for a query-broadcast mask keeping at most half the
+    /// keys compacts the kept keys and runs attention over them alone ("gather attention").
+    KeyTopk { keep: usize },
 }
 
 impl Mask {
     /// Whether dmattn gets this mask as a prepared `SparseMask` (the rest go in as `.mask(..)`).
     pub fn is_sparse(&self) -> bool {
-        !matches!(self, Mask::Topk { .. } | Mask::Blocks { .. })
+        !matches!(self, Mask::Topk { .. } | Mask::Blocks { .. } | Mask::KeyTopk { .. })
     }
 }
 
@@ -57,6 +64,60 @@ pub fn block_pattern(c: &Case, block: usize, density: f64) -> Vec<bool> {
     let seed = words.iter().fold(0u64, |s, &w| splitmix64(s ^ w));
     let unit = 1.0 / (1u64 << 53) as f64;
     (0..(c.batch * c.mask_heads * nq * nk) as u64).map(|n| ((splitmix64(seed.wrapping_add(n)) >> 11) as f64 * unit) < density).collect()
+}
+
+/// Folded into the seed of [`key_scores`] first (ASCII "key_topk"), so that its draw is not a
+/// block draw's.
+const KEY_TOPK_TAG: u64 = 0x6B65_795F_746F_706B;
+
+/// The key-side scores of a `key_topk` case, `[batch, mask_heads, seqlen_k]` row-major, uniform
+/// in (0, 1): `u_n = (2 * (splitmix64(seed + n) >> 12) + 1) * 2^-53` (exact in f64, never 0 or
+/// 1), `seed` folding the tag "key_topk", batch, mask_heads, seqlen_k and `keep` through
+/// splitmix64 as [`block_pattern`] does. The bias is `Φ⁻¹(u)` ([`normal_quantile`]), N(0, 1),
+/// and ranks as `u` does, so the top-`keep` keys of the bias are those of `u` ([`top_keys`]),
+/// exactly: `peers.py` draws the same scores, so both sides keep the same keys.
+pub fn key_scores(c: &Case, keep: usize) -> Vec<f64> {
+    let words = [KEY_TOPK_TAG, c.batch as u64, c.mask_heads as u64, c.seqlen_k as u64, keep as u64];
+    let seed = words.iter().fold(0u64, |s, &w| splitmix64(s ^ w));
+    let unit = 1.0 / (1u64 << 53) as f64;
+    (0..(c.batch * c.mask_heads * c.seqlen_k) as u64).map(|n| ((splitmix64(seed.wrapping_add(n)) >> 12) * 2 + 1) as f64 * unit).collect()
+}
+
+/// The `keep` keys of largest score in each plane of `scores` (`seqlen_k` a plane; ties to the
+/// lower key), as ascending key lists, one per plane.
+pub fn top_keys(scores: &[f64], seqlen_k: usize, keep: usize) -> Vec<Vec<u32>> {
+    let keep = keep.min(seqlen_k);
+    scores
+        .chunks(seqlen_k)
+        .map(|s| {
+            let mut idx: Vec<u32> = (0..seqlen_k as u32).collect();
+            if keep < seqlen_k {
+                idx.select_nth_unstable_by(keep, |&a, &b| s[b as usize].total_cmp(&s[a as usize]).then(a.cmp(&b)));
+            }
+            idx.truncate(keep);
+            idx.sort_unstable();
+            idx
+        })
+        .collect()
+}
+
+/// The standard normal quantile `Φ⁻¹(p)`, `0 < p < 1` (Acklam's rational approximation, relative
+/// error below 1.2e-9: far finer than bf16), which turns [`key_scores`] into N(0, 1) values.
+pub fn normal_quantile(p: f64) -> f64 {
+    const A: [f64; 6] = [-3.969683028665376e1, 2.209460984245205e2, -2.759285104469687e2, 1.38357751867269e2, -3.066479806614716e1, 2.506628277459239];
+    const B: [f64; 5] = [-5.447609879822406e1, 1.615858368580409e2, -1.556989798598866e2, 6.680131188771972e1, -1.328068155288572e1];
+    const C: [f64; 6] = [-7.784894002430293e-3, -3.223964580411365e-1, -2.400758277161838, -2.549732539343734, 4.374664141464968, 2.938163982698783];
+    const D: [f64; 4] = [7.784695709041462e-3, 3.224671290700398e-1, 2.445134137142996, 3.754408661907416];
+    const LOW: f64 = 0.02425;
+    if p < LOW {
+        let q = (-2.0 * p.ln()).sqrt();
+        (((((C[0] * q + C[1]) * q + C[2]) * q + C[3]) * q + C[4]) * q + C[5]) / ((((D[0] * q + D[1]) * q + D[2]) * q + D[3]) * q + 1.0)
+    } else if p <= 1.0 - LOW {
+        let (q, r) = (p - 0.5, (p - 0.5) * (p - 0.5));
+        (((((A[0] * r + A[1]) * r + A[2]) * r + A[3]) * r + A[4]) * r + A[5]) * q / (((((B[0] * r + B[1]) * r + B[2]) * r + B[3]) * r + B[4]) * r + 1.0)
+    } else {
+        -normal_quantile(1.0 - p)
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -105,6 +166,23 @@ impl Case {
         lo as usize..(hi.max(lo)) as usize
     }
 
+    /// The query dimension of mask and bias: 1 for `key_topk` (query-broadcast), else `seqlen_q`.
+    pub fn mask_rows(&self) -> usize {
+        match self.mask {
+            Some(Mask::KeyTopk { .. }) => 1,
+            _ => self.seqlen_q,
+        }
+    }
+
+    /// The kept keys of a `key_topk` case, per (batch, mask head) plane, ascending
+    /// ([`key_scores`], [`top_keys`]).
+    pub fn kept_keys(&self) -> Option<Vec<Vec<u32>>> {
+        match self.mask {
+            Some(Mask::KeyTopk { keep }) => Some(top_keys(&key_scores(self, keep), self.seqlen_k, keep)),
+            _ => None,
+        }
+    }
+
     /// The kept blocks of a `bcsr` or `bitset` case ([`block_pattern`]) with their block size.
     pub fn kept_blocks(&self) -> Option<(usize, Vec<bool>)> {
         match self.mask {
@@ -114,11 +192,21 @@ impl Case {
     }
 
     /// Query-key pairs of one (batch, head) the FLOP count covers: those causal masking and the
-    /// band leave ([`Case::row_keys`]) and, for `bcsr` and `bitset`, inside the kept blocks
-    /// (averaged over the mask's planes). The data masks given densely (`topk`, `blocks`) are
-    /// not subtracted (the convention of the earlier results); `compress_dense` counts as
-    /// `compress`.
+    /// band leave ([`Case::row_keys`]) and, for `bcsr` and `bitset`, inside the kept blocks, for
+    /// `key_topk` among the kept keys (averaged over the mask's planes). The data masks given
+    /// densely (`topk`, `blocks`) are not subtracted (the convention of the earlier results);
+    /// `compress_dense` counts as `compress`.
     pub fn pairs(&self) -> f64 {
+        if let Some(planes) = self.kept_keys() {
+            let per_plane = |kept: &Vec<u32>| {
+                // before[j]: kept keys below j.
+                let mut before = vec![0usize; self.seqlen_k + 1];
+                kept.iter().for_each(|&j| before[j as usize + 1] = 1);
+                (1..before.len()).for_each(|j| before[j] += before[j - 1]);
+                (0..self.seqlen_q).map(|i| self.row_keys(i)).map(|r| before[r.end] - before[r.start]).sum::<usize>() as f64
+            };
+            return planes.iter().map(per_plane).sum::<f64>() / planes.len().max(1) as f64;
+        }
         let rows = |plane: Option<(&[bool], usize)>| -> f64 {
             (0..self.seqlen_q)
                 .map(|i| {
@@ -183,14 +271,19 @@ impl Case {
 
     /// Bytes a forward must read at least (q, k, v, and the mask and bias) and write (out):
     /// the memory traffic that bounds decoding. Elements are 2 bytes, dense mask entries 1,
-    /// parametric masks none.
+    /// parametric masks none; `key_topk` needs only the kept keys' rows of k and v (its mask and
+    /// bias have one row).
     pub fn fwd_bytes(&self) -> f64 {
+        let kv_rows = match self.mask {
+            Some(Mask::KeyTopk { keep }) => keep.min(self.seqlen_k),
+            _ => self.seqlen_k,
+        };
         let qo = 2 * self.batch * self.seqlen_q * self.heads * self.head_dim;
-        let kv = 2 * self.batch * self.seqlen_k * self.kv_heads * self.head_dim;
-        let scores = self.batch * self.mask_heads * self.seqlen_q * self.seqlen_k;
+        let kv = 2 * self.batch * kv_rows * self.kv_heads * self.head_dim;
+        let scores = self.batch * self.mask_heads * self.mask_rows() * self.seqlen_k;
         let mask = match self.mask {
             None | Some(Mask::Window { .. } | Mask::Compress { .. }) => 0,
-            Some(Mask::Topk { .. } | Mask::Blocks { .. } | Mask::CompressDense { .. }) => scores,
+            Some(Mask::Topk { .. } | Mask::Blocks { .. } | Mask::CompressDense { .. } | Mask::KeyTopk { .. }) => scores,
             // The kept flags (BCSR's indices are as many words, near enough).
             Some(Mask::Bitset { block, .. } | Mask::Bcsr { block, .. }) => scores / (block * block),
         };
@@ -216,6 +309,7 @@ impl Case {
             Some(Mask::CompressDense { cf }) => parts.push(format!("compress{cf}-dense")),
             Some(Mask::Bcsr { block, density }) => parts.push(format!("bcsr{block}x{:.0}%", density * 100.0)),
             Some(Mask::Bitset { block, density }) => parts.push(format!("bitset{block}x{:.0}%", density * 100.0)),
+            Some(Mask::KeyTopk { keep }) => parts.push(format!("keytopk{keep}")),
             None => {}
         }
         if self.bias {
@@ -327,8 +421,47 @@ fn sparse(quick: bool) -> Vec<Case> {
         .collect()
 }
 
+/// The `gather` group: Flash-DMA's key-side top-k (`key_topk`: a query-broadcast mask and bias
+/// `[batch, kv_heads, 1, seqlen_k]`), which dmattn runs as gather attention over the kept keys,
+/// the compaction inside the timed call. Batch 1, causal, bias: Flash-DMA's shape (2 heads, 1 kv
+/// head, dim 64, keep 1024) at 16K and 32K; a GQA shape (16 heads, 4 kv heads, dim 128, keep
+/// 2048, one mask plane per kv head) at 8K and 32K, forward and backward; and decoding (one
+/// query, 512K keys, Flash-DMA's shape), forward. `quick`: the 16K and decoding cases.
+fn gather(quick: bool) -> Vec<Case> {
+    // (heads, kv_heads, head_dim, keep, seqlen_q, seqlen_k)
+    let mut shapes: Vec<(usize, usize, usize, usize, usize, usize)> = Vec::new();
+    let flash_dma: &[usize] = if quick { &[16384] } else { &[16384, 32768] };
+    shapes.extend(flash_dma.iter().map(|&s| (2, 1, 64, 1024, s, s)));
+    if !quick {
+        shapes.extend([8192, 32768].map(|s| (16, 4, 128, 2048, s, s)));
+    }
+    shapes.push((2, 1, 64, 1024, 1, 524288));
+    shapes
+        .into_iter()
+        .map(|(heads, kv_heads, head_dim, keep, seqlen_q, seqlen_k)| {
+            let mut c = Case {
+                id: String::new(),
+                group: "gather".into(),
+                batch: 1,
+                heads,
+                kv_heads,
+                seqlen_q,
+                seqlen_k,
+                head_dim,
+                causal: true,
+                mask: Some(Mask::KeyTopk { keep }),
+                bias: true,
+                mask_heads: kv_heads,
+                backward: seqlen_q > 1,
+            };
+            c.id = format!("gather/d{head_dim}/q{seqlen_q}/k{seqlen_k}/{}", c.variant());
+            c
+        })
+        .collect()
+}
+
 /// The groups of the grid, in run order.
-pub const GROUPS: [&str; 7] = ["llm", "llm-d64", "dma-train", "dma-window", "dma-infer", "dma-infer-window", "sparse"];
+pub const GROUPS: [&str; 8] = ["llm", "llm-d64", "dma-train", "dma-window", "dma-infer", "dma-infer-window", "sparse", "gather"];
 
 /// The grid for `groups` (all when empty); `quick` keeps a few sizes of each for a run of about
 /// two minutes.
@@ -357,6 +490,7 @@ pub fn grid(quick: bool, groups: &[String]) -> Vec<Case> {
                 pick(&[32, 128, 512, 2048, 8192], &[64]).into_iter().map(|w| flash_dma(group, 1, 524288, w)),
             ),
             "sparse" => cases.extend(sparse(quick)),
+            "gather" => cases.extend(gather(quick)),
             _ => unreachable!(),
         }
     }
@@ -469,6 +603,112 @@ mod tests {
         for kind in [r#"{"kind":"window","left":1024}"#, r#"{"kind":"compress","cf":4}"#, r#"{"kind":"compress_dense","cf":64}"#, r#"{"kind":"bcsr","block":128,"density":0.5}"#] {
             assert!(text.contains(kind), "{kind} not in {text}");
         }
+    }
+
+    #[test]
+    fn gather_group_has_the_issue_shapes() {
+        let all = grid(false, &["gather".into()]);
+        let ids: Vec<&str> = all.iter().map(|c| c.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            [
+                "gather/d64/q16384/k16384/causal+keytopk1024+bias",
+                "gather/d64/q32768/k32768/causal+keytopk1024+bias",
+                "gather/d128/q8192/k8192/causal+keytopk2048+bias",
+                "gather/d128/q32768/k32768/causal+keytopk2048+bias",
+                "gather/d64/q1/k524288/causal+keytopk1024+bias",
+            ]
+        );
+        for c in &all {
+            assert!(c.causal && c.bias && c.batch == 1 && c.mask_heads == c.kv_heads && !c.mask.unwrap().is_sparse(), "{}", c.id);
+            assert_eq!(c.mask_rows(), 1);
+            let shape = (c.heads, c.kv_heads, c.head_dim, c.mask);
+            assert!(
+                shape == (2, 1, 64, Some(Mask::KeyTopk { keep: 1024 })) || shape == (16, 4, 128, Some(Mask::KeyTopk { keep: 2048 })),
+                "{}",
+                c.id
+            );
+            assert_eq!(c.backward, !c.is_decode());
+        }
+        let quick: Vec<String> = grid(true, &["gather".into()]).into_iter().map(|c| c.id).collect();
+        assert_eq!(quick, ["gather/d64/q16384/k16384/causal+keytopk1024+bias", "gather/d64/q1/k524288/causal+keytopk1024+bias"]);
+        let text = serde_json::to_string(&all[0]).unwrap();
+        assert!(text.contains(r#""mask":{"kind":"key_topk","keep":1024}"#), "{text}");
+        assert_eq!(&serde_json::from_str::<Case>(&text).unwrap(), &all[0]);
+    }
+
+    fn key_topk_case(keep: usize, causal: bool, seqlen_q: usize, seqlen_k: usize, mask_heads: usize) -> Case {
+        let mut c = flash_dma("t", seqlen_q, seqlen_k, 1);
+        (c.mask, c.causal, c.batch, c.kv_heads, c.heads, c.mask_heads) = (Some(Mask::KeyTopk { keep }), causal, 2, mask_heads, 2 * mask_heads, mask_heads);
+        c
+    }
+
+    #[test]
+    fn key_topk_keeps_the_top_keys_of_each_plane() {
+        let c = key_topk_case(9, true, 40, 50, 2);
+        let u = key_scores(&c, 9);
+        assert_eq!(u.len(), 2 * 2 * 50);
+        assert!(u.iter().all(|&x| x > 0.0 && x < 1.0));
+        let kept = c.kept_keys().unwrap();
+        assert_eq!(kept.len(), 4);
+        for (plane, keys) in kept.iter().enumerate() {
+            assert_eq!(keys.len(), 9);
+            assert!(keys.windows(2).all(|w| w[0] < w[1]));
+            let s = &u[plane * 50..][..50];
+            let least_kept = keys.iter().map(|&j| s[j as usize]).fold(f64::INFINITY, f64::min);
+            assert!((0..50u32).filter(|j| !keys.contains(j)).all(|j| s[j as usize] < least_kept));
+        }
+        // The bias ranks as the scores do.
+        let bias: Vec<f64> = u.iter().map(|&x| normal_quantile(x)).collect();
+        assert_eq!(top_keys(&bias, 50, 9), kept);
+        // Planes differ; keep >= seqlen_k keeps every key.
+        assert_ne!(kept[0], kept[1]);
+        assert_eq!(key_topk_case(60, true, 40, 50, 1).kept_keys().unwrap()[0], (0..50).collect::<Vec<u32>>());
+    }
+
+    const GOLDEN_FIRST: [&str; 3] = ["0.93457844000383006", "0.87387895794312709", "0.36180678903072205"];
+    const GOLDEN_KEPT: [[u32; 5]; 2] = [[12, 42, 45, 57, 58], [17, 19, 29, 35, 53]];
+
+    #[test]
+    fn key_scores_are_the_ones_peers_py_draws() {
+        // peers.py's key_topk_scores on batch 1, 2 mask heads, 64 keys, keep 5: the first
+        // scores and each plane's kept keys.
+        let mut c = key_topk_case(5, true, 64, 64, 2);
+        c.batch = 1;
+        let u = key_scores(&c, 5);
+        let first: Vec<String> = u[..3].iter().map(|x| format!("{x:.17}")).collect();
+        assert_eq!(first, GOLDEN_FIRST);
+        assert_eq!(c.kept_keys().unwrap(), GOLDEN_KEPT);
+    }
+
+    #[test]
+    fn normal_quantile_matches_known_values() {
+        for (p, x) in [(0.5, 0.0), (0.975, 1.959963984540054), (0.001, -3.090232306167814), (1e-9, -5.997807015007686), (0.2, -0.8416212335729143)] {
+            assert!((normal_quantile(p) - x).abs() <= 1e-8 * x.abs().max(1.0), "{p}: {} vs {x}", normal_quantile(p));
+        }
+        assert!((normal_quantile(0.999) + normal_quantile(0.001)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn key_topk_pairs_count_the_visible_kept_keys() {
+        for (causal, sq, sk) in [(true, 40, 50), (true, 50, 40), (false, 40, 50), (true, 1, 50)] {
+            let c = key_topk_case(7, causal, sq, sk, 2);
+            let kept = c.kept_keys().unwrap();
+            let brute = kept.iter().map(|keys| brute_pairs(&c, |i, j| keys.contains(&(j as u32)) && (!causal || j + sq <= i + sk))).sum::<f64>() / kept.len() as f64;
+            assert_eq!(c.pairs(), brute, "causal {causal} sq {sq} sk {sk}");
+        }
+        // Without causal every row sees the kept keys; one query row (decoding) sees them all.
+        assert_eq!(key_topk_case(7, false, 40, 50, 2).pairs(), 40.0 * 7.0);
+        assert_eq!(key_topk_case(7, true, 1, 50, 2).pairs(), 7.0);
+        assert_eq!(key_topk_case(7, true, 1, 50, 2).fwd_flops(), 4.0 * (2.0 * 4.0 * 64.0) * 7.0);
+    }
+
+    #[test]
+    fn key_topk_bytes_count_the_kept_rows_and_one_mask_row() {
+        let c = grid(false, &["gather".into()]).into_iter().find(|c| c.is_decode()).unwrap();
+        // q and out 2 x 2 x 64 x 2 B; the kept 1024 rows of k and v; mask 1 B and bias 2 B a key.
+        let want = 2 * (2 * 2 * 64) + 2 * (2 * 1024 * 64) + 524288 + 2 * 524288;
+        assert_eq!(c.fwd_bytes(), want as f64);
     }
 
     #[test]

@@ -1,8 +1,8 @@
-//! Operands of a case, drawn as SCHEMA.md says: N(0, 1) data, Flash-DMA's top-k mask, random
-//! blocks or the sparse group's masks (a `SparseMask`, prepared once), generated in parallel on
-//! the host and copied to the GPU once.
+//! Operands of a case, drawn as SCHEMA.md says: N(0, 1) data, Flash-DMA's top-k masks (per query
+//! row, or key-side and query-broadcast), random blocks or the sparse group's masks (a
+//! `SparseMask`, prepared once), generated in parallel on the host and copied to the GPU once.
 use dmattn::{Device, PreparedMask, SparseMask, Tensor};
-use dmattn_bench::cases::{Case, Mask, block_pattern};
+use dmattn_bench::cases::{Case, Mask, block_pattern, key_scores, normal_quantile, top_keys};
 use half::bf16;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use rand_distr::StandardNormal;
@@ -56,8 +56,44 @@ fn visibility(c: &Case, mask: Mask, scores: &[f32]) -> Option<Vec<bool>> {
         // The band of every row (`Case::row_keys` reads the compression factor).
         Mask::CompressDense { .. } => vis.par_chunks_mut(sk).enumerate().for_each(|(r, row)| row[c.row_keys(r % sq)].fill(true)),
         Mask::Window { .. } | Mask::Compress { .. } | Mask::Bcsr { .. } | Mask::Bitset { .. } => return None,
+        Mask::KeyTopk { .. } => unreachable!("key_topk is query-broadcast: see key_topk"),
     }
     Some(vis)
+}
+
+/// A `key_topk` case's mask `[batch, mask_heads, 1, seqlen_k]` (the kept keys of each plane) and
+/// key-side bias of the same shape (N(0, 1): `Φ⁻¹` of the scores that pick the kept keys; SCHEMA.md),
+/// with the kept keys of each plane.
+fn key_topk(c: &Case, keep: usize) -> (Vec<bool>, Vec<f32>, Vec<Vec<u32>>) {
+    let scores = key_scores(c, keep);
+    let kept = top_keys(&scores, c.seqlen_k, keep);
+    let mut vis = vec![false; scores.len()];
+    for (plane, keys) in vis.chunks_mut(c.seqlen_k).zip(&kept) {
+        keys.iter().for_each(|&j| plane[j as usize] = true);
+    }
+    let bias = scores.par_iter().map(|&u| normal_quantile(u) as f32).collect();
+    (vis, bias, kept)
+}
+
+/// The share of `TILE`×`TILE` score tiles of `seqlen_q × seqlen_k` that gather attention
+/// computes: each plane's kept keys, compacted in ascending order into tiles of `TILE` slots,
+/// against the query tiles, a tile counting where one of its rows sees one of its keys (on the
+/// original key positions) under the case's causal flag; averaged over the planes.
+fn gathered_fraction(c: &Case, kept: &[Vec<u32>]) -> f64 {
+    let (sq, sk) = (c.seqlen_q, c.seqlen_k);
+    let (nq, nk) = (sq.div_ceil(TILE), sk.div_ceil(TILE));
+    let live: usize = kept
+        .par_iter()
+        .map(|keys| {
+            let sees = |slots: &[u32], i: usize| {
+                let r = c.row_keys(i);
+                let first = slots.partition_point(|&j| (j as usize) < r.start);
+                first < slots.len() && (slots[first] as usize) < r.end
+            };
+            (0..nq).map(|ti| keys.chunks(TILE).filter(|slots| (ti * TILE..((ti + 1) * TILE).min(sq)).any(|i| sees(slots, i))).count()).sum::<usize>()
+        })
+        .sum();
+    live as f64 / (kept.len().max(1) * nq * nk) as f64
 }
 
 /// The share of `TILE`×`TILE` score tiles holding at least one visible score under the case's
@@ -119,7 +155,7 @@ fn sparse_mask(c: &Case, mask: Mask, vis: Option<Vec<bool>>, dev: &Device) -> dm
             let rows = c.seqlen_q.div_ceil(block);
             SparseMask::bcsr(&Tensor::from_vec(row_ptr, &[b, h, rows + 1], dev)?, &Tensor::from_vec(col_idx, &[b, h, nnz], dev)?, block)
         }
-        Mask::Topk { .. } | Mask::Blocks { .. } => unreachable!("dense masks are not sparse"),
+        Mask::Topk { .. } | Mask::Blocks { .. } | Mask::KeyTopk { .. } => unreachable!("dense masks are not sparse"),
     };
     Ok(if c.causal { structural.and(SparseMask::causal()) } else { structural })
 }
@@ -187,10 +223,21 @@ impl Operands {
                 o.dout.push(draw(&q_shape)?);
             }
         }
-        let score_shape = [b, c.mask_heads, sq, sk];
-        let scores = (c.bias || matches!(c.mask, Some(Mask::Topk { .. }))).then(|| normals(score_shape.iter().product(), rng.random()));
-        let vis = c.mask.and_then(|m| visibility(c, m, scores.as_deref().unwrap_or(&[])));
-        o.computed_fraction = computed_fraction(c, vis.as_deref());
+        let score_shape = [b, c.mask_heads, c.mask_rows(), sk];
+        let (scores, vis) = match c.mask {
+            // Query-broadcast: one row of mask and bias per plane, drawn as peers.py draws them.
+            Some(Mask::KeyTopk { keep }) => {
+                let (vis, bias, kept) = key_topk(c, keep);
+                o.computed_fraction = gathered_fraction(c, &kept);
+                (Some(bias), Some(vis))
+            }
+            _ => {
+                let scores = (c.bias || matches!(c.mask, Some(Mask::Topk { .. }))).then(|| normals(score_shape.iter().product(), rng.random()));
+                let vis = c.mask.and_then(|m| visibility(c, m, scores.as_deref().unwrap_or(&[])));
+                o.computed_fraction = computed_fraction(c, vis.as_deref());
+                (scores, vis)
+            }
+        };
         match c.mask {
             Some(m) if m.is_sparse() => {
                 // Prepared once here, outside the timed calls (main.rs times `prepare` apart).
@@ -205,7 +252,7 @@ impl Operands {
             }
         }
         if c.bias {
-            // The top-k mask ranks the bias itself, as Flash-DMA's dynamic mask does.
+            // The top-k masks rank the bias itself, as Flash-DMA's dynamic mask does.
             o.bias = Some(bf16_tensor(scores.as_deref().unwrap(), &score_shape, dev)?);
         }
         Ok(o)
@@ -219,6 +266,7 @@ impl Operands {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dmattn::attention;
     use dmattn_bench::cases::grid;
 
     fn small(mask: Option<Mask>, causal: bool) -> Case {
@@ -333,6 +381,88 @@ mod tests {
             let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
             assert!(worst < 1e-5, "{}: off by {worst}", c.id);
         }
+    }
+
+    fn key_topk_case(keep: usize, seqlen_q: usize, seqlen_k: usize) -> Case {
+        let mut c = grid(true, &["gather".into()])[0].clone();
+        (c.batch, c.heads, c.kv_heads, c.mask_heads, c.head_dim) = (2, 4, 2, 2, 16);
+        (c.seqlen_q, c.seqlen_k, c.mask) = (seqlen_q, seqlen_k, Some(Mask::KeyTopk { keep }));
+        c
+    }
+
+    #[test]
+    fn key_topk_mask_is_query_broadcast_and_keeps_keep_keys_of_largest_bias() {
+        let c = key_topk_case(40, 200, 300);
+        let o = Operands::new(&c, &Device::Cpu, &mut StdRng::seed_from_u64(1)).unwrap();
+        assert!(o.sparse.is_none());
+        let (mask, bias) = (o.mask.as_ref().unwrap(), o.bias.as_ref().unwrap());
+        assert_eq!(mask.shape(), [2, 2, 1, 300]);
+        assert_eq!(bias.shape(), [2, 2, 1, 300]);
+        let (mask, bias) = (mask.to_vec::<bool>().unwrap(), bias.to_vec::<bf16>().unwrap());
+        let kept = c.kept_keys().unwrap();
+        for ((m, b), keys) in mask.chunks(300).zip(bias.chunks(300)).zip(&kept) {
+            assert_eq!(m.iter().filter(|&&x| x).count(), 40);
+            assert!(keys.iter().all(|&j| m[j as usize]));
+            // The kept keys are those of largest bias (bf16 may tie at the edge).
+            let least_kept = b.iter().zip(m).filter(|(_, v)| **v).map(|(x, _)| x.to_f32()).fold(f32::INFINITY, f32::min);
+            assert!(b.iter().zip(m).all(|(x, v)| *v || x.to_f32() <= least_kept));
+        }
+        // N(0, 1) bias: mean near 0, variance near 1 over the 1200 keys.
+        let x: Vec<f64> = bias.iter().map(|v| v.to_f64()).collect();
+        let mean = x.iter().sum::<f64>() / x.len() as f64;
+        let var = x.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / x.len() as f64;
+        assert!(mean.abs() < 0.15 && (var - 1.0).abs() < 0.15, "mean {mean} var {var}");
+        assert_eq!(o.computed_fraction, gathered_fraction(&c, &kept));
+    }
+
+    /// dmattn takes the operands as main.rs gives them (query-broadcast mask and bias through
+    /// `.mask(..)` and `.bias(..)`, causal) and computes what the same mask and bias expanded to
+    /// every query row give.
+    #[test]
+    fn key_topk_operands_run_as_their_expanded_mask() {
+        let c = key_topk_case(40, 100, 300);
+        let dev = Device::Cpu;
+        let o = Operands::new(&c, &dev, &mut StdRng::seed_from_u64(2)).unwrap();
+        let (mask, bias) = (o.mask.as_ref().unwrap(), o.bias.as_ref().unwrap());
+        let expand = |row: Vec<bf16>| -> Vec<bf16> { row.chunks(c.seqlen_k).flat_map(|r| std::iter::repeat_n(r, c.seqlen_q).flatten().copied()).collect() };
+        let shape = [c.batch, c.mask_heads, c.seqlen_q, c.seqlen_k];
+        let full_bias = Tensor::from_vec(expand(bias.to_vec::<bf16>().unwrap()), &shape, &dev).unwrap();
+        let rows: Vec<bool> = mask.to_vec::<bool>().unwrap();
+        let full_mask: Vec<bool> = rows.chunks(c.seqlen_k).flat_map(|r| std::iter::repeat_n(r, c.seqlen_q).flatten().copied()).collect();
+        let full_mask = Tensor::from_vec(full_mask, &shape, &dev).unwrap();
+        let run = |m: &Tensor, b: &Tensor| {
+            attention(&o.q[0], &o.k[0], &o.v[0]).mask(m).bias(b).causal(true).forward().unwrap().out.to_vec::<bf16>().unwrap()
+        };
+        assert_eq!(run(mask, bias), run(&full_mask, &full_bias));
+    }
+
+    #[test]
+    fn gathered_fraction_counts_the_gathered_tiles() {
+        for (causal, seqlen_q, seqlen_k, keep) in [(true, 200, 300, 100), (true, 300, 200, 70), (false, 200, 300, 100), (true, 1, 300, 100)] {
+            let c = Case { causal, ..key_topk_case(keep, seqlen_q, seqlen_k) };
+            let kept = c.kept_keys().unwrap();
+            // Slot s of a plane holds its s-th kept key; a (query tile, slot tile) counts where a
+            // row of it sees a key of it.
+            let live: usize = kept
+                .iter()
+                .map(|keys| {
+                    let (nq, ns) = (seqlen_q.div_ceil(TILE), keys.len().div_ceil(TILE));
+                    (0..nq * ns)
+                        .filter(|t| {
+                            let (ti, ts) = (t / ns, t % ns);
+                            (ti * TILE..((ti + 1) * TILE).min(seqlen_q)).any(|i| {
+                                keys[ts * TILE..((ts + 1) * TILE).min(keys.len())].iter().any(|&j| !causal || j as usize + seqlen_q <= i + seqlen_k)
+                            })
+                        })
+                        .count()
+                })
+                .sum();
+            let rect = kept.len() * seqlen_q.div_ceil(TILE) * seqlen_k.div_ceil(TILE);
+            assert_eq!(gathered_fraction(&c, &kept), live as f64 / rect as f64, "causal {causal} sq {seqlen_q} sk {seqlen_k}");
+        }
+        // Without causal every query tile computes every slot tile: 4 x 2 of 4 x 5.
+        let c = Case { causal: false, ..key_topk_case(100, 200, 300) };
+        assert_eq!(gathered_fraction(&c, &c.kept_keys().unwrap()), 8.0 / 20.0);
     }
 
     #[test]

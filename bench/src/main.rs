@@ -9,8 +9,8 @@ mod timing;
 
 use clap::{Parser, ValueEnum};
 use data::Operands;
-use dmattn::{Device, Error, attention};
-use dmattn_bench::cases::{Case, CaseSet, grid};
+use dmattn::{Device, Error, SparseMask, attention};
+use dmattn_bench::cases::{Case, CaseSet, Mask, grid};
 use dmattn_bench::results::{Pass, Record, Results, Status};
 use rand::{SeedableRng, rngs::StdRng};
 use std::path::PathBuf;
@@ -123,6 +123,27 @@ fn time_prepare(c: &Case, sparse: &data::Sparse, timer: &Timer, stream: &std::sy
     r
 }
 
+/// For a `key_topk` case, how dmattn runs its query-broadcast mask, read from a copy prepared
+/// outside the timed calls (each timed call prepares the mask it is given itself): the keys gather
+/// attention takes per plane (`PreparedMask::gathered_keys`), or that it does not.
+fn gather_note(c: &Case, o: &Operands) -> Option<String> {
+    let mask = o.mask.as_ref().filter(|_| matches!(c.mask, Some(Mask::KeyTopk { .. })))?;
+    Some(match SparseMask::dense(mask).prepare(c.seqlen_q, c.seqlen_k) {
+        Ok(p) => match p.gathered_keys() {
+            Some(n) => format!("gather attention over {n} keys per plane"),
+            None => "not run as gather attention".into(),
+        },
+        Err(e) => format!("preparing a copy of the mask: {e}"),
+    })
+}
+
+/// Adds `extra` to a record's note.
+fn add_note(r: &mut Record, extra: Option<&str>) {
+    if let Some(extra) = extra {
+        r.note = if r.note.is_empty() { extra.to_string() } else { format!("{}; {extra}", r.note) };
+    }
+}
+
 fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut cases = match &args.cases {
         Some(path) => serde_json::from_str::<CaseSet>(&std::fs::read_to_string(path)?)?.cases,
@@ -185,6 +206,10 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             }
         };
         results.computed_fraction.insert(c.id.clone(), ops.computed_fraction);
+        let gather = gather_note(c, &ops);
+        if let Some(g) = &gather {
+            println!("  {g}");
+        }
         if let Some(sparse) = ops.sparse.as_ref().filter(|_| args.impls.contains(&Impl::Dmattn)) {
             let r = time_prepare(c, sparse, &timer, stream);
             println!("  {:<20} prep {}", Impl::Dmattn.name(), describe(c, &r, ops.computed_fraction, ceil.matmul_tflops));
@@ -192,7 +217,8 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         }
         for &imp in &args.impls {
             let fwd = timer.median_ms(stream, |i| forward(imp, c, &ops, i % ops.sets()).map(drop));
-            let r = record(c, imp, Pass::Fwd, &fwd);
+            let mut r = record(c, imp, Pass::Fwd, &fwd);
+            add_note(&mut r, gather.as_deref());
             println!("  {:<20} fwd {}", imp.name(), describe(c, &r, ops.computed_fraction, ceil.matmul_tflops));
             results.results.push(r);
             if !(c.backward && imp == Impl::Dmattn) {
@@ -201,7 +227,8 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             let bwd = (0..ops.sets()).map(|s| forward(imp, c, &ops, s)).collect::<dmattn::Result<Vec<_>>>().and_then(|fwds| {
                 timer.median_ms(stream, |i| fwds[i % fwds.len()].backward(&ops.dout[i % fwds.len()]).map(drop))
             });
-            let r = record(c, imp, Pass::Bwd, &bwd);
+            let mut r = record(c, imp, Pass::Bwd, &bwd);
+            add_note(&mut r, gather.as_deref());
             println!("  {:<20} bwd {}", imp.name(), describe(c, &r, ops.computed_fraction, ceil.matmul_tflops));
             results.results.push(r);
         }

@@ -26,7 +26,7 @@ fn register_font(explicit: Option<&Path>) -> Result<(), String> {
 }
 
 /// Line colours of the implementations in `report::ORDER`.
-const COLORS: [RGBColor; 7] = [
+const COLORS: [RGBColor; 9] = [
     RGBColor(220, 20, 60),
     RGBColor(34, 139, 34),
     RGBColor(30, 90, 200),
@@ -34,6 +34,8 @@ const COLORS: [RGBColor; 7] = [
     RGBColor(240, 140, 0),
     RGBColor(0, 170, 170),
     RGBColor(110, 110, 110),
+    RGBColor(160, 110, 60),
+    RGBColor(200, 120, 180),
 ];
 
 /// What varies along a series: the top-k size in window groups, else the key length.
@@ -48,13 +50,18 @@ fn x_of(c: &Case) -> usize {
 fn panels(run: &Run) -> Vec<(String, &'static str, Vec<&Case>, Pass)> {
     let mut out = Vec::new();
     for group in run.groups() {
-        // A series is one variant (and one head dim, where the group mixes them).
+        // A series is one variant (and one head dim, where the group mixes them); decoding
+        // apart from prefill where a group has both (`gather`).
         let in_group = || run.set.cases.iter().filter(|c| c.group == group);
         let mixed_dims = in_group().any(|c| c.head_dim != in_group().next().map_or(0, |f| f.head_dim));
-        let key = |c: &Case| match (group.contains("window"), mixed_dims) {
-            (true, _) => String::new(),
-            (false, true) => format!("d{} {}", c.head_dim, c.variant()),
-            (false, false) => c.variant(),
+        let mixed_decode = in_group().any(|c| c.is_decode()) && in_group().any(|c| !c.is_decode());
+        let key = |c: &Case| {
+            let decode = if mixed_decode && c.is_decode() { "decode " } else { "" };
+            match (group.contains("window"), mixed_dims) {
+                (true, _) => String::new(),
+                (false, true) => format!("{decode}d{} {}", c.head_dim, c.variant()),
+                (false, false) => format!("{decode}{}", c.variant()),
+            }
         };
         let mut variants: Vec<String> = Vec::new();
         for c in in_group() {

@@ -5,8 +5,13 @@ use dmattn_bench::results::{Pass, Record, Results, Status};
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
 
-/// Column order: dmattn, our baseline, then the peers users would pick first.
-pub const ORDER: [&str; 7] = ["dmattn", "cublas-materialized", "flex", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "sdpa-math"];
+/// Column order: dmattn, our baseline, then the peers users would pick first, then the
+/// references that skip part of the work ([`REFERENCES`]).
+pub const ORDER: [&str; 9] = ["dmattn", "cublas-materialized", "flex", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "sdpa-math", "fa2-kept-keys", "fa2-dense-causal"];
+/// peers.py's FlashAttention-2 references of the `gather` group: attention over the kept keys
+/// alone without bias or causal (the floor), and dense causal ignoring the mask. Listed for
+/// scale, never counted as the best peer: they do not do the case's work.
+pub const REFERENCES: [&str; 2] = ["fa2-kept-keys", "fa2-dense-causal"];
 const DMATTN: &str = "dmattn";
 /// How peers.py notes a backward run without the bias gradient.
 const NO_DBIAS: &str = "no dbias";
@@ -89,11 +94,12 @@ impl Run {
     }
 
     /// The fastest other implementation on (case, pass) that did the same work, with its time:
-    /// a backward that could not produce the bias gradient ("no dbias") does not count.
+    /// a backward that could not produce the bias gradient ("no dbias") and the [`REFERENCES`]
+    /// do not count.
     pub fn best_peer(&self, case: &str, pass: Pass) -> Option<(String, f64)> {
         self.impls()
             .into_iter()
-            .filter(|i| i != DMATTN)
+            .filter(|i| i != DMATTN && !REFERENCES.contains(&i.as_str()))
             .filter(|i| self.record(case, i, pass).is_some_and(|r| !r.note.contains(NO_DBIAS)))
             .filter_map(|i| self.ms(case, &i, pass).map(|ms| (i, ms)))
             .min_by(|a, b| a.1.total_cmp(&b.1))
@@ -119,13 +125,23 @@ fn row_label(c: &Case, with_dim: bool) -> String {
 
 /// The head dims of `cases`, in order, once each.
 fn head_dims(cases: &[&Case]) -> Vec<usize> {
-    let mut dims: Vec<usize> = Vec::new();
+    distinct(cases, |c| c.head_dim)
+}
+
+/// `field` of `cases`, in order, once each.
+fn distinct(cases: &[&Case], field: impl Fn(&Case) -> usize) -> Vec<usize> {
+    let mut seen: Vec<usize> = Vec::new();
     for c in cases {
-        if !dims.contains(&c.head_dim) {
-            dims.push(c.head_dim);
+        if !seen.contains(&field(c)) {
+            seen.push(field(c));
         }
     }
-    dims
+    seen
+}
+
+/// Values as a header gives them: `2`, or `2 and 16` where a group mixes them.
+fn listed(values: &[usize]) -> String {
+    values.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(" and ")
 }
 
 fn status_word(r: Option<&Record>) -> String {
@@ -152,20 +168,31 @@ fn table(run: &Run, group: &str, pass: Pass, out: &mut String, notes: &mut Vec<S
         return;
     }
     let decode = cases.iter().all(|c| c.is_decode());
+    let some_decode = cases.iter().any(|c| c.is_decode());
     let ceil = run.dmattn().ceilings.map(|c| c.matmul_tflops);
-    let peers: Vec<String> = run.impls().into_iter().filter(|i| i != DMATTN).collect();
-    let first = &cases[0];
+    // The peers that ran on some case of the group (either pass): peers of one mask kind only
+    // get no empty columns elsewhere.
+    let in_group: Vec<&Case> = run.set.cases.iter().filter(|c| c.group == group).collect();
+    let peers: Vec<String> = run
+        .impls()
+        .into_iter()
+        .filter(|i| i != DMATTN && in_group.iter().any(|c| [Pass::Fwd, Pass::Bwd].iter().any(|&p| run.record(&c.id, i, p).is_some())))
+        .collect();
     let dims = head_dims(&cases);
     let _ = writeln!(
         out,
         "\n### {group} — {} (batch {}, heads {}, kv heads {}, dim {})\n",
         if pass == Pass::Fwd { "forward" } else { "backward" },
-        first.batch,
-        first.heads,
-        first.kv_heads,
-        dims.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(" and ")
+        listed(&distinct(&cases, |c| c.batch)),
+        listed(&distinct(&cases, |c| c.heads)),
+        listed(&distinct(&cases, |c| c.kv_heads)),
+        listed(&dims)
     );
-    let rate = if decode { "dmattn GB/s" } else { "dmattn TF/s dense-eq / computed" };
+    let rate = match (decode, some_decode) {
+        (true, _) => "dmattn GB/s",
+        (false, true) => "dmattn TF/s dense-eq / computed (decode: GB/s)",
+        (false, false) => "dmattn TF/s dense-eq / computed",
+    };
     let _ = write!(out, "| case | dmattn ms | {rate} |");
     peers.iter().for_each(|p| {
         let _ = write!(out, " {p} |");
@@ -177,6 +204,8 @@ fn table(run: &Run, group: &str, pass: Pass, out: &mut String, notes: &mut Vec<S
         let rate_cell = dm.map_or("".into(), |ms| {
             if decode {
                 format!("{:.0}", c.fwd_bytes() / (ms * 1e-3) / 1e9)
+            } else if c.is_decode() {
+                format!("{:.0} GB/s", c.fwd_bytes() / (ms * 1e-3) / 1e9)
             } else {
                 let tf = c.flops(pass) / (ms * 1e-3) / 1e12;
                 let computed = run.dmattn().computed_fraction.get(&c.id).copied().unwrap_or(1.0);
@@ -329,14 +358,16 @@ pub fn markdown(run: &Run, plot_file: Option<&str>) -> String {
     }
     out += "\nCells hold milliseconds and, in parentheses, that implementation's time ÷ dmattn's: above 1 dmattn is faster. \
 TF/s dense-eq counts every pair causal masking, windows, compression and block masks (BCSR, bitset) leave (FlashAttention's convention; \
-backward = 2.5× forward; top-k and random-block masks given densely are not subtracted); \
-computed counts every score of the 64×64 score tiles holding a visible score (what a block-sparse kernel must do). \
+backward = 2.5× forward; top-k and random-block masks given densely are not subtracted; a key-side top-k counts the kept keys each query sees); \
+computed counts every score of the 64×64 score tiles holding a visible score (what a block-sparse kernel must do; for a key-side top-k, \
+the tiles of the kept keys compacted, which gather attention computes). \
 Sparse masks are prepared once per case outside the timed calls (as layers of a model reuse one), and flex's BlockMask is built once likewise; \
 both build times are listed under their group. \
-Decode rows give the bytes of q, k, v, mask, bias and out over the time. `cublas-materialized` is dmattn's \
+Decode rows give the bytes of q, k, v (only the kept keys' rows for a key-side top-k), mask, bias and out over the time. `cublas-materialized` is dmattn's \
 unfused baseline (S = QKᵀ on cuBLAS, masked softmax, PV on cuBLAS). Failures are listed, not dropped; \
 † marks a peer result with a caveat (listed under its group), and a backward without the bias gradient is never \
-counted as the best peer.\n";
+counted as the best peer, nor are the FlashAttention-2 references `fa2-kept-keys` (the kept keys alone, no bias, no causal: \
+the floor of gather attention) and `fa2-dense-causal` (all keys, mask and bias ignored).\n";
     if let Some(p) = plot_file {
         let _ = writeln!(out, "\n![time vs sequence length]({p})");
     }
@@ -410,6 +441,38 @@ mod tests {
         assert!(md.contains("| 3.000 (1.50×) |"), "{md}");
         assert!(md.contains("| oom |") && md.contains("sdpa-math oom: CUDA out of memory"), "{md}");
         assert!(md.contains("trails its best peer in 1 of"), "{md}");
+    }
+
+    #[test]
+    fn gather_group_mixes_shapes_and_decoding_and_never_takes_a_reference_as_best() {
+        let mut cases = grid(false, &["gather".into()]);
+        cases.extend(grid(true, &["llm".into()]).into_iter().take(1));
+        let (train, decode, llm) = (cases[0].id.clone(), cases[4].id.clone(), cases[5].id.clone());
+        let dm = results("dmattn-bench", vec![rec(&train, "dmattn", Pass::Fwd, Some(2.0)), rec(&decode, "dmattn", Pass::Fwd, Some(0.01)), rec(&llm, "dmattn", Pass::Fwd, Some(1.0))]);
+        let peers = results(
+            "peers",
+            vec![
+                rec(&train, "fa2-kept-keys", Pass::Fwd, Some(0.5)),
+                rec(&train, "flex", Pass::Fwd, Some(4.0)),
+                rec(&decode, "fa2-dense-causal", Pass::Fwd, Some(0.005)),
+                rec(&llm, "flex", Pass::Fwd, Some(2.0)),
+            ],
+        );
+        let run = Run { set: CaseSet { dtype: "bf16".into(), warmup: 1, reps: 1, cases: cases.clone() }, tools: vec![dm, peers] };
+        // The references are faster but never the best peer: dmattn trails nowhere.
+        assert_eq!(run.best_peer(&train, Pass::Fwd), Some(("flex".into(), 4.0)));
+        assert_eq!(run.best_peer(&decode, Pass::Fwd), None);
+        assert!(behind(&run).is_empty());
+        let md = markdown(&run, None);
+        assert!(md.contains("### gather — forward (batch 1, heads 2 and 16, kv heads 1 and 4, dim 64 and 128)"), "{md}");
+        assert!(md.contains("| case | dmattn ms | dmattn TF/s dense-eq / computed (decode: GB/s) | flex | fa2-kept-keys | fa2-dense-causal |"), "{md}");
+        // The decoding row gives GB/s: its bytes over 0.01 ms.
+        let gbs = format!("| d64 q 1 k 524288 causal+keytopk1024+bias | 0.010 | {:.0} GB/s |", cases[4].fwd_bytes() / 1e-5 / 1e9);
+        assert!(md.contains(&gbs), "{gbs} not in {md}");
+        assert!(md.contains("| 0.500 (0.25×) |") && md.contains("| 2.00× (flex) |"), "{md}");
+        // The llm group's table has no columns for the references, which did not run there.
+        let llm_table = &md[md.find("## llm").unwrap()..];
+        assert!(llm_table.contains("| case | dmattn ms | dmattn TF/s dense-eq / computed | flex | best peer ÷ dmattn |"), "{llm_table}");
     }
 
     #[test]
