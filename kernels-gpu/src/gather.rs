@@ -66,10 +66,12 @@ fn chunk_of(p: &KeyCompactParams, chunk: u32, plane: u32) -> (u64, u32) {
     (base, chunk * COMPACT_THREADS * COMPACT_KEYS_PER_THREAD)
 }
 
-/// Block-wide sum of `x` (collective), through 33 words of shared memory at `sums`: returns
-/// (exclusive prefix of this thread, total). Ends with every thread past its reads.
+/// Block-wide sum of `x` over the `COMPACT_THREADS` threads (collective), through 33 words of
+/// shared memory at `sums`: returns (exclusive prefix of this thread, total). Ends with every
+/// thread past its reads.
 #[inline(always)]
 fn block_scan(x: u32, tid: u32, sums: u32) -> (u32, u32) {
+    const WARPS: u32 = COMPACT_THREADS / 32;
     let (lane, warp) = (tid % 32, tid / 32);
     let incl = warp_scan(x, lane);
     if lane == 31 {
@@ -77,7 +79,7 @@ fn block_scan(x: u32, tid: u32, sums: u32) -> (u32, u32) {
     }
     sync_threads();
     if warp == 0 {
-        let w = unsafe { ld_shared_u32(sums + 4 * lane) };
+        let w = if lane < WARPS { unsafe { ld_shared_u32(sums + 4 * lane) } } else { 0 };
         let s = warp_scan(w, lane);
         // Each lane rewrites only the word it read; the last lane's sum is the total.
         unsafe { st_shared_u32(sums + 4 * lane, s - w) };
@@ -248,6 +250,22 @@ pub unsafe fn scatter_rows<E: Elem>(p: &ScatterParams) {
     }
 }
 
+/// The kept (non-negative) keys among the 64 ascending ones at shared `keys`: a binary search
+/// for the first -1.
+#[inline(always)]
+unsafe fn count_kept(keys: u32) -> u32 {
+    let (mut lo, mut hi) = (0u32, 64u32);
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if (unsafe { ld_shared_u32(keys + 4 * mid) } as i32) < 0 {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    lo
+}
+
 /// Grid `(k_blocks, q_blocks, planes)`, 64 threads: the block's 64 key positions in shared
 /// memory, one query row per thread.
 #[inline(always)]
@@ -261,16 +279,28 @@ pub unsafe fn gather_mask(p: &GatherMaskParams) {
     sync_threads();
     let row = qb * 64 + t;
     let vis = Visibility::new(p.seqlen_q, p.seqlen_k, p.band);
-    let mut word = 0u64;
-    if row < p.seqlen_q {
+    // The keys ascend, -1 past the list's end: the first and last kept ones against the band's
+    // edges at the block's first and last rows (both edges never decrease down the rows) settle
+    // most blocks without a per-score test.
+    let kept = unsafe { count_kept(keys) };
+    let (first, last) = unsafe { (ld_shared_u32(keys), ld_shared_u32(keys + 4 * kept.max(1) - 4)) };
+    let (lo0, hi0) = vis.row_keys(qb * 64);
+    let (lo1, hi1) = vis.row_keys((qb * 64 + 63).min(p.seqlen_q - 1));
+    let sinks = vis.row_sinks();
+    let empty = kept == 0 || first >= hi1 || (last < lo0 && first >= sinks);
+    let full = kept == 64 && last < hi0 && (first >= lo1 || last < sinks.min(hi0));
+    let mut word = if full { u64::MAX } else { 0 };
+    if row < p.seqlen_q && !empty && !full {
         let (lo, hi) = vis.row_keys(row);
-        let sinks = vis.row_sinks().min(hi);
+        let sinks = sinks.min(hi);
         for c in 0..64 {
             // -1 (past the list's end) is above every bound as u32.
             let j = unsafe { ld_shared_u32(keys + 4 * c) };
             let shown = j < hi && (j >= lo || j < sinks);
             word |= (shown as u64) << mask_bit(c);
         }
+    }
+    if row < p.seqlen_q {
         let at = (plane as u64 * p.seqlen_q as u64 + row as u64) * p.k_blocks as u64 + kb as u64;
         unsafe { *(p.bits as *mut u64).add(at as usize) = word };
     }
