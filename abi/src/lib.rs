@@ -623,6 +623,22 @@ pub struct GatherMaskParams {
     pub k_blocks: u32,
 }
 
+/// Parameters of the kernel that turns index lists (`attn_indices`: i32 `[pb, ph, rows, w]` through
+/// element strides, -1 = padding) into bit-packed score masks: key `j` of row `r` is bit `j % 32` of
+/// u32 word `r * row_words + j / 32` of `bits` (zeroed before; the packed-bits byte order). An entry
+/// below -1 or at or past `seqlen_k` sets `error` to 1.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct IndicesParams {
+    pub indices: View4,
+    pub bits: u64,
+    pub error: u64,
+    /// `[pb, ph, rows, w]`.
+    pub dims: [u32; 4],
+    pub seqlen_k: u32,
+    pub row_words: u32,
+}
+
 /// Threads per block of the gather, scatter and gathered-mask kernels.
 pub const GATHER_THREADS: u32 = 256;
 
@@ -769,6 +785,7 @@ pub mod names {
     pub const KEY_COUNT: &str = "dmattn_key_count";
     pub const KEY_COMPACT: &str = "dmattn_key_compact";
     pub const GATHER_ROWS: &str = "dmattn_gather_rows";
+    pub const INDICES_BITS: &str = "dmattn_indices_bits";
     pub const GATHER_MASK: &str = "dmattn_gather_mask";
     /// `dmattn_scatter_rows_<elem>`.
     pub const SCATTER_ROWS_PREFIX: &str = "dmattn_scatter_rows_";

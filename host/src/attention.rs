@@ -27,7 +27,7 @@ use crate::cpu;
 /// ```
 pub fn attention<'a>(q: &'a Tensor, k: &'a Tensor, v: &'a Tensor) -> Attention<'a> {
     Attention {
-        inputs: Inputs { q, k, v, mask: None, sparse: None, bias: None, causal: false, scale: None, softcap: 0.0, deterministic: false },
+        inputs: Inputs { q, k, v, mask: None, indices: None, sparse: None, bias: None, causal: false, scale: None, softcap: 0.0, deterministic: false },
         into: ForwardBuffers::default(),
     }
 }
@@ -60,7 +60,10 @@ impl<'a> Attention<'a> {
     /// Boolean mask broadcastable as `({1|batch}, {1|kv_heads|heads}, {1|seqlen_q}, {1|seqlen_k})`;
     /// false hides a score. Key tiles it hides entirely are skipped on the GPU. It is prepared
     /// (packed to bits on the GPU) by every call that takes it: a mask used by several calls is
-    /// better prepared once ([`SparseMask::dense`], [`Attention::sparse_mask`]).
+    /// better prepared once ([`SparseMask::dense`], [`Attention::sparse_mask`]). A mask without a
+    /// query dimension (`[.., .., 1, seqlen_k]`, a key-side mask) keeping at most half the keys
+    /// runs on the GPU as gather attention, O(seqlen_q x kept keys); its preparation reads the
+    /// kept-key counts back from the device (see [`crate::CudaDevice`]).
     pub fn mask(mut self, mask: &'a Tensor) -> Self {
         self.inputs.mask = Some(mask);
         self
@@ -72,6 +75,17 @@ impl<'a> Attention<'a> {
     /// [`Attention::mask`]; ANDed with [`Attention::causal`].
     pub fn sparse_mask(mut self, mask: &'a PreparedMask) -> Self {
         self.inputs.sparse = Some(mask);
+        self
+    }
+
+    /// Index lists (`attn_indices`) instead of a mask: I32 `[{1|batch}, {1|kv_heads|heads},
+    /// {1|seqlen_q}, w]`, each row the keys its queries see, in any order, -1 as padding; a key
+    /// listed twice is seen once; ANDed with [`Attention::causal`] on the original key positions
+    /// (so lists pre-filtered for causality give the same result). Entries outside `-1..seqlen_k`
+    /// are a typed error. Lists without a query dimension run as gather attention (work
+    /// O(queries x w)); see [`SparseMask::indices`] to prepare them once for several calls.
+    pub fn indices(mut self, indices: &'a Tensor) -> Self {
+        self.inputs.indices = Some(indices);
         self
     }
 
@@ -132,7 +146,7 @@ impl<'a> Attention<'a> {
     /// The tensors the call reads, by argument name.
     fn reads(&self) -> Vec<(&'static str, &'a Tensor)> {
         let i = &self.inputs;
-        let optional = [("mask", i.mask), ("bias", i.bias)].into_iter().filter_map(|(a, t)| t.map(|t| (a, t)));
+        let optional = [("mask", i.mask), ("indices", i.indices), ("bias", i.bias)].into_iter().filter_map(|(a, t)| t.map(|t| (a, t)));
         [("q", i.q), ("k", i.k), ("v", i.v)].into_iter().chain(optional).collect()
     }
 
@@ -167,9 +181,10 @@ impl<'a> Attention<'a> {
         .flatten()
         .collect();
         buffers::check(&i.q.device(), &dests, &self.reads())?;
-        let mask = match (i.mask, i.sparse) {
-            (Some(m), _) => Some(SparseMask::dense(m).prepare(d.seqlen_q, d.seqlen_k)?),
-            (None, sparse) => sparse.cloned(),
+        let mask = match (i.mask, i.indices, i.sparse) {
+            (Some(m), _, _) => Some(SparseMask::dense(m).prepare(d.seqlen_q, d.seqlen_k)?),
+            (None, Some(t), _) => Some(SparseMask::indices(t).prepare(d.seqlen_q, d.seqlen_k)?),
+            (None, None, sparse) => sparse.cloned(),
         };
         let saved = Saved { q: i.q.clone(), k: i.k.clone(), v: i.v.clone(), mask, bias: i.bias.cloned(), gathered: None };
         match i.q.device() {

@@ -5,7 +5,7 @@ use crate::dtype::DType;
 use crate::error::Result;
 use crate::problem::Problem;
 use crate::reference::{self, Operands};
-use crate::sparse::{DenseMask, MaskData, Part, bcsr_to_bitset, check_block, check_part_shape, combine_planes};
+use crate::sparse::{DenseMask, MaskData, Part, bcsr_to_bitset, check_block, check_part_shape, combine_planes, indices_keep};
 use crate::tensor::Tensor;
 
 fn operands(s: &Saved) -> Result<Operands> {
@@ -64,6 +64,12 @@ fn host_part(part: &Part, sq: usize, sk: usize) -> Result<HostPart> {
             let pick = |n: usize, x: usize| if n == 1 { 0 } else { x };
             let f = move |b: usize, h: usize, i: usize, j: usize| kept[((pick(planes[0], b) * planes[1] + pick(planes[1], h)) * qb + i / block) * kb + j / block] != 0;
             (planes, Box::new(f))
+        }
+        Part::Indices(t) => {
+            let (s, keep) = indices_keep(t, sq, sk)?;
+            let pick = |n: usize, x: usize| if n == 1 { 0 } else { x };
+            let f = move |b: usize, h: usize, i: usize, j: usize| keep[((pick(s[0], b) * s[1] + pick(s[1], h)) * s[2] + pick(s[2], i)) * sk + j];
+            ([s[0], s[1]], Box::new(f))
         }
         Part::DenseBlocks { mask, block } => {
             check_block(*block)?;

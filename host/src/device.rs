@@ -105,7 +105,12 @@ impl fmt::Debug for Device {
 /// caller's (the primary context PyTorch and candle use, or any other) and stream, and leaves the
 /// context's settings as they are. A forward or backward call queues its work on the stream of
 /// its `q` and returns without waiting for it: it neither synchronises nor reads device data on
-/// the host, so it can be captured into a CUDA graph on a capturing stream.
+/// the host, so it can be captured into a CUDA graph on a capturing stream. Two exceptions, both
+/// at mask preparation (`SparseMask::prepare`, or a mask or index lists passed to the call): a
+/// mask without a query dimension is compacted for gather attention, which reads the kept-key
+/// counts back (on a capturing stream it is not, and takes the dense-tile path instead); and index
+/// lists are range-checked on the device, which reads a flag back (on a capturing stream, an
+/// error: prepare them before capturing). BCSR input is read on the host.
 #[derive(Clone)]
 pub struct CudaDevice(pub(crate) Arc<CudaInner>);
 

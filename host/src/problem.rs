@@ -77,6 +77,7 @@ pub struct Inputs<'a> {
     pub k: &'a Tensor,
     pub v: &'a Tensor,
     pub mask: Option<&'a Tensor>,
+    pub indices: Option<&'a Tensor>,
     pub sparse: Option<&'a PreparedMask>,
     pub bias: Option<&'a Tensor>,
     pub causal: bool,
@@ -133,6 +134,21 @@ impl Problem {
                 Some([s[0], s[1]])
             }
             None => None,
+        };
+        let mask = match inp.indices {
+            None => mask,
+            Some(_) if mask.is_some() || inp.sparse.is_some() => {
+                return Err(Error::Param { arg: "indices", reason: "given with a mask or a sparse mask: pass one of them".into() });
+            }
+            Some(t) => {
+                let s = crate::sparse::check_indices_shape(t, seqlen_q)?;
+                if !((s[0] == 1 || s[0] == batch) && (s[1] == 1 || s[1] == kv_heads || s[1] == heads)) {
+                    let expected = format!("[{{1|{batch}}}, {{1|{kv_heads}|{heads}}}, {{1|{seqlen_q}}}, w] (key indices, -1 = padding)");
+                    return Err(Error::Shape { arg: "indices", expected, got: s.to_vec() });
+                }
+                others.push(("indices", t));
+                Some([s[0], s[1]])
+            }
         };
         let mut band = Band::ALL;
         let mask = match inp.sparse {

@@ -68,6 +68,8 @@ pub(crate) enum Part {
     Bcsr { row_ptr: Tensor, col_idx: Tensor, block: usize },
     /// A bitset of `block`-sized blocks, kept where any score of the dense bool mask is.
     DenseBlocks { mask: Tensor, block: usize },
+    /// I32 `[{1|b}, {1|hk|h}, {1|sq}, w]` key indices, -1 = padding.
+    Indices(Tensor),
 }
 
 impl SparseMask {
@@ -146,6 +148,16 @@ impl SparseMask {
         Self::part(Part::Bcsr { row_ptr: row_ptr.clone(), col_idx: col_idx.clone(), block })
     }
 
+    /// Index lists (`attn_indices`): I32 `[{1|b}, {1|hk|h}, {1|sq}, w]`, each row listing the keys
+    /// its queries see, in any order, -1 as padding. A key listed twice in a row is seen once (the
+    /// row shows the set of its keys). Entries must be -1 or in `0..seqlen_k` (a typed error
+    /// otherwise, found when prepared: on the GPU that waits for the device). Lists without a
+    /// query dimension (`[.., .., 1, w]`, the same keys for every query) run as gather attention
+    /// where they keep at most half the keys; lists per query as a bit-packed score mask.
+    pub fn indices(indices: &Tensor) -> Self {
+        Self::part(Part::Indices(indices.clone()))
+    }
+
     fn part(p: Part) -> Self {
         SparseMask { band: BandSpec::default(), parts: vec![p] }
     }
@@ -175,7 +187,9 @@ impl SparseMask {
     /// Prepares the mask for calls with these sequence lengths on the device of its tensors (any
     /// device for a parametric mask): checks every part (typed errors naming the argument), then on
     /// the GPU builds the block classes and score bits in one pass over each tensor. The work is
-    /// queued on the device's stream without waiting, except for BCSR input, read on the host.
+    /// queued on the device's stream without waiting, except for BCSR input, read on the host, a
+    /// score mask without a query dimension, whose kept-key counts are read back to size gather
+    /// attention (see [`PreparedMask::gathered_keys`]), and index lists, whose range check is.
     pub fn prepare(&self, seqlen_q: usize, seqlen_k: usize) -> Result<PreparedMask> {
         if seqlen_q == 0 || seqlen_k == 0 {
             return Err(Error::Param { arg: "seqlen", reason: format!("seqlen_q {seqlen_q} and seqlen_k {seqlen_k} must be at least 1") });
@@ -218,6 +232,7 @@ impl Part {
             Part::Packed(t) => vec![("packed_bits", t)],
             Part::Bitset { kept, .. } => vec![("block_bitset", kept)],
             Part::Bcsr { row_ptr, col_idx, .. } => vec![("row_ptr", row_ptr), ("col_idx", col_idx)],
+            Part::Indices(t) => vec![("indices", t)],
         }
     }
 }
@@ -468,4 +483,42 @@ pub(crate) fn bcsr_to_bitset(row_ptr: &Tensor, col_idx: &Tensor, block: usize, s
         }
     }
     Ok(([rp[0], rp[1]], kept))
+}
+
+/// Checks an index-list tensor (`SparseMask::indices`): I32, `[pb, ph, {1|sq}, w]` with `w >= 1`.
+/// Returns its shape.
+pub(crate) fn check_indices_shape(t: &Tensor, sq: usize) -> Result<[usize; 4]> {
+    if t.dtype() != DType::I32 {
+        return Err(Error::DType { arg: "indices", expected: "I32".into(), got: t.dtype() });
+    }
+    let expected = format!("[{{1|batch}}, {{1|kv_heads|heads}}, {{1|{sq}}}, w] with w >= 1 (key indices, -1 = padding)");
+    let s = <[usize; 4]>::try_from(t.shape()).map_err(|_| Error::Shape { arg: "indices", expected: expected.clone(), got: t.shape().to_vec() })?;
+    if !(s[2] == 1 || s[2] == sq) || s[3] == 0 || s[0] == 0 || s[1] == 0 {
+        return Err(Error::Shape { arg: "indices", expected, got: s.to_vec() });
+    }
+    Ok(s)
+}
+
+/// The error of an index outside `-1..sk`.
+pub(crate) fn index_range_error(sk: usize, got: Option<i64>) -> Error {
+    let got = got.map_or(String::new(), |g| format!(" (found {g})"));
+    Error::Param { arg: "indices", reason: format!("entries must be -1 (padding) or key indices in 0..{sk}{got}") }
+}
+
+/// Index lists read on the host as a keep table `[pb, ph, rows, sk]`, with the lists' shape.
+pub(crate) fn indices_keep(t: &Tensor, sq: usize, sk: usize) -> Result<([usize; 4], Vec<bool>)> {
+    let s = check_indices_shape(t, sq)?;
+    let values = t.to_f64_vec()?;
+    let rows = s[0] * s[1] * s[2];
+    let mut keep = vec![false; rows * sk];
+    for (x, &v) in values.iter().enumerate() {
+        let key = v as i64;
+        if key < -1 || key >= sk as i64 {
+            return Err(index_range_error(sk, Some(key)));
+        }
+        if key >= 0 {
+            keep[(x / s[3]) * sk + key as usize] = true;
+        }
+    }
+    Ok(([s[0], s[1], s[2], sk], keep))
 }

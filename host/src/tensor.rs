@@ -166,6 +166,11 @@ impl Tensor {
         Ok(Tensor { storage, dtype, layout })
     }
 
+    /// A tensor of `layout` over dmattn's own device buffer (which it keeps alive).
+    pub(crate) fn from_device_buffer(buf: DeviceBuffer, dtype: DType, layout: Layout, dev: &CudaDevice) -> Tensor {
+        Tensor { storage: Storage::Cuda(Arc::new(DeviceMemory::Owned(buf)), dev.clone()), dtype, layout }
+    }
+
     /// A contiguous tensor of `shape` over a caller's device buffer, without a copy: the tensor
     /// keeps `slice` alive, and dmattn reads or writes it on `device`'s stream, after the work
     /// queued there. Where the context tracks events (cudarc's default), the stream also waits

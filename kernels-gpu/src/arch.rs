@@ -412,6 +412,12 @@ pub fn div(a: u32, b: u32) -> u32 {
     a.checked_div(b).unwrap_or(0)
 }
 
+/// Fire-and-forget atomic OR into a global u32.
+#[inline(always)]
+pub unsafe fn red_or_u32(addr: u64, v: u32) {
+    unsafe { asm!("red.global.or.b32 [{0}], {1};", in(reg64) addr, in(reg32) v, options(nostack)) };
+}
+
 /// Fire-and-forget atomic add to global f32, where `pred` holds (predicated, no branch).
 #[inline(always)]
 pub unsafe fn red_add_f32_if(pred: bool, addr: u64, v: f32) {

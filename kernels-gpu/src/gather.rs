@@ -6,7 +6,7 @@ use crate::arch::*;
 use crate::elem::Elem;
 use crate::mask::Visibility;
 use dmattn_abi::{
-    BLOCK_MAP_K, BLOCK_MAP_Q, COMPACT_KEYS_PER_THREAD, COMPACT_THREADS, GATHER_THREADS, GatherMaskParams, GatherParams, KeyCompactParams,
+    BLOCK_MAP_K, BLOCK_MAP_Q, COMPACT_KEYS_PER_THREAD, COMPACT_THREADS, GATHER_THREADS, GatherMaskParams, GatherParams, IndicesParams, KeyCompactParams,
     KeyLists, ScatterParams, block_class, mask_bit,
 };
 
@@ -314,5 +314,30 @@ pub unsafe fn gather_mask(p: &GatherMaskParams) {
         };
         let at = ((plane * p.q_blocks + qb) * p.k_blocks + kb) as usize;
         unsafe { *(p.classes as *mut u8).add(at) = class };
+    }
+}
+
+/// Grid-stride, `GATHER_THREADS` threads, one index entry each.
+#[inline(always)]
+pub unsafe fn indices_bits(p: &IndicesParams) {
+    let [_, ph, rows, w] = p.dims;
+    let total = p.dims.iter().fold(1u64, |n, &d| n * d as u64);
+    let s = p.indices.stride;
+    let mut i = block_idx().0 as u64 * GATHER_THREADS as u64 + thread_idx() as u64;
+    let step = grid_dim_x() as u64 * GATHER_THREADS as u64;
+    while i < total {
+        let e = (i % w as u64) as u32;
+        let row = i / w as u64;
+        let (r, plane) = ((row % rows as u64) as u32, row / rows as u64);
+        let (b, h) = (plane / ph as u64, plane % ph as u64);
+        let at = p.indices.ptr + 4 * (b * s[0] + h * s[1] + r as u64 * s[2] + e as u64 * s[3]);
+        let key = unsafe { *(at as *const i32) };
+        if key < -1 || key >= p.seqlen_k as i32 {
+            unsafe { *(p.error as *mut u32) = 1 };
+        } else if key >= 0 {
+            let word = p.bits + 4 * (row * p.row_words as u64 + (key as u32 / 32) as u64);
+            unsafe { red_or_u32(word, 1 << (key as u32 % 32)) };
+        }
+        i += step;
     }
 }

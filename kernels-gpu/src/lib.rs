@@ -31,7 +31,7 @@ mod softmax_rows;
 mod tile;
 
 use dmattn_abi::{
-    BlockMaskParams, BwdParams, GatherMaskParams, GatherParams, KeyCompactParams, ScatterParams, BwdPreParams, BwdTile, CombineParams, ConvertParams, FwdParams, FwdTile, OrderParams, FwdVariants, MaskPackParams,
+    BlockMaskParams, BwdParams, GatherMaskParams, GatherParams, IndicesParams, KeyCompactParams, ScatterParams, BwdPreParams, BwdTile, CombineParams, ConvertParams, FwdParams, FwdTile, OrderParams, FwdVariants, MaskPackParams,
     SoftmaxRowsParams, bwd_tile, fwd_variants, modifiers,
 };
 use elem::{Bf16, F16};
@@ -71,6 +71,12 @@ pub unsafe extern "ptx-kernel" fn dmattn_key_compact(p: KeyCompactParams) {
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn dmattn_gather_rows(p: GatherParams) {
     unsafe { gather::gather_rows(&p) }
+}
+
+#[cfg(not(target_feature = "sm_90a"))]
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn dmattn_indices_bits(p: IndicesParams) {
+    unsafe { gather::indices_bits(&p) }
 }
 
 #[cfg(not(target_feature = "sm_90a"))]

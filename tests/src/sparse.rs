@@ -706,3 +706,39 @@ impl fmt::Debug for Described<'_> {
         write!(f, "{:?} with mask {:?}", self.0, self.1)
     }
 }
+
+/// Random index lists (`attn_indices`) for `case`: I32 `[pb, ph, rows, w]` with `rows` 1 or
+/// `seqlen_q`, `w` from 1 to past `seqlen_k` (so repeats occur), entries random keys, keys of a
+/// window around each row's diagonal, or all padding, with -1 padding mixed in; and the keep table
+/// `[pb, ph, rows, seqlen_k]` they describe (a listed key is visible, repeats or not).
+pub fn random_indices(rng: &mut StdRng, case: &Case) -> ([usize; 4], Vec<i32>, Vec<bool>) {
+    let (sq, sk) = (case.seqlen_q, case.seqlen_k);
+    let pb = if rng.random_bool(0.5) { case.batch } else { 1 };
+    let ph = [1, case.kv_heads, case.heads][rng.random_range(0..3)];
+    let rows = if rng.random_bool(0.5) { 1 } else { sq };
+    let w = [1, 2, rng.random_range(1..=sk), sk.div_ceil(3), sk + 3][rng.random_range(0..5)];
+    let pad = [0.0, 0.1, 0.5][rng.random_range(0..3)];
+    let mode = rng.random_range(0..4);
+    let shape = [pb, ph, rows, w];
+    let mut idx = Vec::with_capacity(shape.iter().product());
+    let mut keep = vec![false; pb * ph * rows * sk];
+    for row in 0..pb * ph * rows {
+        let i = row % rows;
+        for e in 0..w {
+            let key = if mode == 3 || rng.random_bool(pad) {
+                -1
+            } else if mode == 2 {
+                // A window of w keys ending at the row's diagonal (clamped into the keys).
+                let diag = (i + sk).saturating_sub(sq).min(sk - 1) as i64;
+                (diag - e as i64).rem_euclid(sk as i64) as i32
+            } else {
+                rng.random_range(0..sk) as i32
+            };
+            if key >= 0 {
+                keep[row * sk + key as usize] = true;
+            }
+            idx.push(key);
+        }
+    }
+    (shape, idx, keep)
+}

@@ -195,3 +195,53 @@ fn chunked_backward_matches_reference() {
         }
     }
 }
+
+/// Index lists (`attn_indices`) on the GPU against the reference with the dense mask they describe:
+/// lists with and without a query dimension (the latter gathered), random keys, windows around
+/// the diagonal, padding, repeats, `w` past `seqlen_k`, all padding; forward and backward.
+#[test]
+fn index_lists_match_reference() {
+    let Some(gpu) = gpu() else { return };
+    gather_property(400, 300, |sc| {
+        dmattn::set_output_poisoning(true);
+        let mut rng = seeded_rng(sc.seed);
+        let (shape, idx, keep) = dmattn_tests::sparse::random_indices(&mut rng, &sc.case);
+        let dense_shape = [shape[0], shape[1], shape[2], sc.case.seqlen_k];
+        let case = Case { mask: Some(dense_shape), ..sc.case.clone() };
+        let mut inputs = case.inputs(&mut rng);
+        inputs.mask = Some(Tensor::from_vec(keep, &dense_shape, &dmattn::Device::Cpu).unwrap());
+        let want = case.forward(&inputs).map_err(|e| TestCaseError::fail(format!("reference: {e}")))?;
+        let mut on_gpu = inputs.to(&gpu);
+        on_gpu.mask = None;
+        let lists = Tensor::from_vec(idx, &shape, &gpu).unwrap();
+        let call = Case { mask: None, ..case.clone() };
+        let got = call.call(&on_gpu).indices(&lists).forward().map_err(|e| TestCaseError::fail(format!("gpu: {e} for {case:?} lists {shape:?}")))?;
+        compare_forward(&(&case, shape), ForwardPath::Fused, case.dtype, &got, &want, 0.0)?;
+        let dout = gpu_dout(&case, sc.seed ^ 0x5EED);
+        let g = got.backward(&dout.to_device(&gpu).unwrap()).map_err(|e| TestCaseError::fail(format!("gpu backward: {e} for {case:?}")))?;
+        let w = want.backward(&dout).unwrap();
+        let (spec, data) = (naive::Spec::of(&case), naive::Data::of(&inputs));
+        let nf = naive::forward(&spec, &data);
+        let mags = naive::backward_magnitudes(&spec, &data, &nf, &dout.to_f64_vec().unwrap());
+        let mags = [Some(mags.dq), Some(mags.dk), Some(mags.dv), mags.dbias];
+        compare_gradients(&(&case, shape), &grads_vec(&g), &grads_vec(&w), &mags, gpu_tolerance(case.dtype))
+    });
+}
+
+/// An entry outside `-1..seqlen_k` found on the device is a typed error naming `indices`, and
+/// nothing is written to the caller's output buffer.
+#[test]
+fn out_of_range_indices_on_the_gpu_are_typed_errors() {
+    let Some(gpu) = gpu() else { return };
+    let case = Case { dtype: DType::BF16, ..Case::new(1, 70, 90, 2, 1, 64) };
+    let inputs = case.inputs(&mut seeded_rng(7)).to(&gpu);
+    let out = Tensor::from_fn(&case.q_shape(), DType::BF16, &gpu, |_| 3.0).unwrap();
+    for bad in [90, -2, i32::MAX] {
+        let lists = Tensor::from_vec(vec![0, 5, bad, -1], &[1, 1, 1, 4], &gpu).unwrap();
+        match case.call(&inputs).indices(&lists).out(&out).forward() {
+            Err(dmattn::Error::Param { arg: "indices", .. }) => {}
+            other => panic!("index {bad}: {:?}", other.err()),
+        }
+    }
+    assert!(out.to_f64_vec().unwrap().iter().all(|&x| x == 3.0), "the output buffer was written");
+}

@@ -16,7 +16,7 @@ use crate::problem::{Dims, Problem};
 use crate::sparse::{MaskData, PreparedMask as Prepared};
 use crate::tensor::Tensor;
 use dmattn_abi::{
-    BLOCK_MAP_K, BLOCK_MAP_Q, Band, COMPACT_KEYS_PER_THREAD, COMPACT_THREADS, GATHER_THREADS, GatherMaskParams, GatherParams, KeyCompactParams, KeyLists, ScatterParams, View4,
+    BLOCK_MAP_K, BLOCK_MAP_Q, Band, COMPACT_KEYS_PER_THREAD, COMPACT_THREADS, GATHER_THREADS, GatherMaskParams, GatherParams, IndicesParams, KeyCompactParams, KeyLists, ScatterParams, View4,
     names,
 };
 use std::sync::Arc;
@@ -65,12 +65,20 @@ impl KeyListsBuf {
 /// its width in 64-key tiles plus the gathers, about one tile's work per query tile.
 const GATHER_MAX_DENSITY: f64 = 0.5;
 
+/// Whether the stream is being captured into a CUDA graph, where nothing may be read back.
+fn capturing(dev: &CudaDevice) -> Result<bool> {
+    use cudarc::driver::sys::CUstreamCaptureStatus;
+    Ok(dev.stream().capture_status()? != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
 /// Compacts a query-broadcast score mask (bool or bit-packed, `[mb, mh, 1, {1|sk}]`) into key
 /// lists, when the gathered path pays (`GATHER_MAX_DENSITY`). Reads the lists' lengths back (waits
-/// for the device): the width sizes every later launch.
+/// for the device): the width sizes every later launch. On a stream being captured into a CUDA
+/// graph it does nothing (the mask takes the dense-tile path): prepare the mask before capturing
+/// to run it gathered in the graph.
 pub(crate) fn compact(dev: &CudaDevice, mask: &Tensor, packed: bool, sk: usize) -> Result<Option<KeyListsBuf>> {
     let s = mask.shape();
-    if s.len() != 4 || s[2] != 1 || s[3] == 1 || mask.dtype() != if packed { U8 } else { Bool } {
+    if s.len() != 4 || s[2] != 1 || s[3] == 1 || mask.dtype() != if packed { U8 } else { Bool } || capturing(dev)? {
         return Ok(None);
     }
     if packed && mask.strides()[3] != 1 {
@@ -408,4 +416,38 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, call: &GatheredCall, dou
         (_, dbias) => dbias,
     };
     Ok(Gradients { dq: g.dq, dk, dv, dbias })
+}
+
+/// Index lists (`SparseMask::indices`, checked by `check_indices_shape`) as the bit-packed score
+/// mask they describe, `[pb, ph, rows, ceil(sk / 8)]` U8 (rows 4-byte aligned). Reads back whether
+/// an entry was out of range (waits for the device).
+pub(crate) fn indices_to_bits(dev: &CudaDevice, t: &Tensor, shape: [usize; 4], sk: usize) -> Result<Tensor> {
+    if capturing(dev)? {
+        return Err(Error::Unsupported {
+            what: "index lists given inside a CUDA graph capture (their range check reads back from the device): prepare them (SparseMask::indices(..).prepare) before capturing".into(),
+            backend: BACKEND,
+        });
+    }
+    let [pb, ph, rows, w] = shape;
+    let row_words = sk.div_ceil(32);
+    let bits = DeviceBuffer::filled(dev.stream(), 4 * pb * ph * rows * row_words + 4, 0)?;
+    let error = bits.ptr() + (4 * pb * ph * rows * row_words) as u64;
+    let params = IndicesParams {
+        indices: super::broadcast_view(t),
+        bits: bits.ptr(),
+        error,
+        dims: [pb, ph, rows, w].map(|x| x as u32),
+        seqlen_k: sk as u32,
+        row_words: row_words as u32,
+    };
+    let entries = (pb * ph * rows * w) as u64;
+    let blocks = entries.div_ceil(GATHER_THREADS as u64).clamp(1, 65535) as u32;
+    launch(dev, &Launch::kernel(names::INDICES_BITS, (blocks, 1, 1), GATHER_THREADS, 0), params)?;
+    let flag = bits.to_host(4 * pb * ph * rows * row_words, 4)?;
+    if flag.iter().any(|&b| b != 0) {
+        return Err(crate::sparse::index_range_error(sk, None));
+    }
+    let row_bytes = 4 * row_words;
+    let layout = crate::tensor::Layout { shape: vec![pb, ph, rows, sk.div_ceil(8)], strides: vec![ph * rows * row_bytes, rows * row_bytes, row_bytes, 1], offset: 0 };
+    Ok(Tensor::from_device_buffer(bits, U8, layout, dev))
 }

@@ -4,7 +4,7 @@ use crate::device::CudaDevice;
 use crate::error::Result;
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use dmattn_abi::{
-    BlockMaskParams, BwdParams, GatherMaskParams, GatherParams, KeyCompactParams, ScatterParams, BwdPreParams, CombineParams, ConvertParams, OrderParams, FwdParams, MASK_PACK_THREADS, MaskPackParams, SoftmaxRowsParams,
+    BlockMaskParams, BwdParams, GatherMaskParams, GatherParams, IndicesParams, KeyCompactParams, ScatterParams, BwdPreParams, CombineParams, ConvertParams, OrderParams, FwdParams, MASK_PACK_THREADS, MaskPackParams, SoftmaxRowsParams,
     names,
 };
 
@@ -28,6 +28,7 @@ unsafe impl DeviceRepr for ByValue<KeyCompactParams> {}
 unsafe impl DeviceRepr for ByValue<GatherParams> {}
 unsafe impl DeviceRepr for ByValue<GatherMaskParams> {}
 unsafe impl DeviceRepr for ByValue<ScatterParams> {}
+unsafe impl DeviceRepr for ByValue<IndicesParams> {}
 
 pub(crate) struct Launch {
     name: String,

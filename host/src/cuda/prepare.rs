@@ -146,12 +146,23 @@ fn cells(dev: &CudaDevice, part: &Part, sq: usize, sk: usize, temps: &mut Vec<De
             // A query-broadcast mask's one row of classes (stride 0) serves every query block.
             (classes, [sq.div_ceil(BLOCK_MAP_Q as usize), sk.div_ceil(BLOCK_MAP_K as usize)], BLOCK_MAP_Q as usize, *block, planes)
         }
-        Part::Dense(_) | Part::Packed(_) => unreachable!("score masks are packed, not applied as blocks"),
+        Part::Dense(_) | Part::Packed(_) | Part::Indices(_) => unreachable!("score masks are packed, not applied as blocks"),
     })
 }
 
 /// Prepares `parts` (ANDed) for calls with `sq` queries and `sk` keys.
 pub(crate) fn prepare(dev: &CudaDevice, parts: &[Part], sq: usize, sk: usize) -> Result<PreparedMask> {
+    // Index lists are the bit-packed score masks they describe.
+    let parts: &[Part] = &parts
+        .iter()
+        .map(|p| match p {
+            Part::Indices(t) => {
+                let shape = crate::sparse::check_indices_shape(t, sq)?;
+                Ok(Part::Packed(super::gather::indices_to_bits(dev, t, shape, sk)?))
+            }
+            p => Ok(p.clone()),
+        })
+        .collect::<Result<Vec<_>>>()?;
     let (mut bufs, mut temps) = (Vec::new(), Vec::new());
     let scores: Vec<_> = parts.iter().filter(|p| matches!(p, Part::Dense(_) | Part::Packed(_))).collect();
     if scores.len() > 1 {
