@@ -6,7 +6,8 @@ use std::process::Stdio;
 
 const RUN_SH: &str = r#"#!/usr/bin/env bash
 # Runs dmattn's packed GPU suite. `run.sh tests` (default), `run.sh bench [dmattn-bench args]`,
-# `run.sh all`. Test logs go beside this script; the benchmark's files (cases.json, dmattn.json,
+# `run.sh sanitize` (compute-sanitizer memcheck and racecheck on small cases of every kernel the
+# gather and sparse suites launch), `run.sh all` (tests and bench). Test logs go beside this script; the benchmark's files (cases.json, dmattn.json,
 # peers.json and their logs; bench/SCHEMA.md) go to $OUT when set (the device tool's output
 # folder), else to results/ beside this script: `cargo xtask bench --from <that folder>` reports them.
 set -u
@@ -39,6 +40,21 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
       tail -n 3 "$logs/$name.log"
     done
   fi
+fi
+if [ "$what" = sanitize ]; then
+  # A few small property cases each: every gather kernel (compaction, gathers, gathered mask,
+  # scatter, index lists) and the attention kernels they feed, forward and backward.
+  for tool in memcheck racecheck; do
+    for t in "gpu_gather gather_backward_matches index_lists out_of_range" "gpu_sparse sparse_backward_matches"; do
+      set -- $t; bin=$1; shift
+      DMATTN_GPU_CASES=${DMATTN_SANITIZE_CASES:-4} timeout "${DMATTN_TEST_TIMEOUT:-400}" compute-sanitizer --tool $tool --print-limit 10 \
+        "$here/bin/test-tests-$bin" "$@" --test-threads=1 > "$logs/sanitize-$tool-$bin.log" 2>&1; rc=$?
+      summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$logs/sanitize-$tool-$bin.log" | tail -n 1)
+      printf '%-40s %s %s\n' "$tool $bin" "$([ $rc = 0 ] && echo ok || echo "FAILED rc=$rc")" "$summary"
+      case "$summary" in *"SUMMARY: 0 "*) ;; *) status=1; grep -E "Error:|Race reported" "$logs/sanitize-$tool-$bin.log" | head -n 10;; esac
+      [ $rc = 0 ] || status=1
+    done
+  done
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   "$here/bin/dmattn-bench" --out "$results" "$@" 2>&1 | tee "$results/dmattn-bench.log"

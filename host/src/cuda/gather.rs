@@ -284,12 +284,17 @@ pub(crate) fn forward(
 /// towards four CTAs per SM; only where the folding is a strided view (batch 1, a bias without a
 /// query dimension).
 fn query_chunks(dev: &CudaDevice, call: &GatheredCall) -> usize {
-    let d = call.problem.dims;
-    if d.batch != 1 || call.problem.bias.is_some_and(|b| b[2] != 1) {
+    chunks_for(&call.problem, dev.sms() as usize)
+}
+
+/// [`query_chunks`] for a gathered problem on a GPU of `sms` SMs.
+fn chunks_for(p: &Problem, sms: usize) -> usize {
+    let d = p.dims;
+    if d.batch != 1 || p.bias.is_some_and(|b| b[2] != 1) {
         return 1;
     }
     let ctas = (d.seqlen_k / BLOCK_MAP_K as usize).max(1) * d.kv_heads;
-    let target = (4 * dev.sms() as usize).div_ceil(ctas);
+    let target = (4 * sms).div_ceil(ctas);
     let mut chunks = 1;
     while 2 * chunks <= target && d.seqlen_q.is_multiple_of(2 * chunks * BLOCK_MAP_Q as usize) && d.seqlen_q / (2 * chunks) >= 512 {
         chunks *= 2;
@@ -450,4 +455,33 @@ pub(crate) fn indices_to_bits(dev: &CudaDevice, t: &Tensor, shape: [usize; 4], s
     let row_bytes = 4 * row_words;
     let layout = crate::tensor::Layout { shape: vec![pb, ph, rows, sk.div_ceil(8)], strides: vec![ph * rows * row_bytes, rows * row_bytes, row_bytes, 1], offset: 0 };
     Ok(Tensor::from_device_buffer(bits, U8, layout, dev))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::DType;
+
+    fn problem(batch: usize, sq: usize, width: usize, kv_heads: usize, bias: Option<[usize; 4]>) -> Problem {
+        let dims = Dims { batch, seqlen_q: sq, seqlen_k: width, heads: 2 * kv_heads, kv_heads, head_dim: 64 };
+        Problem { dims, dtype: DType::BF16, mask: Some([1, 1]), bias, band: Band::ALL, scale: 0.125, softcap: 0.0, deterministic: false }
+    }
+
+    /// Enough chunks for about four CTAs per SM, each of at least 512 queries on whole 64-row
+    /// blocks, and none where folding is not a view.
+    #[test]
+    fn query_chunks_fill_the_gpu_within_their_limits() {
+        // 1024 gathered keys, one kv head: 16 key tiles; 132 SMs want 33 chunks.
+        assert_eq!(chunks_for(&problem(1, 32768, 1024, 1, None), 132), 32);
+        assert_eq!(chunks_for(&problem(1, 16384, 1024, 1, Some([1, 1, 1, 1024])), 132), 32);
+        // At least 512 queries a chunk.
+        assert_eq!(chunks_for(&problem(1, 2048, 192, 2, None), 132), 4);
+        // Whole 64-row blocks: 3000 queries do not split.
+        assert_eq!(chunks_for(&problem(1, 3000, 1024, 1, None), 132), 1);
+        // The GPU is full already.
+        assert_eq!(chunks_for(&problem(1, 32768, 8192, 8, None), 132), 1);
+        // Not a view: batches, or a bias with a query dimension.
+        assert_eq!(chunks_for(&problem(2, 32768, 1024, 1, None), 132), 1);
+        assert_eq!(chunks_for(&problem(1, 32768, 1024, 1, Some([1, 1, 32768, 1024])), 132), 1);
+    }
 }
