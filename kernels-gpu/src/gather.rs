@@ -185,15 +185,24 @@ fn at(base: u64, s: &[u64; 4], x: u32, y: u32, q: u32, c: u32) -> u64 {
     base + x as u64 * s[0] + y as u64 * s[1] + q as u64 * s[2] + c as u64 * s[3]
 }
 
-/// Grid-stride, `GATHER_THREADS` threads, one `unit`-byte piece of a row each.
+/// Calls `f(x, y, q, c, piece)` for this thread's pieces of the rows of `dims` (`units` pieces a
+/// row), grid-stride over `GATHER_THREADS`-thread blocks.
 #[inline(always)]
-pub unsafe fn gather_rows(p: &GatherParams) {
-    let units = p.row_bytes / p.unit;
-    let total = p.dims.iter().fold(units as u64, |n, &d| n * d as u64);
+fn for_each_piece(dims: [u32; 4], units: u32, mut f: impl FnMut(u32, u32, u32, u32, u32)) {
+    let total = dims.iter().fold(units as u64, |n, &d| n * d as u64);
     let mut i = block_idx().0 as u64 * GATHER_THREADS as u64 + thread_idx() as u64;
     let step = grid_dim_x() as u64 * GATHER_THREADS as u64;
     while i < total {
-        let (x, y, q, c, u) = split(i, p.dims, units);
+        let (x, y, q, c, u) = split(i, dims, units);
+        f(x, y, q, c, u);
+        i += step;
+    }
+}
+
+/// Grid-stride, `GATHER_THREADS` threads, one `unit`-byte piece of a row each.
+#[inline(always)]
+pub unsafe fn gather_rows(p: &GatherParams) {
+    for_each_piece(p.dims, p.row_bytes / p.unit, |x, y, q, c, u| {
         let key = unsafe { list_entry(&p.lists, x, y, c) };
         let dst = at(p.dst, &p.dst_stride, x, y, q, c) + (u * p.unit) as u64;
         let src = at(p.src, &p.src_stride, x, div(y, p.src_head_div), q, key.max(0) as u32) + (u * p.unit) as u64;
@@ -204,19 +213,13 @@ pub unsafe fn gather_rows(p: &GatherParams) {
                 st_global_u16(dst, if key >= 0 { ld_global_nc_u16(src) } else { 0 });
             }
         }
-        i += step;
-    }
+    });
 }
 
 /// Grid-stride, `GATHER_THREADS` threads, one piece (8 elements, or 1) of an output row each.
 #[inline(always)]
 pub unsafe fn scatter_rows<E: Elem>(p: &ScatterParams) {
-    let units = p.row_elems / p.unit;
-    let total = p.dims.iter().fold(units as u64, |n, &d| n * d as u64);
-    let mut i = block_idx().0 as u64 * GATHER_THREADS as u64 + thread_idx() as u64;
-    let step = grid_dim_x() as u64 * GATHER_THREADS as u64;
-    while i < total {
-        let (x, y, q, j, u) = split(i, p.dims, units);
+    for_each_piece(p.dims, p.row_elems / p.unit, |x, y, q, j, u| {
         let mut acc = [0f32; 8];
         for a in 0..p.ratio[0] {
             for b in 0..p.ratio[1] {
@@ -246,8 +249,7 @@ pub unsafe fn scatter_rows<E: Elem>(p: &ScatterParams) {
                 st_global_u16(dst, E::pack(acc[0], 0.0) & 0xffff);
             }
         }
-        i += step;
-    }
+    });
 }
 
 /// The kept (non-negative) keys among the 64 ascending ones at shared `keys`: a binary search

@@ -14,6 +14,17 @@ use dmattn_tests::*;
 use proptest::test_runner::TestCaseError;
 use rand::Rng;
 
+/// Two deterministic runs' gradients are bit for bit the same.
+fn assert_same_bits(first: &Grads, again: &Grads, what: &dyn std::fmt::Debug) {
+    for (name, (a, b)) in ["dq", "dk", "dv", "dbias"].iter().zip(first.iter().zip(again)) {
+        let same = match (a, b) {
+            (Some(a), Some(b)) => a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            (a, b) => a.is_none() && b.is_none(),
+        };
+        assert!(same, "{name} differs between deterministic runs for {what:?}");
+    }
+}
+
 fn gather_property(cases: u32, max_seqlen: usize, property: impl Fn(SparseCase) -> Result<(), TestCaseError>) {
     if let Err(e) = gpu_runner(cases).run(&gpu_gather_cases(max_seqlen), property) {
         panic!("{e}");
@@ -124,14 +135,7 @@ fn gather_deterministic_runs_are_bit_identical() {
         let run = || grads_vec(&case.call(&on_gpu).sparse_mask(&prepared).deterministic(true).forward().unwrap().backward(&dout).unwrap());
         let first = run();
         for _ in 0..3 {
-            let again = run();
-            for (name, (a, b)) in ["dq", "dk", "dv", "dbias"].iter().zip(first.iter().zip(&again)) {
-                let same = match (a, b) {
-                    (Some(a), Some(b)) => a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
-                    (a, b) => a.is_none() && b.is_none(),
-                };
-                assert!(same, "{name} differs between deterministic runs for {case:?}");
-            }
+            assert_same_bits(&first, &run(), &case);
         }
         let sc = SparseCase { case: case.clone(), kinds: Vec::new(), seed };
         check_gpu_prepared(&sc, &spec, &prepared, &inputs, &gpu, ForwardPath::Fused, true, true).unwrap();
@@ -185,14 +189,7 @@ fn chunked_backward_matches_reference() {
         let on_gpu = inputs.to(&gpu);
         let dout = gpu_dout(&case, seed).to_device(&gpu).unwrap();
         let run = || grads_vec(&case.call(&on_gpu).sparse_mask(&prepared).deterministic(true).forward().unwrap().backward(&dout).unwrap());
-        let (a, b) = (run(), run());
-        for (name, (x, y)) in ["dq", "dk", "dv", "dbias"].iter().zip(a.iter().zip(&b)) {
-            let same = match (x, y) {
-                (Some(x), Some(y)) => x.iter().zip(y).all(|(u, v)| u.to_bits() == v.to_bits()),
-                (x, y) => x.is_none() && y.is_none(),
-            };
-            assert!(same, "{name} differs between deterministic runs for {case:?}");
-        }
+        assert_same_bits(&run(), &run(), &case);
     }
 }
 
