@@ -49,7 +49,7 @@ fn host_part(part: &Part, sq: usize, sk: usize) -> Result<HostPart> {
         Part::Packed(t) => {
             let s = check_part_shape(t, "packed_bits", U8, sq, sk.div_ceil(8), [true, false])?;
             let bytes = t.to_f64_vec()?;
-                    let f = move |b: usize, h: usize, i: usize, j: usize| {
+            let f = move |b: usize, h: usize, i: usize, j: usize| {
                 let byte = bytes[((pick(s[0], b) * s[1] + pick(s[1], h)) * s[2] + pick(s[2], i)) * s[3] + j / 8] as u8;
                 byte >> (j % 8) & 1 != 0
             };
@@ -64,12 +64,12 @@ fn host_part(part: &Part, sq: usize, sk: usize) -> Result<HostPart> {
         Part::Bcsr { row_ptr, col_idx, block } => {
             let (planes, kept) = bcsr_to_bitset(row_ptr, col_idx, *block, sq, sk)?;
             let (block, qb, kb) = (*block, sq.div_ceil(*block), sk.div_ceil(*block));
-                    let f = move |b: usize, h: usize, i: usize, j: usize| kept[((pick(planes[0], b) * planes[1] + pick(planes[1], h)) * qb + i / block) * kb + j / block] != 0;
+            let f = move |b: usize, h: usize, i: usize, j: usize| kept[((pick(planes[0], b) * planes[1] + pick(planes[1], h)) * qb + i / block) * kb + j / block] != 0;
             (planes, Box::new(f))
         }
         Part::Indices(t) => {
             let (s, keep) = indices_keep(t, sq, sk)?;
-                    let f = move |b: usize, h: usize, i: usize, j: usize| keep[((pick(s[0], b) * s[1] + pick(s[1], h)) * s[2] + pick(s[2], i)) * sk + j];
+            let f = move |b: usize, h: usize, i: usize, j: usize| keep[((pick(s[0], b) * s[1] + pick(s[1], h)) * s[2] + pick(s[2], i)) * sk + j];
             ([s[0], s[1]], Box::new(f))
         }
         Part::DenseBlocks { mask, block } => {
@@ -87,7 +87,7 @@ fn host_part(part: &Part, sq: usize, sk: usize) -> Result<HostPart> {
                     }
                 }
             }
-                    let f = move |b: usize, h: usize, i: usize, j: usize| kept[((pick(s[0], b) * s[1] + pick(s[1], h)) * qb + i / block) * kb + j / block];
+            let f = move |b: usize, h: usize, i: usize, j: usize| kept[((pick(s[0], b) * s[1] + pick(s[1], h)) * qb + i / block) * kb + j / block];
             ([s[0], s[1]], Box::new(f))
         }
     })
