@@ -225,8 +225,9 @@ fn index_lists_match_reference() {
     });
 }
 
-/// An entry outside `-1..seqlen_k` found on the device is a typed error naming `indices`, and
-/// nothing is written to the caller's output buffer.
+/// An entry outside `-1..seqlen_k` found on the device is a typed error naming `indices`, as is a
+/// bias of the wrong dtype on a gathered call, and nothing is written to the caller's output
+/// buffer.
 #[test]
 fn out_of_range_indices_on_the_gpu_are_typed_errors() {
     let Some(gpu) = gpu() else { return };
@@ -239,6 +240,14 @@ fn out_of_range_indices_on_the_gpu_are_typed_errors() {
             Err(dmattn::Error::Param { arg: "indices", .. }) => {}
             other => panic!("index {bad}: {:?}", other.err()),
         }
+    }
+    assert!(out.to_f64_vec().unwrap().iter().all(|&x| x == 3.0), "the output buffer was written");
+    // A gathered call checks the bias dtype before gathering it.
+    let keys = Tensor::from_vec((0..90).map(|j| j % 9 == 0).collect::<Vec<bool>>(), &[1, 1, 1, 90], &gpu).unwrap();
+    let bias = Tensor::from_fn(&[1, 1, 1, 90], DType::F32, &gpu, |j| j as f64 * 0.01).unwrap();
+    match case.call(&inputs).mask(&keys).bias(&bias).out(&out).forward() {
+        Err(dmattn::Error::DType { arg: "bias", .. }) => {}
+        other => panic!("f32 bias with bf16 q: {:?}", other.err()),
     }
     assert!(out.to_f64_vec().unwrap().iter().all(|&x| x == 3.0), "the output buffer was written");
 }

@@ -168,7 +168,8 @@ fn source_head_div(d: &Dims, src: usize, gathered: usize) -> u32 {
 /// Rewrites a call whose prepared mask holds key lists into the gathered call.
 pub(crate) fn gathered(dev: &CudaDevice, p: &Problem, saved: &Saved, lists: &Arc<KeyListsBuf>) -> Result<GatheredCall> {
     let d = p.dims;
-    device_elem("q", p.dtype)?;
+    // Element type and bias dtype first: the gathers copy 16-bit elements.
+    super::check_operands(p, saved)?;
     let (k_view, v_view) = (super::qkv_view(&saved.k, "k")?, super::qkv_view(&saved.v, "v")?);
     let device = saved.q.device();
     let [mb, mh] = lists.planes;
