@@ -458,6 +458,15 @@ pub mod block_class {
     pub const PARTIAL: u8 = 1;
     /// Every in-bounds element visible: no mask load and no mask math.
     pub const FULL: u8 = 2;
+
+    /// The class of a block in which `any` score is visible and `all` in-bounds ones are.
+    pub const fn of(any: bool, all: bool) -> u8 {
+        match (any, all) {
+            (false, _) => EMPTY,
+            (true, true) => FULL,
+            (true, false) => PARTIAL,
+        }
+    }
 }
 
 /// Keys per packed mask word.
@@ -815,6 +824,14 @@ pub mod names {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn block_class_of_any_and_all() {
+        assert_eq!(block_class::of(false, false), block_class::EMPTY);
+        assert_eq!(block_class::of(false, true), block_class::EMPTY);
+        assert_eq!(block_class::of(true, false), block_class::PARTIAL);
+        assert_eq!(block_class::of(true, true), block_class::FULL);
+    }
 
     #[test]
     fn positions_unpack_to_what_was_packed() {

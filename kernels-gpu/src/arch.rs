@@ -325,6 +325,22 @@ pub fn shfl_up_u32(v: u32, delta: u32) -> u32 {
     r
 }
 
+/// Inclusive prefix sum of `x` over the warp, `lane` being this thread's (warp-collective).
+#[inline(always)]
+pub fn warp_scan(x: u32, lane: u32) -> u32 {
+    // A counted loop, not an iterator over an array: the array would live in local memory.
+    let mut s = x;
+    let mut d = 1;
+    while d < 32 {
+        let y = shfl_up_u32(s, d);
+        if lane >= d {
+            s += y;
+        }
+        d *= 2;
+    }
+    s
+}
+
 #[inline(always)]
 pub fn shfl_xor(v: f32, lane_mask: u32) -> f32 {
     f32::from_bits(shfl_xor_u32(v.to_bits(), lane_mask))

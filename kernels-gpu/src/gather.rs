@@ -42,22 +42,6 @@ unsafe fn strip_bits(p: &KeyCompactParams, base: u64, first: u32, sk: u32) -> u3
     }
 }
 
-/// Inclusive prefix sum of `x` over the warp (warp-collective).
-#[inline(always)]
-fn warp_scan(x: u32, lane: u32) -> u32 {
-    // A counted loop, not an iterator over an array: the array would live in local memory.
-    let mut s = x;
-    let mut d = 1;
-    while d < 32 {
-        let y = shfl_up_u32(s, d);
-        if lane >= d {
-            s += y;
-        }
-        d *= 2;
-    }
-    s
-}
-
 /// The mask row of `plane` and the keys of its chunk `chunk`: `(row base, first key)`.
 #[inline(always)]
 fn chunk_of(p: &KeyCompactParams, chunk: u32, plane: u32) -> (u64, u32) {
@@ -309,13 +293,8 @@ pub unsafe fn gather_mask(p: &GatherMaskParams) {
     let any = sync_threads_or(word != 0);
     let all = sync_threads_and(row >= p.seqlen_q || word == u64::MAX);
     if t == 0 {
-        let class = match (any, all) {
-            (false, _) => block_class::EMPTY,
-            (true, true) => block_class::FULL,
-            (true, false) => block_class::PARTIAL,
-        };
         let at = ((plane * p.q_blocks + qb) * p.k_blocks + kb) as usize;
-        unsafe { *(p.classes as *mut u8).add(at) = class };
+        unsafe { *(p.classes as *mut u8).add(at) = block_class::of(any, all) };
     }
 }
 

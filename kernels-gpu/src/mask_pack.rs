@@ -72,12 +72,7 @@ pub unsafe fn mask_pack(p: &MaskPackParams) {
     let any = sync_threads_or(any);
     let all = sync_threads_and(all);
     if tid == 0 {
-        let class = match (any, all) {
-            (false, _) => block_class::EMPTY,
-            (true, true) => block_class::FULL,
-            (true, false) => block_class::PARTIAL,
-        };
         let at = ((bh * p.q_blocks + qb) * p.k_blocks + kb) as usize;
-        unsafe { *(p.classes as *mut u8).add(at) = class };
+        unsafe { *(p.classes as *mut u8).add(at) = block_class::of(any, all) };
     }
 }

@@ -119,15 +119,7 @@ unsafe fn sort(p: &OrderParams, [gx, gy, gz]: [u32; 3], tid: u32) {
     for r in 0..BUCKETS_PER_THREAD {
         total += unsafe { ld_shared_u32(own + 4 * r) };
     }
-    let mut inclusive = total;
-    let mut delta = 1;
-    while delta < 32 {
-        let below = shfl_up_u32(inclusive, delta);
-        if lane >= delta {
-            inclusive += below;
-        }
-        delta *= 2;
-    }
+    let inclusive = warp_scan(total, lane);
     if lane == 31 {
         unsafe { st_shared_u32(warp_totals + 4 * warp, inclusive) };
     }
