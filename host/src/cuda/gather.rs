@@ -49,7 +49,7 @@ impl KeyListsBuf {
         let sk = self.seqlen_k as u64;
         // The mask's heads are 1, kv_heads or heads; an operand with query heads reads a kv-head
         // mask's plane through the group.
-        let head_div = if mh == dims.kv_heads && heads == dims.heads && mh != heads { dims.kv_group() as u32 } else { 1 };
+        let head_div = source_head_div(dims, mh, heads);
         KeyLists {
             ptr: buf.ptr(),
             batch: if mb > 1 { mh as u64 * sk } else { 0 },

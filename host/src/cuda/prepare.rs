@@ -86,13 +86,15 @@ pub(crate) fn strides(dims: [usize; 4]) -> [u64; 4] {
     s
 }
 
+/// A score mask's shape, checked: bool `[{1|b}, {1|hk|h}, {1|sq}, {1|sk}]` or bit-packed bytes
+/// `[.., .., {1|sq}, ceil(sk / 8)]`.
+fn score_shape(t: &Tensor, packed: bool, sq: usize, sk: usize) -> Result<[usize; 4]> {
+    if packed { check_part_shape(t, "packed_bits", U8, sq, sk.div_ceil(8), [true, false]) } else { check_part_shape(t, "mask", Bool, sq, sk, [true, true]) }
+}
+
 /// A score mask packed: (classes, bits, planes), in a new buffer.
 fn pack(dev: &CudaDevice, t: &Tensor, packed: bool, sq: usize, sk: usize, bufs: &mut Vec<DeviceBuffer>) -> Result<(View4, View4, [usize; 2])> {
-    let [mb, mh, mq, mk] = if packed {
-        check_part_shape(t, "packed_bits", U8, sq, sk.div_ceil(8), [true, false])?
-    } else {
-        check_part_shape(t, "mask", Bool, sq, sk, [true, true])?
-    };
+    let [mb, mh, mq, mk] = score_shape(t, packed, sq, sk)?;
     if packed && mk > 1 && t.strides()[3] != 1 {
         return Err(Error::Layout { arg: "packed_bits", backend: BACKEND, reason: "the bytes of a row must be contiguous".into() });
     }
@@ -171,8 +173,8 @@ pub(crate) fn prepare(dev: &CudaDevice, parts: &[Part], sq: usize, sk: usize) ->
     // A query-broadcast score mask alone: gather attention where sparse enough.
     if let ([part], [Part::Dense(t) | Part::Packed(t)]) = (parts, scores.as_slice()) {
         let packed = matches!(part, Part::Packed(_));
-        let want = if packed { check_part_shape(t, "packed_bits", U8, sq, sk.div_ceil(8), [true, false]) } else { check_part_shape(t, "mask", Bool, sq, sk, [true, true]) };
-        want?;
+        // Checked here: the compaction declines what it cannot take, with no error of its own.
+        score_shape(t, packed, sq, sk)?;
         if let Some(lists) = super::gather::compact(dev, t, packed, sk)? {
             let planes = lists.planes;
             let gather = Some(Arc::new(lists));
