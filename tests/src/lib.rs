@@ -284,6 +284,18 @@ pub fn gradients(case: &Case, path: ForwardPath, inputs: &Inputs, dout: &Tensor,
 /// (dq, dk, dv, dbias) as f64 values, dbias `None` without a bias.
 pub type Grads = [Option<Vec<f64>>; 4];
 
+/// Panics unless two runs' gradients are bit for bit the same (deterministic mode), naming the
+/// gradient and `what`.
+pub fn assert_same_bits(first: &Grads, again: &Grads, what: &dyn Debug) {
+    for (name, (a, b)) in ["dq", "dk", "dv", "dbias"].iter().zip(first.iter().zip(again)) {
+        let same = match (a, b) {
+            (Some(a), Some(b)) => a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            (a, b) => a.is_none() && b.is_none(),
+        };
+        assert!(same, "{name} differs between deterministic runs for {what:?}");
+    }
+}
+
 /// A backward pass's gradients as [`Grads`].
 pub fn grads_vec(g: &Gradients) -> Grads {
     [Some(&g.dq), Some(&g.dk), Some(&g.dv), g.dbias.as_ref()].map(|t| t.map(|t| t.to_f64_vec().unwrap()))

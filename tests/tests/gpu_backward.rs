@@ -33,14 +33,7 @@ fn deterministic_runs_are_bit_identical() {
         let dout = gpu_dout(&case, seed);
         let first = gradients(&case, ForwardPath::Fused, &inputs, &dout, true);
         for _ in 0..3 {
-            let again = gradients(&case, ForwardPath::Fused, &inputs, &dout, true);
-            for (name, (a, b)) in ["dq", "dk", "dv", "dbias"].iter().zip(first.iter().zip(&again)) {
-                let same = match (a, b) {
-                    (Some(a), Some(b)) => a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
-                    (a, b) => a.is_none() && b.is_none(),
-                };
-                assert!(same, "{name} differs between deterministic runs for {case:?}");
-            }
+            assert_same_bits(&first, &gradients(&case, ForwardPath::Fused, &inputs, &dout, true), &case);
         }
     }
 }

@@ -14,17 +14,6 @@ use dmattn_tests::*;
 use proptest::test_runner::TestCaseError;
 use rand::Rng;
 
-/// Two deterministic runs' gradients are bit for bit the same.
-fn assert_same_bits(first: &Grads, again: &Grads, what: &dyn std::fmt::Debug) {
-    for (name, (a, b)) in ["dq", "dk", "dv", "dbias"].iter().zip(first.iter().zip(again)) {
-        let same = match (a, b) {
-            (Some(a), Some(b)) => a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
-            (a, b) => a.is_none() && b.is_none(),
-        };
-        assert!(same, "{name} differs between deterministic runs for {what:?}");
-    }
-}
-
 fn gather_property(cases: u32, max_seqlen: usize, property: impl Fn(SparseCase) -> Result<(), TestCaseError>) {
     if let Err(e) = gpu_runner(cases).run(&gpu_gather_cases(max_seqlen), property) {
         panic!("{e}");

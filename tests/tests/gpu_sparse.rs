@@ -96,14 +96,7 @@ fn sparse_deterministic_runs_are_bit_identical() {
         dmattn::set_output_poisoning(true);
         let first = sparse_gradients(&case, &on_gpu, &prepared, &dout, true);
         for _ in 0..3 {
-            let again = sparse_gradients(&case, &on_gpu, &prepared, &dout, true);
-            for (name, (a, b)) in ["dq", "dk", "dv", "dbias"].iter().zip(first.iter().zip(&again)) {
-                let same = match (a, b) {
-                    (Some(a), Some(b)) => a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
-                    (a, b) => a.is_none() && b.is_none(),
-                };
-                assert!(same, "{name} differs between deterministic runs for {case:?} with {spec:?}");
-            }
+            assert_same_bits(&first, &sparse_gradients(&case, &on_gpu, &prepared, &dout, true), &(&case, &spec));
         }
         let sc = SparseCase { case: case.clone(), kinds: kinds.to_vec(), seed };
         check_gpu_prepared(&sc, &spec, &prepared, &inputs, &gpu, ForwardPath::Fused, true, true).unwrap();
