@@ -648,6 +648,43 @@ pub struct IndicesParams {
     pub row_words: u32,
 }
 
+/// Parameters of the key-selection kernels (Flash-DMA's `create_mask`), one CTA per output row
+/// (grid-stride). Row `r` of the output `[dims[0], dims[1], dims[2]]` reads the bias (raw bits of
+/// its elements through element strides, 0 where broadcast) and the optional bool mask
+/// (`mask.ptr` 0: every key eligible) and keeps the `k` eligible keys of largest bias, ties to
+/// the lower key (`k` 0: the eligible keys of bias > 0); then, with `block` > 0, every key of a
+/// block of `block` keys takes the block's majority, ANDed with the eligibility again. Outputs
+/// with a zero pointer are not written: `out_mask` bool `[rows, sk]`, `out_bits` u32
+/// `[rows, row_words]` (key `j` is bit `j % 32` of word `j / 32`), `out_indices` i32
+/// `[rows, width]` (the kept keys ascending, then -1).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SelectParams {
+    pub bias: View4,
+    pub mask: View4,
+    pub out_mask: u64,
+    pub out_bits: u64,
+    pub out_indices: u64,
+    /// Output `[b, h, q, sk]`.
+    pub dims: [u32; 4],
+    pub k: u32,
+    pub block: u32,
+    pub width: u32,
+    /// `ceil(sk / 32)`.
+    pub row_words: u32,
+    /// Exponent-all-ones magnitude of the bias type (`+inf`'s bits): magnitudes above it are NaN.
+    pub inf_bits: u32,
+    /// Whether the row's radix keys are kept in shared memory (else re-read from the bias).
+    pub cached: u32,
+}
+
+/// Threads per block of the key-selection kernels.
+pub const SELECT_THREADS: u32 = 512;
+
+/// Shared memory of a key-selection CTA before its row-sized parts (u32 words): the radix
+/// histogram (256), a block scan's sums (33, padded to 40) and 8 words of broadcast values.
+pub const SELECT_FIXED_WORDS: u32 = 256 + 40 + 8;
+
 /// Threads per block of the gather, scatter and gathered-mask kernels.
 pub const GATHER_THREADS: u32 = 256;
 
@@ -796,6 +833,9 @@ pub mod names {
     pub const GATHER_ROWS: &str = "dmattn_gather_rows";
     pub const INDICES_BITS: &str = "dmattn_indices_bits";
     pub const GATHER_MASK: &str = "dmattn_gather_mask";
+    /// Key selection over 16-bit (bf16, f16) and 32-bit (f32) bias elements.
+    pub const SELECT_KEYS_16: &str = "dmattn_select_keys_16";
+    pub const SELECT_KEYS_32: &str = "dmattn_select_keys_32";
     /// `dmattn_scatter_rows_<elem>`.
     pub const SCATTER_ROWS_PREFIX: &str = "dmattn_scatter_rows_";
     pub const BWD_PREFIX: &str = "dmattn_bwd_";

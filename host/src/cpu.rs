@@ -28,7 +28,7 @@ fn operands(s: &Saved) -> Result<Operands> {
 type HostPart = ([usize; 2], Box<dyn Fn(usize, usize, usize, usize) -> bool>);
 
 /// Index `x` along a dimension of size `n`, read through broadcasting (size 1: always 0).
-fn pick(n: usize, x: usize) -> usize {
+pub(crate) fn pick(n: usize, x: usize) -> usize {
     if n == 1 { 0 } else { x }
 }
 

@@ -136,6 +136,8 @@ pub(crate) struct Kernels {
     pub(crate) sms: u32,
     /// L2 cache size.
     pub(crate) l2_bytes: usize,
+    /// Dynamic shared memory one CTA may opt in to.
+    pub(crate) smem_per_block: u32,
 }
 
 /// The kernels loaded per context (a module loaded twice into one context would be compiled
@@ -179,6 +181,7 @@ impl Kernels {
             name: ctx.name()?,
             sms: ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32,
             l2_bytes: ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as usize,
+            smem_per_block: ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as u32,
         })
     }
 }
@@ -306,6 +309,11 @@ impl CudaDevice {
     /// L2 cache bytes.
     pub(crate) fn l2_bytes(&self) -> usize {
         self.0.kernels.l2_bytes
+    }
+
+    /// Dynamic shared memory bytes one CTA may opt in to.
+    pub(crate) fn smem_per_block(&self) -> u32 {
+        self.0.kernels.smem_per_block
     }
 
     /// Whether the Hopper (sm_90a, wgmma) kernels are loaded.

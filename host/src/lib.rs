@@ -67,6 +67,7 @@ mod error;
 mod memory;
 mod problem;
 mod reference;
+mod select;
 mod sparse;
 mod tensor;
 
@@ -77,5 +78,6 @@ pub use device::{CudaDevice, Device, KernelResources};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use problem::Dims;
+pub use select::{SelectKeys, select_keys};
 pub use sparse::{PreparedMask, SparseMask};
 pub use tensor::{Layout, Tensor, set_output_poisoning};

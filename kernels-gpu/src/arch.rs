@@ -182,6 +182,14 @@ pub unsafe fn st_shared_u32(addr: u32, v: u32) {
 }
 
 #[inline(always)]
+pub unsafe fn st_shared_v4(addr: u32, v: [u32; 4]) {
+    unsafe {
+        asm!("st.shared.v4.b32 [{0}], {{{1}, {2}, {3}, {4}}};", in(reg32) addr, in(reg32) v[0], in(reg32) v[1], in(reg32) v[2], in(reg32) v[3],
+            options(nostack))
+    };
+}
+
+#[inline(always)]
 pub unsafe fn st_shared_v2(addr: u32, v: [u32; 2]) {
     unsafe { asm!("st.shared.v2.b32 [{0}], {{{1}, {2}}};", in(reg32) addr, in(reg32) v[0], in(reg32) v[1], options(nostack)) };
 }
@@ -301,6 +309,33 @@ pub unsafe fn ld_global_nc_u16(addr: u64) -> u32 {
     let v: u32;
     unsafe { asm!("ld.global.nc.u16 {0}, [{1}];", out(reg32) v, in(reg64) addr, options(pure, readonly, nostack)) };
     v
+}
+
+/// Block-wide sum of `x` over the `THREADS` threads (at most 1024; collective), through 33 words of
+/// shared memory at `sums`: returns (exclusive prefix of this thread, total). Ends with every
+/// thread past its reads.
+#[inline(always)]
+pub fn block_scan<const THREADS: u32>(x: u32, tid: u32, sums: u32) -> (u32, u32) {
+    let warps = THREADS / 32;
+    let (lane, warp) = (tid % 32, tid / 32);
+    let incl = warp_scan(x, lane);
+    if lane == 31 {
+        unsafe { st_shared_u32(sums + 4 * warp, incl) };
+    }
+    sync_threads();
+    if warp == 0 {
+        let w = if lane < warps { unsafe { ld_shared_u32(sums + 4 * lane) } } else { 0 };
+        let s = warp_scan(w, lane);
+        // Each lane rewrites only the word it read; the last lane's sum is the total.
+        unsafe { st_shared_u32(sums + 4 * lane, s - w) };
+        if lane == 31 {
+            unsafe { st_shared_u32(sums + 4 * 32, s) };
+        }
+    }
+    sync_threads();
+    let r = (unsafe { ld_shared_u32(sums + 4 * warp) } + incl - x, unsafe { ld_shared_u32(sums + 4 * 32) });
+    sync_threads();
+    r
 }
 
 /// Butterfly shuffle within the warp (warp-collective).

@@ -50,33 +50,6 @@ fn chunk_of(p: &KeyCompactParams, chunk: u32, plane: u32) -> (u64, u32) {
     (base, chunk * COMPACT_THREADS * COMPACT_KEYS_PER_THREAD)
 }
 
-/// Block-wide sum of `x` over the `COMPACT_THREADS` threads (collective), through 33 words of
-/// shared memory at `sums`: returns (exclusive prefix of this thread, total). Ends with every
-/// thread past its reads.
-#[inline(always)]
-fn block_scan(x: u32, tid: u32, sums: u32) -> (u32, u32) {
-    const WARPS: u32 = COMPACT_THREADS / 32;
-    let (lane, warp) = (tid % 32, tid / 32);
-    let incl = warp_scan(x, lane);
-    if lane == 31 {
-        unsafe { st_shared_u32(sums + 4 * warp, incl) };
-    }
-    sync_threads();
-    if warp == 0 {
-        let w = if lane < WARPS { unsafe { ld_shared_u32(sums + 4 * lane) } } else { 0 };
-        let s = warp_scan(w, lane);
-        // Each lane rewrites only the word it read; the last lane's sum is the total.
-        unsafe { st_shared_u32(sums + 4 * lane, s - w) };
-        if lane == 31 {
-            unsafe { st_shared_u32(sums + 4 * 32, s) };
-        }
-    }
-    sync_threads();
-    let r = (unsafe { ld_shared_u32(sums + 4 * warp) } + incl - x, unsafe { ld_shared_u32(sums + 4 * 32) });
-    sync_threads();
-    r
-}
-
 /// Grid `(chunks, planes)`, `COMPACT_THREADS` threads, each a strip of `COMPACT_KEYS_PER_THREAD`
 /// keys: each chunk's kept-key count (`counts` holds `[planes, chunks]` here). Dynamic shared
 /// memory: 33 u32.
@@ -87,7 +60,7 @@ pub unsafe fn key_count(p: &KeyCompactParams) {
     let (base, k0) = chunk_of(p, chunk, plane);
     let first = k0 + tid * COMPACT_KEYS_PER_THREAD;
     let bits = if first < p.dims[2] { unsafe { strip_bits(p, base, first, p.dims[2]) } } else { 0 };
-    let (_, total) = block_scan(bits.count_ones(), tid, smem_base());
+    let (_, total) = block_scan::<COMPACT_THREADS>(bits.count_ones(), tid, smem_base());
     if tid == 0 {
         unsafe { *(p.chunk_counts as *mut u32).add((plane * grid_dim_x() + chunk) as usize) = total };
     }
@@ -118,7 +91,7 @@ pub unsafe fn key_compact(p: &KeyCompactParams) {
     let (pos, slot) = (p.pos as *mut i32, p.slot as *mut i32);
     let first = k0 + tid * N;
     let bits = if first < sk { unsafe { strip_bits(p, base, first, sk) } } else { 0 };
-    let (mine, _) = block_scan(bits.count_ones(), tid, smem_base());
+    let (mine, _) = block_scan::<COMPACT_THREADS>(bits.count_ones(), tid, smem_base());
     let mut at = before + mine;
     for j in 0..N {
         let k = first + j;

@@ -2,7 +2,7 @@
 //! composed from a few modules: PTX primitives (`arch`), element types and their MMA (`elem`),
 //! shared-memory tiles (`tile`), the mask logic every kernel shares (`mask`), the online softmax
 //! (`softmax`), score start values and logits (`scores`), and the kernels themselves (`fwd`,
-//! `bwd`, `bwd_pre`, `mask_pack` and `block_mask` (mask preparation), `schedule` for the forward's work order, `combine` for
+//! `bwd`, `bwd_pre`, `mask_pack` and `block_mask` (mask preparation), `gather` (gather attention), `select` (masks made from a bias), `schedule` for the forward's work order, `combine` for
 //! split-KV, and `softmax_rows` for the unfused path). Entry points are instantiated here from
 //! the tile table in `dmattn-abi`. The crate builds twice: for sm_80 (every kernel but the
 //! Hopper backward; it runs on Hopper too) and for sm_90a (only the `wgmma` backward).
@@ -26,12 +26,13 @@ mod mask;
 mod mask_pack;
 mod schedule;
 mod scores;
+mod select;
 mod softmax;
 mod softmax_rows;
 mod tile;
 
 use dmattn_abi::{
-    BlockMaskParams, BwdParams, GatherMaskParams, GatherParams, IndicesParams, KeyCompactParams, ScatterParams, BwdPreParams, BwdTile, CombineParams, ConvertParams, FwdParams, FwdTile, OrderParams, FwdVariants, MaskPackParams,
+    BlockMaskParams, BwdParams, GatherMaskParams, GatherParams, IndicesParams, KeyCompactParams, ScatterParams, SelectParams, BwdPreParams, BwdTile, CombineParams, ConvertParams, FwdParams, FwdTile, OrderParams, FwdVariants, MaskPackParams,
     SoftmaxRowsParams, bwd_tile, fwd_variants, modifiers,
 };
 use elem::{Bf16, F16};
@@ -77,6 +78,18 @@ pub unsafe extern "ptx-kernel" fn dmattn_gather_rows(p: GatherParams) {
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn dmattn_indices_bits(p: IndicesParams) {
     unsafe { gather::indices_bits(&p) }
+}
+
+#[cfg(not(target_feature = "sm_90a"))]
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn dmattn_select_keys_16(p: SelectParams) {
+    unsafe { select::select_keys::<16>(&p) }
+}
+
+#[cfg(not(target_feature = "sm_90a"))]
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn dmattn_select_keys_32(p: SelectParams) {
+    unsafe { select::select_keys::<32>(&p) }
 }
 
 #[cfg(not(target_feature = "sm_90a"))]

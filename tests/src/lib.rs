@@ -7,6 +7,7 @@ use rand::rngs::StdRng;
 use std::fmt::Debug;
 use std::sync::OnceLock;
 
+pub mod select;
 pub mod sparse;
 
 /// One attention problem: sizes, which operands exist (with their broadcast shapes), options.

@@ -4,7 +4,7 @@ use crate::device::CudaDevice;
 use crate::error::Result;
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use dmattn_abi::{
-    BlockMaskParams, BwdParams, GatherMaskParams, GatherParams, IndicesParams, KeyCompactParams, ScatterParams, BwdPreParams, CombineParams, ConvertParams, OrderParams, FwdParams, MASK_PACK_THREADS, MaskPackParams, SoftmaxRowsParams,
+    BlockMaskParams, BwdParams, GatherMaskParams, GatherParams, IndicesParams, KeyCompactParams, ScatterParams, SelectParams, BwdPreParams, CombineParams, ConvertParams, OrderParams, FwdParams, MASK_PACK_THREADS, MaskPackParams, SoftmaxRowsParams,
     names,
 };
 
@@ -29,6 +29,7 @@ unsafe impl DeviceRepr for ByValue<GatherParams> {}
 unsafe impl DeviceRepr for ByValue<GatherMaskParams> {}
 unsafe impl DeviceRepr for ByValue<ScatterParams> {}
 unsafe impl DeviceRepr for ByValue<IndicesParams> {}
+unsafe impl DeviceRepr for ByValue<SelectParams> {}
 
 pub(crate) struct Launch {
     name: String,

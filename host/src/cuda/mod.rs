@@ -5,9 +5,11 @@ mod gather;
 mod launch;
 mod materialized;
 mod prepare;
+mod select;
 
 pub(crate) use prepare::{PreparedMask, prepare};
 pub(crate) use gather::GatheredCall;
+pub(crate) use select::select_keys;
 
 use crate::attention::{Forward, ForwardBuffers, GradientBuffers, Gradients, Saved};
 use crate::cpu::lse_shape;

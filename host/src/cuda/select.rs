@@ -1,0 +1,127 @@
+//! Key selection on the GPU (`dmattn_select_keys_{16,32}`): the launch plan as a value, then one
+//! launch writing the requested output.
+use super::broadcast_view;
+use super::launch::{Launch, launch};
+use crate::device::{CudaDevice, Device};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::select::{Output, Plan};
+use crate::tensor::Tensor;
+use dmattn_abi::{SELECT_FIXED_WORDS, SELECT_THREADS, SelectParams, View4, names};
+
+/// Shared memory up to which a row's radix keys are cached: beyond it a CTA would take so much
+/// of an SM that fewer rows run at once than the re-reads (from L2) cost.
+const CACHED_SMEM: u32 = 112 * 1024;
+
+/// How a selection runs on a device: its kernel, shared memory and grid.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct SelectLaunch {
+    pub kernel: &'static str,
+    pub smem_bytes: u32,
+    pub cached: bool,
+    pub grid: u32,
+}
+
+/// The launch of `plan` over a bias of `elem_bytes`-wide elements on a GPU with `sms` SMs and
+/// `smem_limit` bytes of shared memory per CTA; an error when a row's bitmaps do not fit.
+pub(crate) fn plan_launch(plan: &Plan, elem_bytes: u32, sms: u32, smem_limit: u32) -> Result<SelectLaunch> {
+    let row_words = plan.sk.div_ceil(32) as u64;
+    let vote_words = if plan.block == 0 { 0 } else { plan.sk.div_ceil(plan.block).div_ceil(32) as u64 };
+    let base = (4 * (SELECT_FIXED_WORDS as u64 + 2 * row_words + vote_words)).next_multiple_of(16);
+    let with_cache = base + 32 * row_words * elem_bytes as u64;
+    let cached = with_cache <= CACHED_SMEM.min(smem_limit) as u64;
+    let smem = if cached { with_cache } else { base };
+    if smem > smem_limit as u64 {
+        let max_keys = 32 * ((smem_limit as u64 / 4).saturating_sub(SELECT_FIXED_WORDS as u64 + 8) / 3);
+        return Err(Error::Param {
+            arg: "bias",
+            reason: format!("rows of {} keys exceed the CUDA backend's limit of about {max_keys} keys per row on this GPU (its shared memory)", plan.sk),
+        });
+    }
+    let kernel = if elem_bytes == 2 { names::SELECT_KEYS_16 } else { names::SELECT_KEYS_32 };
+    // Rows beyond a few waves go round the grid-stride loop.
+    let grid = (plan.row_count() as u64).min(16 * sms as u64) as u32;
+    Ok(SelectLaunch { kernel, smem_bytes: smem as u32, cached, grid })
+}
+
+/// Runs `plan` (checked by `SelectKeys::plan`) over `bias` and `mask` on `dev`, into a new tensor.
+pub(crate) fn select_keys(dev: &CudaDevice, plan: &Plan, out: Output, bias: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+    let (elem_bytes, inf_bits) = match bias.dtype() {
+        DType::BF16 => (2, 0x7f80),
+        DType::F16 => (2, 0x7c00),
+        DType::F32 => (4, 0x7f80_0000),
+        other => {
+            return Err(Error::DType { arg: "bias", expected: "f16, bf16 or f32 on the CUDA backend".into(), got: other });
+        }
+    };
+    let l = plan_launch(plan, elem_bytes, dev.sms(), dev.smem_per_block())?;
+    let device = Device::Cuda(dev.clone());
+    let row_words = plan.sk.div_ceil(32);
+    let rows = plan.row_count();
+    // The packed form's rows are whole u32 words (what the kernel stores), viewed as their bytes.
+    let (tensor, view) = match out {
+        Output::Packed => {
+            let words = Tensor::empty(&[plan.rows[0], plan.rows[1], plan.rows[2], 4 * row_words], DType::U8, &device)?;
+            let shape = plan.shape(out);
+            let strides = [plan.rows[1] * plan.rows[2] * 4 * row_words, plan.rows[2] * 4 * row_words, 4 * row_words, 1];
+            let view = words.as_strided(&shape, &strides, 0)?;
+            (words, view)
+        }
+        _ => {
+            let t = Tensor::empty(&plan.shape(out), if out == Output::Mask { DType::Bool } else { DType::I32 }, &device)?;
+            (t.clone(), t)
+        }
+    };
+    let ptr = tensor.device_ptr().expect("CUDA tensor");
+    let at = |o: Output| if o == out { ptr } else { 0 };
+    let params = SelectParams {
+        bias: broadcast_view(bias),
+        mask: mask.map_or(View4::ABSENT, broadcast_view),
+        out_mask: at(Output::Mask),
+        out_bits: at(Output::Packed),
+        out_indices: at(Output::Indices),
+        dims: [plan.rows[0], plan.rows[1], plan.rows[2], plan.sk].map(|x| x as u32),
+        k: plan.k as u32,
+        block: plan.block as u32,
+        width: plan.width as u32,
+        row_words: row_words as u32,
+        inf_bits,
+        cached: l.cached as u32,
+    };
+    if rows > 0 {
+        launch(dev, &Launch::kernel(l.kernel, (l.grid, 1, 1), SELECT_THREADS, l.smem_bytes), params)?;
+    }
+    Ok(view)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(rows: usize, sk: usize, block: usize) -> Plan {
+        Plan { rows: [1, 1, rows], sk, k: 16, block, width: 16 }
+    }
+
+    #[test]
+    fn rows_that_fit_are_cached_and_long_rows_read_again() {
+        let h100 = 227 * 1024;
+        let l = plan_launch(&plan(32768, 32768, 0), 2, 132, h100).unwrap();
+        assert!(l.cached && l.smem_bytes < CACHED_SMEM && l.kernel == names::SELECT_KEYS_16);
+        assert_eq!(l.grid, 16 * 132);
+        // f32 keys of a 32K row would take 128 KB: read again instead.
+        let l = plan_launch(&plan(4, 32768, 0), 4, 132, h100).unwrap();
+        assert!(!l.cached && l.grid == 4 && l.kernel == names::SELECT_KEYS_32);
+        // 512K keys: the two bitmaps (128 KB) fit an H100, not an SM 8.6 GPU (99 KB).
+        assert!(plan_launch(&plan(1, 1 << 19, 0), 2, 132, h100).is_ok());
+        let e = plan_launch(&plan(1, 1 << 19, 0), 2, 84, 99 * 1024).unwrap_err();
+        assert!(matches!(e, Error::Param { arg: "bias", .. }), "{e}");
+    }
+
+    #[test]
+    fn block_votes_take_shared_memory() {
+        let a = plan_launch(&plan(1, 1 << 16, 0), 2, 132, 227 * 1024).unwrap();
+        let b = plan_launch(&plan(1, 1 << 16, 1), 2, 132, 227 * 1024).unwrap();
+        // One vote bit per key with blocks of 1.
+        assert_eq!(b.smem_bytes - a.smem_bytes, (1 << 16) / 8);
+    }
+}

@@ -1,0 +1,427 @@
+//! Key selection (Flash-DMA's `create_mask`): per row of a bias, the top-k eligible keys (ties to
+//! the lower key) or the eligible keys of positive bias, optionally smoothed by a majority vote
+//! over key blocks, written as a bool mask, packed bits and/or an ascending index list.
+//!
+//! One CTA per row. The top-k threshold is found by a radix select on order-preserving keys made
+//! from the bias's bits (8 bits a pass, a shared histogram each), so no row is sorted; ties at the
+//! threshold go to the lowest keys through one ordered count per warp strip. The row's eligibility
+//! and result live in shared bitmaps, and its radix keys too where they fit.
+use crate::arch::*;
+use dmattn_abi::{SELECT_FIXED_WORDS, SELECT_THREADS, SelectParams, View4};
+
+const THREADS: u32 = SELECT_THREADS;
+const WARPS: u32 = THREADS / 32;
+
+/// Shared-memory map of a CTA (byte addresses): the histogram, scan sums and broadcast words
+/// ([`SELECT_FIXED_WORDS`]), the eligibility and kept bitmaps (`row_words` each), the block
+/// votes, then the radix-key cache (16-aligned).
+#[derive(Clone, Copy)]
+struct Smem {
+    hist: u32,
+    sums: u32,
+    misc: u32,
+    elig: u32,
+    kept: u32,
+    votes: u32,
+    cache: u32,
+}
+
+impl Smem {
+    fn new(p: &SelectParams) -> Self {
+        let hist = smem_base();
+        let elig = hist + 4 * SELECT_FIXED_WORDS;
+        let kept = elig + 4 * p.row_words;
+        let votes = kept + 4 * p.row_words;
+        let vote_words = if p.block == 0 { 0 } else { p.dims[3].div_ceil(p.block).div_ceil(32) };
+        Smem { hist, sums: hist + 4 * 256, misc: hist + 4 * 296, elig, kept, votes, cache: (votes + 4 * vote_words).next_multiple_of(16) }
+    }
+
+    unsafe fn word(&self, map: u32, w: u32) -> u32 {
+        unsafe { ld_shared_u32(map + 4 * w) }
+    }
+}
+
+/// Row `r`'s bias and mask addresses (bytes; the mask's 0 where absent).
+#[derive(Clone, Copy)]
+struct Row {
+    bias: u64,
+    bias_stride: u64,
+    mask: u64,
+    mask_stride: u64,
+}
+
+impl Row {
+    fn new<const W: u32>(p: &SelectParams, r: u64) -> Self {
+        let [_, nh, nq, _] = p.dims;
+        let q = r % nq as u64;
+        let h = (r / nq as u64) % nh as u64;
+        let b = r / (nq as u64 * nh as u64);
+        let base = |v: &View4| b * v.stride[0] + h * v.stride[1] + q * v.stride[2];
+        let bytes = (W / 8) as u64;
+        Row {
+            bias: p.bias.ptr + bytes * base(&p.bias),
+            bias_stride: bytes * p.bias.stride[3],
+            mask: if p.mask.ptr == 0 { 0 } else { p.mask.ptr + base(&p.mask) },
+            mask_stride: p.mask.stride[3],
+        }
+    }
+
+    /// The raw bits of key `k`'s bias.
+    #[inline(always)]
+    unsafe fn raw<const W: u32>(&self, k: u32) -> u32 {
+        let at = self.bias + k as u64 * self.bias_stride;
+        if W == 16 { unsafe { ld_global_nc_u16(at) } } else { unsafe { *(at as *const u32) } }
+    }
+
+    /// The raw bits of keys `k0..k0 + 8` (those below `sk`; 0 past it), in 16-byte loads where
+    /// the bias is contiguous and aligned.
+    #[inline(always)]
+    unsafe fn raw8<const W: u32>(&self, k0: u32, sk: u32) -> [u32; 8] {
+        let at = self.bias + k0 as u64 * self.bias_stride;
+        let bytes = W / 8;
+        if self.bias_stride == bytes as u64 && at % 16 == 0 && k0 + 8 <= sk {
+            if W == 16 {
+                let v = unsafe { ld_global_nc_v4(at) };
+                return core::array::from_fn(|j| (v[j / 2] >> (16 * (j as u32 % 2))) & 0xffff);
+            }
+            let (lo, hi) = unsafe { (ld_global_nc_v4(at), ld_global_nc_v4(at + 16)) };
+            return core::array::from_fn(|j| if j < 4 { lo[j] } else { hi[j - 4] });
+        }
+        core::array::from_fn(|j| if k0 + (j as u32) < sk { unsafe { self.raw::<W>(k0 + j as u32) } } else { 0 })
+    }
+
+    /// Bit `j`: key `k0 + j` is below `sk` and shown by the mask (or there is none).
+    #[inline(always)]
+    unsafe fn shown8(&self, k0: u32, sk: u32) -> u32 {
+        let valid = if k0 + 8 <= sk { 0xff } else { (1u32 << sk.saturating_sub(k0)) - 1 };
+        if self.mask == 0 {
+            return valid;
+        }
+        let at = self.mask + k0 as u64 * self.mask_stride;
+        let mut bits = 0;
+        if self.mask_stride == 1 && at % 8 == 0 && k0 + 8 <= sk {
+            let v = unsafe { ld_global_nc_u64(at) };
+            for j in 0..8 {
+                bits |= (((v >> (8 * j)) & 0xff != 0) as u32) << j;
+            }
+        } else {
+            for j in 0..8 {
+                if k0 + j < sk {
+                    bits |= ((unsafe { ld_global_nc_u8(at + j as u64 * self.mask_stride) } != 0) as u32) << j;
+                }
+            }
+        }
+        bits & valid
+    }
+}
+
+/// The radix key of a `W`-bit float's bits: unsigned, ordered as the values, NaN above +inf and
+/// -0 equal to +0 (their ties then go to the lower key, as `torch.topk`'s do).
+#[inline(always)]
+fn order<const W: u32>(raw: u32, inf: u32) -> u32 {
+    let sign = 1u32 << (W - 1);
+    let all = u32::MAX >> (32 - W);
+    let mag = raw & (sign - 1);
+    if mag > inf {
+        all
+    } else if mag == 0 {
+        sign
+    } else if raw & sign != 0 {
+        !raw & all
+    } else {
+        raw | sign
+    }
+}
+
+/// Whether a radix key stands for a value above zero (NaN is not).
+#[inline(always)]
+fn positive<const W: u32>(key: u32) -> bool {
+    key > 1u32 << (W - 1) && key != u32::MAX >> (32 - W)
+}
+
+/// ORs each lane's byte `b` (of keys `8 * lane .. + 8`) into the word of its group of 4 lanes
+/// (keys `32 * (lane / 4) ..`), which every lane of the group returns (warp-collective).
+#[inline(always)]
+fn word_of_bytes(b: u32, lane: u32) -> u32 {
+    let v = b << (8 * (lane % 4));
+    let v = v | shfl_xor_u32(v, 1);
+    v | shfl_xor_u32(v, 2)
+}
+
+/// Load step: the row's eligibility bitmap (and, for a relu selection, the kept one), its radix
+/// keys into the cache where it is on. Eight consecutive keys a thread.
+#[inline(always)]
+unsafe fn load_row<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32) {
+    let sk = p.dims[3];
+    let groups = 4 * p.row_words;
+    let mut start = 0;
+    while start < groups {
+        let g = start + tid;
+        let (mut shown, mut pos) = (0, 0);
+        if g < groups {
+            shown = unsafe { row.shown8(8 * g, sk) };
+            let raw = unsafe { row.raw8::<W>(8 * g, sk) };
+            let keys: [u32; 8] = core::array::from_fn(|j| order::<W>(raw[j], p.inf_bits));
+            for (j, &key) in keys.iter().enumerate() {
+                pos |= (positive::<W>(key) as u32) << j;
+            }
+            if p.cached != 0 {
+                unsafe { store_keys::<W>(s.cache, 8 * g, &keys) };
+            }
+        }
+        let lane = tid % 32;
+        let elig = word_of_bytes(shown, lane);
+        let relu = word_of_bytes(shown & pos, lane);
+        if g < groups && lane % 4 == 0 {
+            unsafe { st_shared_u32(s.elig + 4 * (g / 4), elig) };
+            if p.k == 0 {
+                unsafe { st_shared_u32(s.kept + 4 * (g / 4), relu) };
+            }
+        }
+        start += THREADS;
+    }
+}
+
+#[inline(always)]
+unsafe fn store_keys<const W: u32>(cache: u32, k0: u32, keys: &[u32; 8]) {
+    if W == 16 {
+        let v = core::array::from_fn(|j| keys[2 * j] | (keys[2 * j + 1] << 16));
+        unsafe { st_shared_v4(cache + 2 * k0, v) };
+    } else {
+        unsafe {
+            st_shared_v4(cache + 4 * k0, [keys[0], keys[1], keys[2], keys[3]]);
+            st_shared_v4(cache + 4 * k0 + 16, [keys[4], keys[5], keys[6], keys[7]]);
+        }
+    }
+}
+
+/// Key `k`'s radix key: from the cache, or the bias again.
+#[inline(always)]
+unsafe fn key_at<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, k: u32) -> u32 {
+    if p.cached != 0 {
+        if W == 16 { unsafe { ld_shared_u16(s.cache + 2 * k) } } else { unsafe { ld_shared_u32(s.cache + 4 * k) } }
+    } else {
+        order::<W>(unsafe { row.raw::<W>(k) }, p.inf_bits)
+    }
+}
+
+/// Radix-select step: the radix key `t` of the `k`-th largest eligible key and how many keys
+/// equal to `t` are taken (the rest of `k`), or `None` where at most `k` keys are eligible.
+#[inline(always)]
+unsafe fn threshold<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32) -> Option<(u32, u32)> {
+    let sk = p.dims[3];
+    let (mut prefix, mut need) = (0u32, p.k);
+    let mut pass = 0;
+    while pass < W / 8 {
+        let shift = W - 8 * (pass + 1);
+        if tid < 256 {
+            unsafe { st_shared_u32(s.hist + 4 * tid, 0) };
+        }
+        sync_threads();
+        let mut k = tid;
+        while k < sk {
+            if unsafe { s.word(s.elig, k / 32) } >> (k % 32) & 1 != 0 {
+                let key = unsafe { key_at::<W>(p, s, row, k) };
+                // The keys that share the digits found so far (all of them in the first pass).
+                if pass == 0 || key >> (shift + 8) == prefix {
+                    unsafe { atom_add_shared_u32(s.hist + 4 * ((key >> shift) & 0xff), 1) };
+                }
+            }
+            k += THREADS;
+        }
+        sync_threads();
+        // Digits from the top: the one where the count of larger keys reaches `need`.
+        let digit = 255u32.wrapping_sub(tid);
+        let x = if tid < 256 { unsafe { ld_shared_u32(s.hist + 4 * digit) } } else { 0 };
+        let (above, total) = block_scan::<THREADS>(x, tid, s.sums);
+        if pass == 0 && total <= p.k {
+            return None;
+        }
+        if tid < 256 && above < need && need <= above + x {
+            unsafe {
+                st_shared_u32(s.misc, digit);
+                st_shared_u32(s.misc + 4, need - above);
+            }
+        }
+        sync_threads();
+        prefix = (prefix << 8) | unsafe { ld_shared_u32(s.misc) };
+        need = unsafe { ld_shared_u32(s.misc + 4) };
+        pass += 1;
+    }
+    Some((prefix, need))
+}
+
+/// This warp's strip of bitmap words: `[first, end)`.
+#[inline(always)]
+fn strip(p: &SelectParams, warp: u32) -> (u32, u32) {
+    let per = p.row_words.div_ceil(WARPS);
+    ((warp * per).min(p.row_words), ((warp + 1) * per).min(p.row_words))
+}
+
+/// Block-wide exclusive prefix over warps of a per-warp count every lane holds (collective).
+#[inline(always)]
+fn warp_offsets(count: u32, tid: u32, sums: u32) -> (u32, u32) {
+    // Only lane 31 contributes, so every lane's exclusive prefix is the earlier warps' sum.
+    block_scan::<THREADS>(if tid % 32 == 31 { count } else { 0 }, tid, sums)
+}
+
+/// Top-k step: the kept bitmap from the threshold, the ties at it taken lowest key first.
+#[inline(always)]
+unsafe fn take_top<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32, t: u32, need: u32) {
+    let (lane, (first, end)) = (tid % 32, strip(p, tid / 32));
+    // (eligible, radix key) of this lane's key of word `w`; keys past `sk` are never eligible
+    // and not read.
+    let key = |w: u32| {
+        let e = unsafe { s.word(s.elig, w) } >> lane & 1 != 0;
+        (e, if e { unsafe { key_at::<W>(p, s, row, 32 * w + lane) } } else { 0 })
+    };
+    let mut ties = 0;
+    for w in first..end {
+        let (e, k) = key(w);
+        ties += ballot(e && k == t).count_ones();
+    }
+    let (mut before, _) = warp_offsets(ties, tid, s.sums);
+    for w in first..end {
+        let (e, k) = key(w);
+        let tie = ballot(e && k == t);
+        let rank = before + (tie & ((1u32 << lane) - 1)).count_ones();
+        let kept = ballot(e && (k > t || (k == t && rank < need)));
+        if lane == 0 {
+            unsafe { st_shared_u32(s.kept + 4 * w, kept) };
+        }
+        before += tie.count_ones();
+    }
+}
+
+/// Smoothing step: each block of `p.block` keys takes its majority (more than half of its keys
+/// kept), ANDed with the eligibility.
+#[inline(always)]
+unsafe fn smooth(p: &SelectParams, s: &Smem, tid: u32) {
+    let (sk, bs) = (p.dims[3], p.block);
+    let blocks = sk.div_ceil(bs);
+    let mut start = 0;
+    while start < blocks {
+        let b = start + tid;
+        let mut vote = false;
+        if b < blocks {
+            let (lo, hi) = (b * bs, ((b + 1) * bs).min(sk));
+            let mut n = 0;
+            let mut k = lo;
+            while k < hi {
+                let (w, at) = (k / 32, k % 32);
+                let span = (32 - at).min(hi - k);
+                let bits = unsafe { s.word(s.kept, w) } >> at;
+                n += if span == 32 { bits } else { bits & ((1 << span) - 1) }.count_ones();
+                k += span;
+            }
+            vote = 2 * n > hi - lo;
+        }
+        let votes = ballot(vote);
+        if b < blocks && tid % 32 == 0 {
+            unsafe { st_shared_u32(s.votes + 4 * (b / 32), votes) };
+        }
+        start += THREADS;
+    }
+    sync_threads();
+    let mut w = tid;
+    while w < p.row_words {
+        let mut word = 0;
+        for j in 0..32 {
+            let b = (32 * w + j) / bs;
+            if b < blocks {
+                word |= (unsafe { s.word(s.votes, b / 32) } >> (b % 32) & 1) << j;
+            }
+        }
+        unsafe { st_shared_u32(s.kept + 4 * w, word & s.word(s.elig, w)) };
+        w += THREADS;
+    }
+}
+
+/// Output step: the kept bitmap as the outputs asked for.
+#[inline(always)]
+unsafe fn write_row(p: &SelectParams, s: &Smem, r: u64, tid: u32) {
+    let sk = p.dims[3];
+    if p.out_mask != 0 {
+        let out = p.out_mask + r * sk as u64;
+        if sk % 4 == 0 {
+            let mut n = tid;
+            while n < sk / 4 {
+                let nibble = unsafe { s.word(s.kept, n / 8) } >> (4 * (n % 8)) & 0xf;
+                let bytes = (nibble & 1) | (nibble >> 1 & 1) << 8 | (nibble >> 2 & 1) << 16 | (nibble >> 3) << 24;
+                unsafe { *((out + 4 * n as u64) as *mut u32) = bytes };
+                n += THREADS;
+            }
+        } else {
+            let mut k = tid;
+            while k < sk {
+                unsafe { *((out + k as u64) as *mut u8) = (s.word(s.kept, k / 32) >> (k % 32) & 1) as u8 };
+                k += THREADS;
+            }
+        }
+    }
+    if p.out_bits != 0 {
+        let mut w = tid;
+        while w < p.row_words {
+            unsafe { *((p.out_bits + 4 * (r * p.row_words as u64 + w as u64)) as *mut u32) = s.word(s.kept, w) };
+            w += THREADS;
+        }
+    }
+    if p.out_indices != 0 {
+        let (lane, (first, end)) = (tid % 32, strip(p, tid / 32));
+        let mut count = 0;
+        for w in first..end {
+            count += unsafe { s.word(s.kept, w) }.count_ones();
+        }
+        let (mut at, total) = warp_offsets(count, tid, s.sums);
+        let out = p.out_indices + 4 * r * p.width as u64;
+        for w in first..end {
+            let word = unsafe { s.word(s.kept, w) };
+            let pos = at + (word & ((1u32 << lane) - 1)).count_ones();
+            if word >> lane & 1 != 0 && pos < p.width {
+                unsafe { *((out + 4 * pos as u64) as *mut i32) = (32 * w + lane) as i32 };
+            }
+            at += word.count_ones();
+        }
+        let mut e = total + tid;
+        while e < p.width {
+            unsafe { *((out + 4 * e as u64) as *mut i32) = -1 };
+            e += THREADS;
+        }
+    }
+}
+
+/// Grid-stride over rows, [`SELECT_THREADS`] threads; dynamic shared memory as [`Smem`] lays it
+/// out.
+#[inline(always)]
+pub unsafe fn select_keys<const W: u32>(p: &SelectParams) {
+    let tid = thread_idx();
+    let s = Smem::new(p);
+    let rows = p.dims[0] as u64 * p.dims[1] as u64 * p.dims[2] as u64;
+    let mut r = block_idx().0 as u64;
+    while r < rows {
+        let row = Row::new::<W>(p, r);
+        unsafe { load_row::<W>(p, &s, &row, tid) };
+        sync_threads();
+        if p.k != 0 {
+            match unsafe { threshold::<W>(p, &s, &row, tid) } {
+                Some((t, need)) => unsafe { take_top::<W>(p, &s, &row, tid, t, need) },
+                None => {
+                    let mut w = tid;
+                    while w < p.row_words {
+                        unsafe { st_shared_u32(s.kept + 4 * w, s.word(s.elig, w)) };
+                        w += THREADS;
+                    }
+                }
+            }
+            sync_threads();
+        }
+        if p.block != 0 {
+            unsafe { smooth(p, &s, tid) };
+            sync_threads();
+        }
+        unsafe { write_row(p, &s, r, tid) };
+        // The next row rewrites the bitmaps.
+        sync_threads();
+        r += grid_dim_x() as u64;
+    }
+}

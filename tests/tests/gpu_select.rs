@@ -1,0 +1,88 @@
+//! `select_keys` on the GPU against the CPU backend (itself checked against the selection's
+//! definition in `cpu_select`), bit for bit, with poisoned outputs: random biases (bf16, f16,
+//! f32; ties, NaN, ±0, ±inf; broadcasts; strided views), masks, top-k and relu, block smoothing,
+//! `k` beyond the row; rows cached in shared memory and rows too long for it; every output form.
+//! `DMATTN_GPU_CASES` sets the case counts. Skips, saying why, where there is no CUDA device.
+use dmattn::{DType, Device, Error, Tensor, select_keys};
+use dmattn_tests::select::SelectCase;
+use dmattn_tests::{fresh_rng, gpu};
+
+fn cases(default: usize) -> usize {
+    std::env::var("DMATTN_GPU_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(default)
+}
+
+/// Every output of `case` on the GPU equals the CPU's.
+fn check(case: &SelectCase, gpu: &Device, what: &str) {
+    dmattn::set_output_poisoning(true);
+    let (bias, mask) = case.tensors(&Device::Cpu);
+    let (gbias, gmask) = case.tensors(gpu);
+    let (cpu_sel, gpu_sel) = (case.select(&bias, mask.as_ref()), case.select(&gbias, gmask.as_ref()));
+    let outputs: [(&str, fn(&dmattn::SelectKeys) -> dmattn::Result<Tensor>); 3] =
+        [("mask", |s| s.mask()), ("packed_mask", |s| s.packed_mask()), ("indices", |s| s.indices())];
+    for (name, out) in outputs {
+        match (out(&cpu_sel), out(&gpu_sel)) {
+            (Ok(want), Ok(got)) => {
+                assert_eq!(got.shape(), want.shape(), "{what} {name}: {case:?}");
+                let (g, w) = (got.to_f64_vec().unwrap(), want.to_f64_vec().unwrap());
+                if let Some(i) = (0..w.len()).find(|&i| g[i] != w[i]) {
+                    let row = i / want.shape()[3];
+                    panic!("{what} {name}: element {i} (row {row}) is {} on the GPU, {} on the CPU; {case:?}", g[i], w[i]);
+                }
+            }
+            (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string(), "{what} {name}"),
+            (a, b) => panic!("{what} {name}: CPU {:?} but GPU {:?}; {case:?}", a.map(drop), b.map(drop)),
+        }
+    }
+}
+
+#[test]
+fn gpu_selection_matches_cpu() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = fresh_rng("gpu_selection_matches_cpu");
+    for n in 0..cases(2000) {
+        let case = SelectCase::random(&mut rng, 3000);
+        check(&case, &gpu, &format!("case {n}"));
+    }
+}
+
+/// Rows whose radix keys do not fit the shared-memory cache (f32 past ~27K keys, 16-bit past
+/// ~50K) are read again from the bias each pass.
+#[test]
+fn long_rows_match_cpu() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = fresh_rng("long_rows_match_cpu");
+    for n in 0..cases(2000).div_ceil(100) {
+        let mut case = SelectCase::random(&mut rng, 8);
+        let dtype = [DType::F32, DType::BF16][n % 2];
+        let sk = if dtype == DType::F32 { 30000 + 7 * n } else { 60000 + 13 * n };
+        let m = case.bias_shape;
+        let levels = n % 3 == 0;
+        let mut r = fresh_rng("long_rows values");
+        use rand::Rng;
+        case.dtype = dtype;
+        case.bias_shape = [m[0], m[1], 1, sk];
+        case.bias = (0..m[0] * m[1] * sk).map(|_| if levels { r.random_range(0..50) as f64 } else { r.random::<f64>() - 0.5 }).collect();
+        case.mask = None;
+        case.k = case.k.map(|_| [1, 1000, sk / 3, sk][n % 4]);
+        check(&case, &gpu, &format!("long case {n}"));
+    }
+}
+
+/// Typed errors of the GPU call: a mask on another device, a bias dtype the kernels do not take.
+#[test]
+fn gpu_selection_errors_are_typed() {
+    let Some(gpu) = gpu() else { return };
+    let bias = Tensor::from_fn(&[1, 1, 1, 8], DType::F32, &gpu, |i| i as f64).unwrap();
+    assert!(select_keys(&bias).top_k(2).mask().is_ok());
+    let mask = Tensor::from_fn(&[1, 1, 1, 8], DType::Bool, &Device::Cpu, |_| 1.0).unwrap();
+    match select_keys(&bias).top_k(2).within(&mask).mask() {
+        Err(Error::Device { arg: "mask", .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    if let Ok(wide) = Tensor::from_fn(&[1, 1, 1, 8], DType::F64, &gpu, |i| i as f64) {
+        match select_keys(&wide).top_k(2).mask() {
+            Err(Error::DType { arg: "bias", .. }) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+}
