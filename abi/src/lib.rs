@@ -553,7 +553,7 @@ pub struct KeyCompactParams {
 
 /// Threads per block of the key-compaction kernels (one block per chunk of a plane) and the keys
 /// each thread takes.
-pub const COMPACT_THREADS: u32 = 256;
+pub const COMPACT_THREADS: u32 = 64;
 pub const COMPACT_KEYS_PER_THREAD: u32 = 16;
 
 /// Which compacted key list an operand's `(batch, head)` reads: the list of plane

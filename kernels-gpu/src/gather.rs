@@ -178,10 +178,19 @@ pub unsafe fn gather_rows(p: &GatherParams) {
 pub unsafe fn scatter_rows<E: Elem>(p: &ScatterParams) {
     for_each_piece(p.dims, p.row_elems / p.unit, |x, y, q, j, u| {
         let mut acc = [0f32; 8];
-        for a in 0..p.ratio[0] {
-            for b in 0..p.ratio[1] {
+        for b in 0..p.ratio[1] {
+            // Slot lists shared by the summed batch entries (query chunks) are read once: most
+            // keys have no slot, and then no source.
+            let shared = p.slots.ptr == 0 || p.slots.batch == 0;
+            let mut slot = unsafe { list_entry(&p.slots, x * p.ratio[0], y * p.ratio[1] + b, j) };
+            if shared && slot < 0 {
+                continue;
+            }
+            for a in 0..p.ratio[0] {
                 let (xs, ys) = (x * p.ratio[0] + a, y * p.ratio[1] + b);
-                let slot = unsafe { list_entry(&p.slots, xs, ys, j) };
+                if !shared && a > 0 {
+                    slot = unsafe { list_entry(&p.slots, xs, ys, j) };
+                }
                 if slot >= 0 {
                     let src = at(p.src, &p.src_stride, xs, ys, q, slot as u32) + (2 * u * p.unit) as u64;
                     if p.unit == 8 {

@@ -164,10 +164,10 @@ fn fwd_params(p: &Problem, saved: &Saved, out: &Tensor, lse: &Tensor) -> Result<
 /// Key splits for a forward whose grid would leave the GPU mostly idle (few query tiles, long
 /// keys: decoding): enough splits for two CTAs per SM, at least two key tiles each. Returns
 /// (splits, key tiles per split); (1, _) is no split.
-fn key_splits(dev: &CudaDevice, d: &Dims, block_m: u32, block_n: u32) -> (u32, u32) {
+fn key_splits(sms: u32, d: &Dims, block_m: u32, block_n: u32) -> (u32, u32) {
     let ctas = d.seqlen_q.div_ceil(block_m as usize) * d.heads * d.batch;
     let k_tiles = d.seqlen_k.div_ceil(block_n as usize);
-    let target = (2 * dev.sms() as usize).div_ceil(ctas).min(k_tiles / 2).min(128).min(65535 / d.batch);
+    let target = (2 * sms as usize).div_ceil(ctas).min(k_tiles / 2).min(128).min(65535 / d.batch);
     if target < 2 {
         return (1, k_tiles as u32);
     }
@@ -207,7 +207,7 @@ pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, into: ForwardB
     let elem = check_operands(&p, &saved)?;
     let variants = fwd_variants(d.head_dim as u32).ok_or_else(|| unsupported_head_dim(d.head_dim))?;
     // Split-KV runs in the modifier variant only (see `key_splits`).
-    let (splits, split_tiles) = key_splits(dev, &d, variants.mods.block_m, variants.mods.block_n);
+    let (splits, split_tiles) = key_splits(dev.sms(), &d, variants.mods.block_m, variants.mods.block_n);
     // The forward's variants: lean, or every modifier.
     let (tile, mods) = match (modifiers_of(&p) != modifiers::NONE || splits > 1, variants.plain) {
         (false, Some(plain)) => (plain, false),
@@ -463,6 +463,21 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, into: Gra
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn dims(batch: usize, heads: usize, seqlen_q: usize, seqlen_k: usize) -> Dims {
+        Dims { batch, seqlen_q, seqlen_k, heads, kv_heads: 1, head_dim: 64 }
+    }
+
+    /// Decoding splits its keys for two CTAs per SM, at least two key tiles a split; a grid of
+    /// two CTAs per SM runs unsplit.
+    #[test]
+    fn grids_smaller_than_the_gpu_split_their_keys() {
+        assert_eq!(key_splits(132, &dims(1, 2, 1, 1 << 19), 128, 128), (128, 32));
+        assert_eq!(key_splits(132, &dims(1, 2, 16384, 1024), 128, 128), (2, 4));
+        assert_eq!(key_splits(132, &dims(1, 2, 32768, 1024), 128, 128).0, 1);
+        let (splits, tiles) = key_splits(132, &dims(1, 2, 2048, 8192), 128, 128);
+        assert!(splits > 1 && splits * tiles >= 64, "{splits} x {tiles}");
+    }
 
     /// Every backward kernel the host can ask for is in the module it loads it from: each head
     /// dim, element type and mode, with and without the Hopper module, for every modifier set;
