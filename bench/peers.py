@@ -25,6 +25,13 @@ Peers, all on GPU 0:
   ignored. Both use flash_attn.flash_attn_func where the flash_attn package is installed, else
   PyTorch's own FlashAttention-2 kernel (SDPA pinned to its flash backend, [b, h, s, d]); the
   note says which.
+- torch-topk, torch-create-mask (select cases only, which time key selection, no attention; the
+  attention peers skip them): torch.topk(bias, keep, dim=-1, sorted=False), and Flash-DMA's
+  create_mask (flash_dmattn.utils.mask.topk_mask): that top-k scattered into a bool tensor. With
+  a causal mask (built once, untimed), both first fill the hidden scores with the dtype's
+  minimum (bias.masked_fill(~mask, min)), and create_mask keeps a selected key only where its
+  value is not that minimum. Where the whole tensor does not fit (oom), the same calls run over
+  row chunks, which the note says.
 
 Inputs, masks, causal alignment, timing (CUDA events, warm-up, median, rotated operand sets) and
 both file formats are those of bench/SCHEMA.md. A backward is timed alone: the forward it needs
@@ -67,7 +74,9 @@ SDPA_BACKENDS = {
 }
 # References for key_topk cases only (see the docstring): they skip part of the case's work.
 FA2_IMPLS = ("fa2-kept-keys", "fa2-dense-causal")
-IMPLS = [*SDPA_BACKENDS, "flex", *FA2_IMPLS]
+# Key selection (select cases only, see the docstring): torch.topk, and Flash-DMA's create_mask.
+SELECT_IMPLS = ("torch-topk", "torch-create-mask")
+IMPLS = [*SDPA_BACKENDS, "flex", *FA2_IMPLS, *SELECT_IMPLS]
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
 # flex recompiles for every shape and every new mask_mod/score_mod. Past dynamo's recompile limit
@@ -584,8 +593,108 @@ def backend(impl):
 
 
 def applies(impl, case):
-    """Whether `impl` runs on `case`: the fa2 references on key_topk cases only."""
+    """Whether `impl` runs on `case`: the fa2 references on key_topk cases only; on select cases
+    only their output's peer (torch-topk for index lists, torch-create-mask for a bool mask)."""
+    if is_select(case):
+        return impl == ("torch-topk" if case.mask["output"] == "indices" else "torch-create-mask")
+    if impl in SELECT_IMPLS:
+        return False
     return impl not in FA2_IMPLS or (case.mask is not None and case.mask["kind"] == "key_topk")
+
+
+# ---------------------------------------------------------------------------------------------
+# Key selection (select cases: no attention)
+
+
+def is_select(case):
+    return case.mask is not None and case.mask["kind"] == "select"
+
+
+@dataclass
+class SelectInputs:
+    biases: list  # rotated bias sets, [b, mask_heads, 1 or sq, sk] N(0, 1)
+    causal: torch.Tensor | None  # within_causal: [1, 1, sq, sk] bool, built once
+
+
+def select_bias_shape(case):
+    """cases.rs's Case::select_bias_shape: one bias row per query, or one for every query."""
+    rows = case.seqlen_q if case.mask["rows"] == "per_query" else 1
+    return (case.batch, case.mask_heads, rows, case.seqlen_k)
+
+
+# On the hidden --device cpu (which tests this script), larger select cases are skipped.
+CPU_SELECT_BYTES = 64 << 20
+
+
+def select_read_bytes(case, dtype):
+    """Bytes of the bias and of within_causal's bool mask (cases.rs's Case::select_bytes)."""
+    causal = case.seqlen_q * case.seqlen_k if case.mask["within_causal"] else 0
+    return math.prod(select_bias_shape(case)) * dtype.itemsize + causal
+
+
+def select_inputs(case, dtype, device):
+    """A select case's operands as dmattn-bench makes them (not the same values: N(0, 1) on each
+    side): the bias, rotated over sets spanning 256 MiB (one for a bias that large), and the
+    causal mask of within_causal, shared by the sets."""
+    shape = select_bias_shape(case)
+    bias_bytes = math.prod(shape) * dtype.itemsize
+    n_sets = min(max(-(-ROTATION_BYTES // bias_bytes), 1), 4)
+    biases = [torch.randn(shape, dtype=dtype, device=device) for _ in range(n_sets)]
+    causal = causal_visible(case, device)[None, None] if case.mask["within_causal"] else None
+    return SelectInputs(biases, causal)
+
+
+def select_step(impl, keep, causal, chunk_rows=None):
+    """step(bias) of a select peer: torch-topk's (values, indices), or torch-create-mask's bool
+    mask, as Flash-DMA's create_mask computes them (within causal: the hidden scores filled with
+    the dtype's minimum first, a key kept where selected and not at that minimum). chunk_rows:
+    the same over row chunks (the fallback where the whole tensor does not fit)."""
+
+    def step(bias):
+        low = torch.finfo(bias.dtype).min
+        shape = bias.shape if causal is None else torch.broadcast_shapes(bias.shape, causal.shape)
+        n = shape[2]
+        spans = [slice(None)] if chunk_rows is None else [slice(r, min(r + chunk_rows, n)) for r in range(0, n, chunk_rows)]
+        mask, lists = None, []
+        for rows in spans:
+            scores = bias[:, :, rows] if causal is None else bias.masked_fill(~causal[:, :, rows], low)
+            values, indices = torch.topk(scores, keep, dim=-1, sorted=False)
+            if impl == "torch-topk":
+                lists.append((values, indices))
+                continue
+            if mask is None:
+                mask = torch.zeros(shape, dtype=torch.bool, device=bias.device)
+            mask[:, :, rows].scatter_(-1, indices, True if causal is None else values != low)
+        return lists if impl == "torch-topk" else mask
+
+    return step
+
+
+def run_select(impl, case, inputs, timer, report, over_budget):
+    """Times and reports one select peer on one case (pass fwd): the whole tensor at once, and
+    where that is oom, in row chunks of TOPK_CHUNK_ELEMS scores."""
+    if over_budget():
+        report.add(case, impl, "fwd", "skipped", note="time budget")
+        return
+    keep, biases = case.mask["keep"], inputs.biases
+    shape = biases[0].shape if inputs.causal is None else torch.broadcast_shapes(biases[0].shape, inputs.causal.shape)
+    chunk_rows = max(1, TOPK_CHUNK_ELEMS // (shape[0] * shape[1] * shape[3]))
+
+    def measure(chunked):
+        step = select_step(impl, keep, inputs.causal, chunk_rows if chunked else None)
+        ms = timer.median_ms(lambda i: step(biases[i % len(biases)]))
+        return ms, f"in chunks of {chunk_rows} rows" if chunked else ""
+
+    result, failure = attempt(lambda: measure(False))
+    if failure is not None and failure[0] == "oom" and chunk_rows < shape[2]:
+        whole = failure[1]
+        result, failure = attempt(lambda: measure(True))
+        if failure is None:
+            result = (result[0], join(result[1], f"whole tensor: {whole}"[:NOTE_CHARS]))
+    if failure is None:
+        report.add(case, impl, "fwd", "ok", result[0], result[1])
+    else:
+        report.add(case, impl, "fwd", failure[0], note=failure[1])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -806,14 +915,21 @@ def run_case(case, impls, dtype, timer, report, over_budget, device):
             for p in case.passes():
                 report.add(case, impl, p, "skipped", note="time budget")
         return
+    select = is_select(case)
+    if select and device.type != "cuda" and select_read_bytes(case, dtype) > CPU_SELECT_BYTES:
+        for impl in impls:
+            report.add(case, impl, "fwd", "skipped", note="too large for the CPU self-test")
+        return
     # Seeded by the case, so that its data does not depend on which other cases run.
     torch.manual_seed(zlib.crc32(case.id.encode()))
-    inputs, failure = attempt(lambda: make_inputs(case, dtype, device))
+    inputs, failure = attempt(lambda: (select_inputs if select else make_inputs)(case, dtype, device))
     for impl in impls:
         if failure is not None:
             report.add(case, impl, "fwd", failure[0], note=join("making inputs", failure[1]))
             if case.backward:
                 report.add(case, impl, "bwd", "skipped", note="forward failed")
+        elif select:
+            run_select(impl, case, inputs, timer, report, over_budget)
         else:
             run_impl(impl, case, inputs, timer, report, over_budget, device)
         free_memory()

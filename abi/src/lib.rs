@@ -679,11 +679,19 @@ pub struct SelectParams {
 }
 
 /// Threads per block of the key-selection kernels.
-pub const SELECT_THREADS: u32 = 512;
+pub const SELECT_THREADS: u32 = 256;
+
+/// Bits of the key-selection kernels' first radix digit, taken while the row is loaded.
+pub const SELECT_FIRST_DIGIT: u32 = 11;
+
+/// Keys of the first digit's threshold bin a key-selection CTA refines in a list (more: the
+/// slower passes over the whole row).
+pub const SELECT_CANDIDATES: u32 = 2048;
 
 /// Shared memory of a key-selection CTA before its row-sized parts (u32 words): the radix
-/// histogram (256), a block scan's sums (33, padded to 40) and 8 words of broadcast values.
-pub const SELECT_FIXED_WORDS: u32 = 256 + 40 + 8;
+/// histogram (`2^SELECT_FIRST_DIGIT`), a block scan's sums (33, padded to 40), 8 words of
+/// broadcast values and the candidate list.
+pub const SELECT_FIXED_WORDS: u32 = (1 << SELECT_FIRST_DIGIT) + 40 + 8 + SELECT_CANDIDATES;
 
 /// Threads per block of the gather, scatter and gathered-mask kernels.
 pub const GATHER_THREADS: u32 = 256;

@@ -36,12 +36,42 @@ pub enum Mask {
     /// the timed forward prepares it, which for a query-broadcast mask keeping at most half the
     /// keys compacts the kept keys and runs attention over them alone ("gather attention").
     KeyTopk { keep: usize },
+    /// Not attention: the `select` group times the key selection alone
+    /// (`dmattn::select_keys(&bias).top_k(keep)`, Flash-DMA's `create_mask`) on a bf16 N(0, 1)
+    /// bias `[batch, mask_heads, 1 or seqlen_q, seqlen_k]` ([`SelectRows`]), with `within_causal`
+    /// inside a causal bool mask `[1, 1, seqlen_q, seqlen_k]` (key `j` eligible for query `i` iff
+    /// `j <= i + seqlen_k - seqlen_q`; a key-side bias then gives a row per query), into the
+    /// `output` form. Such cases have `head_dim` 0, `heads = kv_heads = mask_heads`, `bias`
+    /// true and `causal` and `backward` false; their rows are `[batch, mask_heads, seqlen_q]`.
+    Select { keep: usize, rows: SelectRows, within_causal: bool, output: SelectOutput },
+}
+
+/// The bias rows of a `select` case.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum SelectRows {
+    /// A bias row per query: `[batch, mask_heads, seqlen_q, seqlen_k]`.
+    PerQuery,
+    /// One bias row for every query (Flash-DMA's key-side bias): `[batch, mask_heads, 1,
+    /// seqlen_k]`; the output has `seqlen_q` rows (one unless a per-query mask widens it).
+    KeySide,
+}
+
+/// What a `select` case makes: dmattn's `.indices()` (I32 `[.., keep]`, the kept keys ascending
+/// then -1; the peer `torch.topk`'s values and indices) or `.mask()` (Bool `[.., seqlen_k]`; the
+/// peer Flash-DMA's create_mask in torch: top-k, then a scatter into a bool tensor).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum SelectOutput {
+    Indices,
+    Mask,
 }
 
 impl Mask {
-    /// Whether dmattn gets this mask as a prepared `SparseMask` (the rest go in as `.mask(..)`).
+    /// Whether dmattn gets this mask as a prepared `SparseMask` (the rest go in as `.mask(..)`,
+    /// and `select` is no attention).
     pub fn is_sparse(&self) -> bool {
-        !matches!(self, Mask::Topk { .. } | Mask::Blocks { .. } | Mask::KeyTopk { .. })
+        !matches!(self, Mask::Topk { .. } | Mask::Blocks { .. } | Mask::KeyTopk { .. } | Mask::Select { .. })
     }
 }
 
@@ -166,12 +196,39 @@ impl Case {
         lo as usize..(hi.max(lo)) as usize
     }
 
-    /// The query dimension of mask and bias: 1 for `key_topk` (query-broadcast), else `seqlen_q`.
+    /// The query dimension of mask and bias: 1 for `key_topk` (query-broadcast) and a key-side
+    /// `select` bias, else `seqlen_q`.
     pub fn mask_rows(&self) -> usize {
         match self.mask {
-            Some(Mask::KeyTopk { .. }) => 1,
+            Some(Mask::KeyTopk { .. } | Mask::Select { rows: SelectRows::KeySide, .. }) => 1,
             _ => self.seqlen_q,
         }
+    }
+
+    /// Whether this is a `select` case (key selection alone, no attention).
+    pub fn is_select(&self) -> bool {
+        matches!(self.mask, Some(Mask::Select { .. }))
+    }
+
+    /// The shape of a `select` case's bias, `[batch, mask_heads, 1 or seqlen_q, seqlen_k]`.
+    pub fn select_bias_shape(&self) -> [usize; 4] {
+        [self.batch, self.mask_heads, self.mask_rows(), self.seqlen_k]
+    }
+
+    /// Bytes a `select` case reads (the bias, 2 B an element, and the causal bool mask of
+    /// `within_causal`, 1 B an entry, each once) and writes (the output: 1 B a key of every row
+    /// for `mask`, 4 B an entry of every row's `keep`-long list for `indices`); `None` for other
+    /// cases.
+    pub fn select_bytes(&self) -> Option<(f64, f64)> {
+        let Some(Mask::Select { keep, within_causal, output, .. }) = self.mask else { return None };
+        let (sq, sk) = (self.seqlen_q, self.seqlen_k);
+        let read = 2 * self.select_bias_shape().iter().product::<usize>() + if within_causal { sq * sk } else { 0 };
+        let rows = self.batch * self.mask_heads * sq;
+        let written = match output {
+            SelectOutput::Mask => rows * sk,
+            SelectOutput::Indices => rows * keep.min(sk) * 4,
+        };
+        Some((read as f64, written as f64))
     }
 
     /// The kept keys of a `key_topk` case, per (batch, mask head) plane, ascending
@@ -240,6 +297,9 @@ impl Case {
     /// Forward FLOPs: the two matmuls over [`Case::pairs`] (FlashAttention's count, which for
     /// causal and windows counts the visible pairs).
     pub fn fwd_flops(&self) -> f64 {
+        if self.is_select() {
+            return 0.0; // no attention: the report gives GB/s
+        }
         4.0 * (self.batch * self.heads * self.head_dim) as f64 * self.pairs()
     }
 
@@ -272,8 +332,12 @@ impl Case {
     /// Bytes a forward must read at least (q, k, v, and the mask and bias) and write (out):
     /// the memory traffic that bounds decoding. Elements are 2 bytes, dense mask entries 1,
     /// parametric masks none; `key_topk` needs only the kept keys' rows of k and v (its mask and
-    /// bias have one row).
+    /// bias have one row). A `select` case has no forward: the bytes it reads
+    /// ([`Case::select_bytes`]).
     pub fn fwd_bytes(&self) -> f64 {
+        if let Some((read, _)) = self.select_bytes() {
+            return read;
+        }
         let kv_rows = match self.mask {
             Some(Mask::KeyTopk { keep }) => keep.min(self.seqlen_k),
             _ => self.seqlen_k,
@@ -283,7 +347,7 @@ impl Case {
         let scores = self.batch * self.mask_heads * self.mask_rows() * self.seqlen_k;
         let mask = match self.mask {
             None | Some(Mask::Window { .. } | Mask::Compress { .. }) => 0,
-            Some(Mask::Topk { .. } | Mask::Blocks { .. } | Mask::CompressDense { .. } | Mask::KeyTopk { .. }) => scores,
+            Some(Mask::Topk { .. } | Mask::Blocks { .. } | Mask::CompressDense { .. } | Mask::KeyTopk { .. } | Mask::Select { .. }) => scores,
             // The kept flags (BCSR's indices are as many words, near enough).
             Some(Mask::Bitset { block, .. } | Mask::Bcsr { block, .. }) => scores / (block * block),
         };
@@ -295,8 +359,20 @@ impl Case {
         self.seqlen_q == 1
     }
 
-    /// Short label of the masking, for tables: `dense`, `causal`, `topk1024+bias`, ...
+    /// Short label of the masking, for tables: `dense`, `causal`, `topk1024+bias`, ...; for a
+    /// `select` case its rows and output: `per-query/indices`, `key-side+causal/mask`, ...
     pub fn variant(&self) -> String {
+        if let Some(Mask::Select { rows, within_causal, output, .. }) = self.mask {
+            let rows = match rows {
+                SelectRows::PerQuery => "per-query",
+                SelectRows::KeySide => "key-side",
+            };
+            let output = match output {
+                SelectOutput::Indices => "indices",
+                SelectOutput::Mask => "mask",
+            };
+            return format!("{rows}{}/{output}", if within_causal { "+causal" } else { "" });
+        }
         let mut parts = Vec::new();
         if self.causal {
             parts.push("causal".to_string());
@@ -310,6 +386,7 @@ impl Case {
             Some(Mask::Bcsr { block, density }) => parts.push(format!("bcsr{block}x{:.0}%", density * 100.0)),
             Some(Mask::Bitset { block, density }) => parts.push(format!("bitset{block}x{:.0}%", density * 100.0)),
             Some(Mask::KeyTopk { keep }) => parts.push(format!("keytopk{keep}")),
+            Some(Mask::Select { .. }) => unreachable!("select cases are labelled above"),
             None => {}
         }
         if self.bias {
@@ -460,8 +537,49 @@ fn gather(quick: bool) -> Vec<Case> {
         .collect()
 }
 
+/// The `select` group: `dmattn::select_keys` alone (Flash-DMA's `create_mask`, no attention),
+/// top-1024 over a bf16 bias, batch 1: a per-query bias `[1, 2, 32768, 32768]` into index lists
+/// and into a bool mask; a key-side bias `[1, 1, 1, 32768]` within a causal mask `[1, 1, 32768,
+/// 32768]` (a row per query) into both; a single key-side row of 32K keys and, decoding, of 512K
+/// keys, into index lists. `quick`: the per-query index lists and the 32K key-side row.
+fn select(quick: bool) -> Vec<Case> {
+    use SelectOutput::{Indices, Mask as Bools};
+    use SelectRows::{KeySide, PerQuery};
+    // (mask_heads, seqlen_q, seqlen_k, rows, within_causal, output)
+    let mut shapes = vec![(2, 32768, 32768, PerQuery, false, Indices)];
+    if !quick {
+        shapes.extend([(2, 32768, 32768, PerQuery, false, Bools), (1, 32768, 32768, KeySide, true, Indices), (1, 32768, 32768, KeySide, true, Bools)]);
+    }
+    shapes.push((1, 1, 32768, KeySide, false, Indices));
+    if !quick {
+        shapes.push((1, 1, 524288, KeySide, false, Indices));
+    }
+    shapes
+        .into_iter()
+        .map(|(mask_heads, seqlen_q, seqlen_k, rows, within_causal, output)| {
+            let mut c = Case {
+                id: String::new(),
+                group: "select".into(),
+                batch: 1,
+                heads: mask_heads,
+                kv_heads: mask_heads,
+                seqlen_q,
+                seqlen_k,
+                head_dim: 0,
+                causal: false,
+                mask: Some(Mask::Select { keep: 1024, rows, within_causal, output }),
+                bias: true,
+                mask_heads,
+                backward: false,
+            };
+            c.id = format!("select/q{seqlen_q}/k{seqlen_k}/{}", c.variant());
+            c
+        })
+        .collect()
+}
+
 /// The groups of the grid, in run order.
-pub const GROUPS: [&str; 8] = ["llm", "llm-d64", "dma-train", "dma-window", "dma-infer", "dma-infer-window", "sparse", "gather"];
+pub const GROUPS: [&str; 9] = ["llm", "llm-d64", "dma-train", "dma-window", "dma-infer", "dma-infer-window", "sparse", "gather", "select"];
 
 /// The grid for `groups` (all when empty); `quick` keeps a few sizes of each for a run of about
 /// two minutes.
@@ -491,6 +609,7 @@ pub fn grid(quick: bool, groups: &[String]) -> Vec<Case> {
             ),
             "sparse" => cases.extend(sparse(quick)),
             "gather" => cases.extend(gather(quick)),
+            "select" => cases.extend(select(quick)),
             _ => unreachable!(),
         }
     }
@@ -709,6 +828,45 @@ mod tests {
         // q and out 2 x 2 x 64 x 2 B; the kept 1024 rows of k and v; mask 1 B and bias 2 B a key.
         let want = 2 * (2 * 2 * 64) + 2 * (2 * 1024 * 64) + 524288 + 2 * 524288;
         assert_eq!(c.fwd_bytes(), want as f64);
+    }
+
+    #[test]
+    fn select_group_has_the_issue_shapes() {
+        let all = grid(false, &["select".into()]);
+        let ids: Vec<&str> = all.iter().map(|c| c.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            [
+                "select/q32768/k32768/per-query/indices",
+                "select/q32768/k32768/per-query/mask",
+                "select/q32768/k32768/key-side+causal/indices",
+                "select/q32768/k32768/key-side+causal/mask",
+                "select/q1/k32768/key-side/indices",
+                "select/q1/k524288/key-side/indices",
+            ]
+        );
+        let shapes: Vec<[usize; 4]> = all.iter().map(|c| c.select_bias_shape()).collect();
+        assert_eq!(shapes, [[1, 2, 32768, 32768], [1, 2, 32768, 32768], [1, 1, 1, 32768], [1, 1, 1, 32768], [1, 1, 1, 32768], [1, 1, 1, 524288]]);
+        for c in &all {
+            assert!(c.is_select() && c.bias && !c.causal && !c.backward && c.batch == 1 && c.head_dim == 0, "{}", c.id);
+            assert!(matches!(c.mask, Some(Mask::Select { keep: 1024, .. })) && !c.mask.unwrap().is_sparse(), "{}", c.id);
+            // No attention: no FLOPs, and the forward's bytes are those the selection reads.
+            assert_eq!((c.flops(Pass::Fwd), c.computed_flops(Pass::Fwd, 1.0)), (0.0, 0.0));
+            assert_eq!(c.fwd_bytes(), c.select_bytes().unwrap().0);
+        }
+        // The per-query bias is 4 GiB; its index lists 256 MiB, its mask 2 GiB.
+        assert_eq!(all[0].select_bytes(), Some(((4u64 << 30) as f64, (256u64 << 20) as f64)));
+        assert_eq!(all[1].select_bytes(), Some(((4u64 << 30) as f64, (2u64 << 30) as f64)));
+        // Key-side within causal: the 64 KiB row and the 1 GiB causal mask.
+        assert_eq!(all[2].select_bytes(), Some(((64 << 10) as f64 + (1u64 << 30) as f64, (128u64 << 20) as f64)));
+        assert_eq!(all[5].select_bytes(), Some(((1u64 << 20) as f64, 4096.0)));
+        let quick: Vec<String> = grid(true, &["select".into()]).into_iter().map(|c| c.id).collect();
+        assert_eq!(quick, ["select/q32768/k32768/per-query/indices", "select/q1/k32768/key-side/indices"]);
+        let text = serde_json::to_string(&all[2]).unwrap();
+        assert!(text.contains(r#""mask":{"kind":"select","keep":1024,"rows":"key_side","within_causal":true,"output":"indices"}"#), "{text}");
+        assert_eq!(&serde_json::from_str::<Case>(&text).unwrap(), &all[2]);
+        // The other groups have no select case.
+        assert!(grid(false, &[]).iter().filter(|c| c.is_select()).all(|c| c.group == "select"));
     }
 
     #[test]

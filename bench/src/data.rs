@@ -57,6 +57,7 @@ fn visibility(c: &Case, mask: Mask, scores: &[f32]) -> Option<Vec<bool>> {
         Mask::CompressDense { .. } => vis.par_chunks_mut(sk).enumerate().for_each(|(r, row)| row[c.row_keys(r % sq)].fill(true)),
         Mask::Window { .. } | Mask::Compress { .. } | Mask::Bcsr { .. } | Mask::Bitset { .. } => return None,
         Mask::KeyTopk { .. } => unreachable!("key_topk is query-broadcast: see key_topk"),
+        Mask::Select { .. } => unreachable!("select cases run no attention: see select.rs"),
     }
     Some(vis)
 }
@@ -155,7 +156,7 @@ fn sparse_mask(c: &Case, mask: Mask, vis: Option<Vec<bool>>, dev: &Device) -> dm
             let rows = c.seqlen_q.div_ceil(block);
             SparseMask::bcsr(&Tensor::from_vec(row_ptr, &[b, h, rows + 1], dev)?, &Tensor::from_vec(col_idx, &[b, h, nnz], dev)?, block)
         }
-        Mask::Topk { .. } | Mask::Blocks { .. } | Mask::KeyTopk { .. } => unreachable!("dense masks are not sparse"),
+        Mask::Topk { .. } | Mask::Blocks { .. } | Mask::KeyTopk { .. } | Mask::Select { .. } => unreachable!("dense masks are not sparse"),
     };
     Ok(if c.causal { structural.and(SparseMask::causal()) } else { structural })
 }

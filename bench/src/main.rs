@@ -5,14 +5,16 @@
 mod ceiling;
 mod data;
 mod memory;
+mod select;
 mod timing;
 
 use clap::{Parser, ValueEnum};
 use data::Operands;
 use dmattn::{Device, Error, SparseMask, attention};
 use dmattn_bench::cases::{Case, CaseSet, Mask, grid};
-use dmattn_bench::results::{Pass, Record, Results, Status};
+use dmattn_bench::results::{Ceilings, Pass, Record, Results, Status};
 use rand::{SeedableRng, rngs::StdRng};
+use select::SelectInputs;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use timing::Timer;
@@ -93,12 +95,19 @@ fn record(c: &Case, imp: Impl, pass: Pass, timed: &dmattn::Result<f64>) -> Recor
 }
 
 /// The line printed for each measurement: time, and throughput against the ceilings (for a
-/// `prep` record, the bytes of the prepared mask).
-fn describe(c: &Case, r: &Record, computed: f64, ceil_tflops: f64) -> String {
+/// `prep` record, the bytes of the prepared mask; for a `select` case, GB/s of the bias and mask
+/// read, and with the output written against the copy).
+fn describe(c: &Case, r: &Record, computed: f64, ceil: &Ceilings) -> String {
     let Some(ms) = r.ms else { return format!("{:?}: {}", r.status, r.note) };
     if r.pass == Pass::Prep {
         return format!("{ms:9.3} ms, {} B prepared ({})", r.bytes.unwrap_or(0), r.note);
     }
+    if let Some((read, written)) = c.select_bytes() {
+        let gbs = |bytes: f64| bytes / (ms * 1e-3) / 1e9;
+        let moved = gbs(read + written);
+        return format!("{ms:9.3} ms {:6.0} GB/s read, {moved:.0} GB/s read + written ({:.0}% of copy; {})", gbs(read), 100.0 * moved / ceil.copy_gbps, r.note);
+    }
+    let ceil_tflops = ceil.matmul_tflops;
     let tf = c.flops(r.pass) / (ms * 1e-3) / 1e12;
     let tc = c.computed_flops(r.pass, computed) / (ms * 1e-3) / 1e12;
     let mut s = format!("{ms:9.3} ms {tf:6.0} TF/s dense-eq ({tc:.0} computed, {:.0}% of matmul)", 100.0 * tc / ceil_tflops);
@@ -135,6 +144,26 @@ fn gather_note(c: &Case, o: &Operands) -> Option<String> {
         },
         Err(e) => format!("preparing a copy of the mask: {e}"),
     })
+}
+
+/// A `select` case (no attention): `select_keys` timed over the rotated bias sets, then one more
+/// call whose checked rows must be the host's top-k (else the record is an error, its time in the
+/// note): dmattn's one `fwd` record.
+fn time_select(c: &Case, device: &Device, rng: &mut StdRng, timer: &Timer, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Record {
+    let inputs = match SelectInputs::new(c, device, rng) {
+        Ok(i) => i,
+        Err(e) => return record(c, Impl::Dmattn, Pass::Fwd, &Err(e)),
+    };
+    let timed = timer.median_ms(stream, |i| inputs.call(c, i % inputs.sets()).map(drop));
+    let mut r = record(c, Impl::Dmattn, Pass::Fwd, &timed);
+    if let Some(ms) = r.ms {
+        let sets = format!("{} bias set{}", inputs.sets(), if inputs.sets() > 1 { "s" } else { "" });
+        match inputs.check(c) {
+            Ok(checked) => r.note = format!("{sets}; {checked}"),
+            Err(e) => (r.status, r.ms, r.note) = (Status::Error, None, format!("failed the check: {e} (timed {ms:.3} ms)")),
+        }
+    }
+    r
 }
 
 /// Adds `extra` to a record's note.
@@ -195,6 +224,20 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     let mut rng = StdRng::seed_from_u64(rand::random());
     for c in &set.cases {
+        if c.is_select() {
+            let within = match c.mask {
+                Some(Mask::Select { within_causal: true, .. }) => format!(" within causal [1, 1, {}, {}]", c.seqlen_q, c.seqlen_k),
+                _ => String::new(),
+            };
+            println!("\n{} (bias {:?}{within}, {:?})", c.id, c.select_bias_shape(), c.mask.unwrap());
+            if args.impls.contains(&Impl::Dmattn) {
+                let r = time_select(c, &device, &mut rng, &timer, stream);
+                println!("  {:<20} fwd {}", Impl::Dmattn.name(), describe(c, &r, 1.0, &ceil));
+                results.results.push(r);
+                std::fs::write(args.out.join("dmattn.json"), serde_json::to_string_pretty(&results)?)?;
+            }
+            continue;
+        }
         println!("\n{} (b{} h{} hk{} d{} sq{} sk{})", c.id, c.batch, c.heads, c.kv_heads, c.head_dim, c.seqlen_q, c.seqlen_k);
         let ops = match Operands::new(c, &device, &mut rng) {
             Ok(o) => o,
@@ -212,14 +255,14 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         }
         if let Some(sparse) = ops.sparse.as_ref().filter(|_| args.impls.contains(&Impl::Dmattn)) {
             let r = time_prepare(c, sparse, &timer, stream);
-            println!("  {:<20} prep {}", Impl::Dmattn.name(), describe(c, &r, ops.computed_fraction, ceil.matmul_tflops));
+            println!("  {:<20} prep {}", Impl::Dmattn.name(), describe(c, &r, ops.computed_fraction, &ceil));
             results.results.push(r);
         }
         for &imp in &args.impls {
             let fwd = timer.median_ms(stream, |i| forward(imp, c, &ops, i % ops.sets()).map(drop));
             let mut r = record(c, imp, Pass::Fwd, &fwd);
             add_note(&mut r, gather.as_deref());
-            println!("  {:<20} fwd {}", imp.name(), describe(c, &r, ops.computed_fraction, ceil.matmul_tflops));
+            println!("  {:<20} fwd {}", imp.name(), describe(c, &r, ops.computed_fraction, &ceil));
             results.results.push(r);
             if !(c.backward && imp == Impl::Dmattn) {
                 continue;
@@ -229,7 +272,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             });
             let mut r = record(c, imp, Pass::Bwd, &bwd);
             add_note(&mut r, gather.as_deref());
-            println!("  {:<20} bwd {}", imp.name(), describe(c, &r, ops.computed_fraction, ceil.matmul_tflops));
+            println!("  {:<20} bwd {}", imp.name(), describe(c, &r, ops.computed_fraction, &ceil));
             results.results.push(r);
         }
         // Written after every case, so that a run cut short still leaves its results.

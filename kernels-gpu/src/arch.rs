@@ -296,6 +296,12 @@ pub unsafe fn atom_add_gpu_u32(addr: u64, v: u32) -> u32 {
     old
 }
 
+/// Atomic OR into a shared u32.
+#[inline(always)]
+pub unsafe fn atom_or_shared_u32(addr: u32, v: u32) {
+    unsafe { asm!("atom.shared.or.b32 _, [{0}], {1};", in(reg32) addr, in(reg32) v, options(nostack)) };
+}
+
 /// Atomic add to a shared u32, returning the old value.
 #[inline(always)]
 pub unsafe fn atom_add_shared_u32(addr: u32, v: u32) -> u32 {
@@ -389,6 +395,14 @@ pub fn ballot(pred: bool) -> u32 {
         asm!("{{ .reg .pred p; setp.ne.u32 p, {1}, 0; vote.sync.ballot.b32 {0}, p, 0xffffffff; }}",
             out(reg32) r, in(reg32) pred as u32, options(nomem, nostack))
     };
+    r
+}
+
+/// Lane `src`'s `v` (warp-collective).
+#[inline(always)]
+pub fn shfl_idx_u32(v: u32, src: u32) -> u32 {
+    let r: u32;
+    unsafe { asm!("shfl.sync.idx.b32 {0}, {1}, {2}, 0x1f, 0xffffffff;", out(reg32) r, in(reg32) v, in(reg32) src, options(nomem, nostack)) };
     r
 }
 

@@ -3,11 +3,14 @@
 //! over key blocks, written as a bool mask, packed bits and/or an ascending index list.
 //!
 //! One CTA per row. The top-k threshold is found by a radix select on order-preserving keys made
-//! from the bias's bits (8 bits a pass, a shared histogram each), so no row is sorted; ties at the
-//! threshold go to the lowest keys through one ordered count per warp strip. The row's eligibility
-//! and result live in shared bitmaps, and its radix keys too where they fit.
+//! from the bias's bits, so no row is sorted: the first 11-bit digit's histogram is taken while
+//! the row is loaded, one pass over the row then keeps the keys above the threshold bin and lists
+//! those in it, and the remaining digits are found over that short list. Ties at the threshold go
+//! to the lowest keys. Rows whose threshold bin holds too many keys (heavily tied biases) take
+//! 8-bit passes over the whole row and an ordered count per warp strip instead. The row's
+//! eligibility and result live in shared bitmaps, and its radix keys too where they fit.
 use crate::arch::*;
-use dmattn_abi::{SELECT_FIXED_WORDS, SELECT_THREADS, SelectParams, View4};
+use dmattn_abi::{SELECT_CANDIDATES, SELECT_FIRST_DIGIT, SELECT_FIXED_WORDS, SELECT_THREADS, SelectParams, View4};
 
 const THREADS: u32 = SELECT_THREADS;
 const WARPS: u32 = THREADS / 32;
@@ -20,6 +23,7 @@ struct Smem {
     hist: u32,
     sums: u32,
     misc: u32,
+    cands: u32,
     elig: u32,
     kept: u32,
     votes: u32,
@@ -33,7 +37,9 @@ impl Smem {
         let kept = elig + 4 * p.row_words;
         let votes = kept + 4 * p.row_words;
         let vote_words = if p.block == 0 { 0 } else { p.dims[3].div_ceil(p.block).div_ceil(32) };
-        Smem { hist, sums: hist + 4 * 256, misc: hist + 4 * 296, elig, kept, votes, cache: (votes + 4 * vote_words).next_multiple_of(16) }
+        let sums = hist + 4 * (1 << SELECT_FIRST_DIGIT);
+        let (misc, cands) = (sums + 4 * 40, sums + 4 * 48);
+        Smem { hist, sums, misc, cands, elig, kept, votes, cache: (votes + 4 * vote_words).next_multiple_of(16) }
     }
 
     unsafe fn word(&self, map: u32, w: u32) -> u32 {
@@ -164,6 +170,9 @@ unsafe fn load_row<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32
             let keys: [u32; 8] = core::array::from_fn(|j| order::<W>(raw[j], p.inf_bits));
             for (j, &key) in keys.iter().enumerate() {
                 pos |= (positive::<W>(key) as u32) << j;
+                if p.k != 0 && shown >> j & 1 != 0 {
+                    unsafe { atom_add_shared_u32(s.hist + 4 * (key >> (W - SELECT_FIRST_DIGIT)), 1) };
+                }
             }
             if p.cached != 0 {
                 unsafe { store_keys::<W>(s.cache, 8 * g, &keys) };
@@ -390,6 +399,178 @@ unsafe fn write_row(p: &SelectParams, s: &Smem, r: u64, tid: u32) {
     }
 }
 
+/// The digit (of `bins`, counts in `s.hist`) holding the `need`-th largest key, and how many of
+/// its keys are taken; with the total counted (collective; the digit is meaningful only when
+/// `need` <= total).
+#[inline(always)]
+unsafe fn find_digit(s: &Smem, bins: u32, need: u32, tid: u32) -> (u32, u32, u32) {
+    // Thread t holds `per` bins from the top, t-th in descending order.
+    let per = bins.div_ceil(THREADS);
+    let count = |i: u32| {
+        let at = tid * per + i;
+        if at < bins { unsafe { ld_shared_u32(s.hist + 4 * (bins - 1 - at)) } } else { 0 }
+    };
+    let mut mine = 0;
+    for i in 0..per {
+        mine += count(i);
+    }
+    let (mut above, total) = block_scan::<THREADS>(mine, tid, s.sums);
+    if above < need && need <= above + mine {
+        for i in 0..per {
+            let x = count(i);
+            if need <= above + x {
+                unsafe {
+                    st_shared_u32(s.misc, bins - 1 - (tid * per + i));
+                    st_shared_u32(s.misc + 4, need - above);
+                }
+                break;
+            }
+            above += x;
+        }
+    }
+    sync_threads();
+    let r = unsafe { (ld_shared_u32(s.misc), ld_shared_u32(s.misc + 4), total) };
+    sync_threads();
+    r
+}
+
+/// Classify step: the keys above the first digit's threshold bin `bin` kept, those in it listed
+/// (up to [`SELECT_CANDIDATES`]); returns how many are in it (collective).
+#[inline(always)]
+unsafe fn classify<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32, bin: u32) -> u32 {
+    if tid == 0 {
+        unsafe { st_shared_u32(s.misc + 8, 0) };
+    }
+    sync_threads();
+    let (lane, (first, end)) = (tid % 32, strip(p, tid / 32));
+    for w in first..end {
+        let e = unsafe { s.word(s.elig, w) } >> lane & 1 != 0;
+        // A cached row is read whatever the eligibility (the cache spans whole words): no branch.
+        let key = if p.cached != 0 || e { unsafe { key_at::<W>(p, s, row, 32 * w + lane) } } else { 0 };
+        let d = key >> (W - SELECT_FIRST_DIGIT);
+        let above = ballot(e && d > bin);
+        let inside = ballot(e && d == bin);
+        if lane == 0 {
+            unsafe { st_shared_u32(s.kept + 4 * w, above) };
+        }
+        // Warp-uniform: most words hold no key of the bin.
+        if inside != 0 {
+            let base = if lane == 0 { unsafe { atom_add_shared_u32(s.misc + 8, inside.count_ones()) } } else { 0 };
+            let at = shfl_idx_u32(base, 0) + (inside & ((1u32 << lane) - 1)).count_ones();
+            if inside >> lane & 1 != 0 && at < SELECT_CANDIDATES {
+                unsafe { st_shared_u32(s.cands + 4 * at, 32 * w + lane) };
+            }
+        }
+    }
+    sync_threads();
+    unsafe { ld_shared_u32(s.misc + 8) }
+}
+
+/// Refine step over the `n` listed keys of the first digit's bin `bin` (`need` of them taken):
+/// the remaining digits, then the listed keys taken set in the kept bitmap. Returns `false`
+/// (nothing set) where more than 64 keys tie at the threshold and only some are taken: their
+/// order then needs the whole-row pass (collective).
+#[inline(always)]
+unsafe fn refine<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32, bin: u32, need: u32, n: u32) -> bool {
+    let key = |c: u32| unsafe { key_at::<W>(p, s, row, ld_shared_u32(s.cands + 4 * c)) };
+    let (mut t, mut need, mut done) = (bin, need, W - SELECT_FIRST_DIGIT);
+    let mut shift = W - SELECT_FIRST_DIGIT;
+    while shift > 0 {
+        let width = if shift < SELECT_FIRST_DIGIT { shift } else { SELECT_FIRST_DIGIT };
+        shift -= width;
+        let bins = 1u32 << width;
+        let mut b = tid;
+        while b < bins {
+            unsafe { st_shared_u32(s.hist + 4 * b, 0) };
+            b += THREADS;
+        }
+        sync_threads();
+        let mut c = tid;
+        while c < n {
+            let k = key(c);
+            if k >> (shift + width) == t {
+                unsafe { atom_add_shared_u32(s.hist + 4 * ((k >> shift) & (bins - 1)), 1) };
+            }
+            c += THREADS;
+        }
+        sync_threads();
+        let (d, left, _) = unsafe { find_digit(s, bins, need, tid) };
+        (t, need) = ((t << width) | d, left);
+        done -= width;
+    }
+    debug_assert!(done == 0);
+    // The listed keys equal to `t`: all taken, or the `need` lowest.
+    let mut c = tid;
+    let mut mine = 0;
+    while c < n {
+        mine += (key(c) == t) as u32;
+        c += THREADS;
+    }
+    let (_, ties) = block_scan::<THREADS>(mine, tid, s.sums);
+    if need < ties && ties > 64 {
+        return false;
+    }
+    if need < ties {
+        // The tied keys' indices, in any order, into the histogram's words (done with): each
+        // tied key's rank is then the count of lower ones among at most 64.
+        if tid == 0 {
+            unsafe { st_shared_u32(s.misc + 12, 0) };
+        }
+        sync_threads();
+        let mut c = tid;
+        while c < n {
+            if key(c) == t {
+                let at = unsafe { atom_add_shared_u32(s.misc + 12, 1) };
+                unsafe { st_shared_u32(s.hist + 4 * at, ld_shared_u32(s.cands + 4 * c)) };
+            }
+            c += THREADS;
+        }
+        sync_threads();
+    }
+    let mut c = tid;
+    while c < n {
+        let (k, j) = (key(c), unsafe { ld_shared_u32(s.cands + 4 * c) });
+        let mut take = k > t;
+        if k == t {
+            let mut rank = 0;
+            if need < ties {
+                for o in 0..ties {
+                    rank += (unsafe { ld_shared_u32(s.hist + 4 * o) } < j) as u32;
+                }
+            }
+            take = rank < need;
+        }
+        if take {
+            unsafe { atom_or_shared_u32(s.kept + 4 * (j / 32), 1 << (j % 32)) };
+        }
+        c += THREADS;
+    }
+    true
+}
+
+/// Top-k step: the kept bitmap of the `p.k` largest eligible keys (histogram of the first digit
+/// taken by the load step).
+#[inline(always)]
+unsafe fn top_k<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32) {
+    let (bin, need, total) = unsafe { find_digit(s, 1 << SELECT_FIRST_DIGIT, p.k, tid) };
+    if total <= p.k {
+        let mut w = tid;
+        while w < p.row_words {
+            unsafe { st_shared_u32(s.kept + 4 * w, s.word(s.elig, w)) };
+            w += THREADS;
+        }
+        return;
+    }
+    let n = unsafe { classify::<W>(p, s, row, tid, bin) };
+    if n <= SELECT_CANDIDATES && unsafe { refine::<W>(p, s, row, tid, bin, need, n) } {
+        return;
+    }
+    // Heavily tied rows: 8-bit passes over the whole row, and the ordered tie count.
+    if let Some((t, need)) = unsafe { threshold::<W>(p, s, row, tid) } {
+        unsafe { take_top::<W>(p, s, row, tid, t, need) };
+    }
+}
+
 /// Grid-stride over rows, [`SELECT_THREADS`] threads; dynamic shared memory as [`Smem`] lays it
 /// out.
 #[inline(always)]
@@ -400,19 +581,18 @@ pub unsafe fn select_keys<const W: u32>(p: &SelectParams) {
     let mut r = block_idx().0 as u64;
     while r < rows {
         let row = Row::new::<W>(p, r);
+        if p.k != 0 {
+            let mut b = tid;
+            while b < 1 << SELECT_FIRST_DIGIT {
+                unsafe { st_shared_u32(s.hist + 4 * b, 0) };
+                b += THREADS;
+            }
+            sync_threads();
+        }
         unsafe { load_row::<W>(p, &s, &row, tid) };
         sync_threads();
         if p.k != 0 {
-            match unsafe { threshold::<W>(p, &s, &row, tid) } {
-                Some((t, need)) => unsafe { take_top::<W>(p, &s, &row, tid, t, need) },
-                None => {
-                    let mut w = tid;
-                    while w < p.row_words {
-                        unsafe { st_shared_u32(s.kept + 4 * w, s.word(s.elig, w)) };
-                        w += THREADS;
-                    }
-                }
-            }
+            unsafe { top_k::<W>(p, &s, &row, tid) };
             sync_threads();
         }
         if p.block != 0 {

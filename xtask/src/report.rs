@@ -1,6 +1,6 @@
 //! Merges a benchmark run (`cases.json`, `dmattn.json`, `peers.json`; bench/SCHEMA.md) into the
 //! markdown tables under `bench/results/`.
-use dmattn_bench::cases::{Case, CaseSet};
+use dmattn_bench::cases::{Case, CaseSet, Mask, SelectOutput};
 use dmattn_bench::results::{Pass, Record, Results, Status};
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
@@ -215,34 +215,84 @@ fn table(run: &Run, group: &str, pass: Pass, out: &mut String, notes: &mut Vec<S
             }
         });
         let _ = write!(out, "| {} | {dm_cell} | {rate_cell} |", row_label(c, dims.len() > 1));
-        for p in &peers {
-            let rec = run.record(&c.id, p, pass);
-            // A result that came with a caveat (K/V repeated for GQA, no bias gradient) is
-            // marked, and caveats and failures are listed under the table.
-            let mark = match rec.filter(|r| r.status == Status::Ok && !r.note.is_empty()) {
-                Some(r) => {
-                    note_once(notes, p, "†", &r.note);
-                    "†"
-                }
-                None => "",
-            };
-            let cell = match (run.ms(&c.id, p, pass), dm) {
-                (Some(ms), Some(d)) => format!("{ms:.3}{mark} ({:.2}×)", ms / d),
-                (Some(ms), None) => format!("{ms:.3}{mark}"),
-                (None, _) => {
-                    if let Some(r) = rec.filter(|r| !r.note.is_empty()) {
-                        note_once(notes, p, &status_word(rec), &r.note);
-                    }
-                    status_word(rec)
-                }
-            };
-            let _ = write!(out, " {cell} |");
-        }
-        let best = match (run.best_peer(&c.id, pass), dm) {
-            (Some((name, ms)), Some(d)) => format!("{:.2}× ({name})", ms / d),
-            _ => "—".into(),
+        peer_cells(run, c, pass, &peers, dm, out, notes);
+    }
+}
+
+/// A row's peer cells (ms and the ratio to dmattn's `dm`, or the failure) and its best-peer cell,
+/// to the end of the line.
+fn peer_cells(run: &Run, c: &Case, pass: Pass, peers: &[String], dm: Option<f64>, out: &mut String, notes: &mut Vec<String>) {
+    for p in peers {
+        let rec = run.record(&c.id, p, pass);
+        // A result that came with a caveat (K/V repeated for GQA, no bias gradient) is
+        // marked, and caveats and failures are listed under the table.
+        let mark = match rec.filter(|r| r.status == Status::Ok && !r.note.is_empty()) {
+            Some(r) => {
+                note_once(notes, p, "†", &r.note);
+                "†"
+            }
+            None => "",
         };
-        let _ = writeln!(out, " {best} |");
+        let cell = match (run.ms(&c.id, p, pass), dm) {
+            (Some(ms), Some(d)) => format!("{ms:.3}{mark} ({:.2}×)", ms / d),
+            (Some(ms), None) => format!("{ms:.3}{mark}"),
+            (None, _) => {
+                if let Some(r) = rec.filter(|r| !r.note.is_empty()) {
+                    note_once(notes, p, &status_word(rec), &r.note);
+                }
+                status_word(rec)
+            }
+        };
+        let _ = write!(out, " {cell} |");
+    }
+    let best = match (run.best_peer(&c.id, pass), dm) {
+        (Some((name, ms)), Some(d)) => format!("{:.2}× ({name})", ms / d),
+        _ => "—".into(),
+    };
+    let _ = writeln!(out, " {best} |");
+}
+
+/// The `select` group's tables, one per output form (index lists, bool mask): key selection alone
+/// (`select_keys`, Flash-DMA's `create_mask`), no attention, so no TF/s: the time, the GB/s of
+/// the bias and causal mask read, and of everything moved (read, and the output written) next to
+/// the device copy measured in the same run, then the peers and the speedup over the best.
+fn select_tables(run: &Run, group: &str, out: &mut String, notes: &mut Vec<String>) {
+    let in_group: Vec<&Case> = run.set.cases.iter().filter(|c| c.group == group && c.is_select()).collect();
+    let copy = run.dmattn().ceilings.map(|c| c.copy_gbps);
+    for (output, title) in [(SelectOutput::Indices, "index lists (`.indices()`)"), (SelectOutput::Mask, "bool mask (`.mask()`)")] {
+        let cases: Vec<&Case> = in_group.iter().copied().filter(|c| matches!(c.mask, Some(Mask::Select { output: o, .. }) if o == output)).collect();
+        if cases.is_empty() {
+            continue;
+        }
+        let keeps = distinct(&cases, |c| match c.mask {
+            Some(Mask::Select { keep, .. }) => keep,
+            _ => 0,
+        });
+        let peers: Vec<String> = run.impls().into_iter().filter(|i| i != DMATTN && cases.iter().any(|c| run.record(&c.id, i, Pass::Fwd).is_some())).collect();
+        let ceiling = copy.map_or(String::new(), |g| format!("; device copy {g:.0} GB/s"));
+        let _ = writeln!(out, "\n### {group} — {title}, top-{} of a {} bias{ceiling}\n", listed(&keeps), run.set.dtype);
+        let _ = write!(out, "| case | bias | dmattn ms | dmattn GB/s read | read + written GB/s (% of copy) |");
+        peers.iter().for_each(|p| {
+            let _ = write!(out, " {p} |");
+        });
+        let _ = writeln!(out, " best peer ÷ dmattn |\n|{}", "---|".repeat(6 + peers.len()));
+        for c in cases {
+            let dm = run.ms(&c.id, DMATTN, Pass::Fwd);
+            let dm_cell = dm.map_or_else(|| status_word(run.record(&c.id, DMATTN, Pass::Fwd)), |ms| format!("{ms:.3}"));
+            let (read, written) = c.select_bytes().unwrap_or_default();
+            let gbs = |bytes: f64| dm.map(|ms| bytes / (ms * 1e-3) / 1e9);
+            let read_cell = gbs(read).map_or(String::new(), |g| format!("{g:.0}"));
+            let moved_cell = gbs(read + written).map_or(String::new(), |g| match copy {
+                Some(copy) => format!("{g:.0} ({:.0}%)", 100.0 * g / copy),
+                None => format!("{g:.0}"),
+            });
+            let within = match c.mask {
+                Some(Mask::Select { within_causal: true, .. }) => format!(" within causal [1, 1, {}, {}]", c.seqlen_q, c.seqlen_k),
+                _ => String::new(),
+            };
+            let _ = write!(out, "| {} | {:?}{within} | {dm_cell} | {read_cell} | {moved_cell} |", row_label(c, false), c.select_bias_shape());
+            peer_cells(run, c, Pass::Fwd, &peers, dm, out, notes);
+        }
     }
 }
 
@@ -367,7 +417,10 @@ Decode rows give the bytes of q, k, v (only the kept keys' rows for a key-side t
 unfused baseline (S = QKᵀ on cuBLAS, masked softmax, PV on cuBLAS). Failures are listed, not dropped; \
 † marks a peer result with a caveat (listed under its group), and a backward without the bias gradient is never \
 counted as the best peer, nor are the FlashAttention-2 references `fa2-kept-keys` (the kept keys alone, no bias, no causal: \
-the floor of gather attention) and `fa2-dense-causal` (all keys, mask and bias ignored).\n";
+the floor of gather attention) and `fa2-dense-causal` (all keys, mask and bias ignored). \
+The `select` group times key selection alone (`select_keys`: Flash-DMA's `create_mask`, top-k of a bias, no attention) against `torch.topk` and \
+Flash-DMA's `create_mask` in PyTorch (`torch-create-mask`), on inputs of the same shapes (N(0, 1) bias drawn on each side): its GB/s count the bias and \
+causal mask read (each once), and with the output written (index lists or bool mask) against the device copy.\n";
     if let Some(p) = plot_file {
         let _ = writeln!(out, "\n![time vs sequence length]({p})");
     }
@@ -384,8 +437,12 @@ the floor of gather attention) and `fa2-dense-causal` (all keys, mask and bias i
     for group in run.groups() {
         let _ = writeln!(out, "\n## {group}");
         let mut notes = Vec::new();
-        table(run, group, Pass::Fwd, &mut out, &mut notes);
-        table(run, group, Pass::Bwd, &mut out, &mut notes);
+        if run.set.cases.iter().filter(|c| c.group == group).all(|c| c.is_select()) {
+            select_tables(run, group, &mut out, &mut notes);
+        } else {
+            table(run, group, Pass::Fwd, &mut out, &mut notes);
+            table(run, group, Pass::Bwd, &mut out, &mut notes);
+        }
         prep_table(run, group, &mut out, &mut notes);
         if !notes.is_empty() {
             out += "\nFailures and caveats (†):\n";
@@ -473,6 +530,63 @@ mod tests {
         // The llm group's table has no columns for the references, which did not run there.
         let llm_table = &md[md.find("## llm").unwrap()..];
         assert!(llm_table.contains("| case | dmattn ms | dmattn TF/s dense-eq / computed | flex | best peer ÷ dmattn |"), "{llm_table}");
+    }
+
+    #[test]
+    fn select_group_gives_gb_per_s_next_to_the_copy_and_the_speedup_over_torch() {
+        use dmattn_bench::results::Ceilings;
+        let mut cases = grid(false, &["select".into()]);
+        cases.extend(grid(true, &["llm".into()]).into_iter().take(1));
+        let id = |i: usize| cases[i].id.clone();
+        let (pq_idx, pq_mask, causal_idx, row32k, llm) = (id(0), id(1), id(2), id(4), id(6));
+        let mut dm = results(
+            "dmattn-bench",
+            vec![
+                rec(&pq_idx, "dmattn", Pass::Fwd, Some(2.0)),
+                rec(&pq_mask, "dmattn", Pass::Fwd, Some(4.0)),
+                rec(&causal_idx, "dmattn", Pass::Fwd, None),
+                rec(&row32k, "dmattn", Pass::Fwd, Some(0.01)),
+                rec(&llm, "dmattn", Pass::Fwd, Some(1.0)),
+            ],
+        );
+        dm.ceilings = Some(Ceilings { matmul_tflops: 800.0, copy_gbps: 3000.0 });
+        let chunked = Record { note: "in chunks of 2048 rows; whole tensor: CUDA out of memory".into(), ..rec(&pq_mask, "torch-create-mask", Pass::Fwd, Some(30.0)) };
+        let peers = results(
+            "peers",
+            vec![
+                rec(&pq_idx, "torch-topk", Pass::Fwd, Some(8.0)),
+                chunked,
+                rec(&causal_idx, "torch-topk", Pass::Fwd, Some(5.0)),
+                rec(&row32k, "torch-topk", Pass::Fwd, Some(0.005)),
+                rec(&llm, "flex", Pass::Fwd, Some(2.0)),
+            ],
+        );
+        let run = Run { set: CaseSet { dtype: "bf16".into(), warmup: 1, reps: 1, cases: cases.clone() }, tools: vec![dm, peers] };
+        let md = markdown(&run, None);
+        let select = &md[md.find("## select").unwrap()..md.find("## llm").unwrap()];
+        // One table per output form, each with its own peer; no TF/s.
+        assert!(select.contains("### select — index lists (`.indices()`), top-1024 of a bf16 bias; device copy 3000 GB/s"), "{select}");
+        assert!(select.contains("### select — bool mask (`.mask()`), top-1024 of a bf16 bias; device copy 3000 GB/s"), "{select}");
+        assert!(select.contains("| case | bias | dmattn ms | dmattn GB/s read | read + written GB/s (% of copy) | torch-topk | best peer ÷ dmattn |"), "{select}");
+        assert!(select.contains("| case | bias | dmattn ms | dmattn GB/s read | read + written GB/s (% of copy) | torch-create-mask | best peer ÷ dmattn |"), "{select}");
+        assert!(!select.contains("TF/s"), "{select}");
+        // The 4 GiB per-query bias in 2 ms: 2147 GB/s read; with the 256 MiB of index lists
+        // written, 2282 GB/s, 76% of the copy; torch.topk 4x slower.
+        assert!(
+            select.contains("| q 32768 k 32768 per-query/indices | [1, 2, 32768, 32768] | 2.000 | 2147 | 2282 (76%) | 8.000 (4.00×) | 4.00× (torch-topk) |"),
+            "{select}"
+        );
+        // The bool mask's 2 GiB written count too; the chunked peer is marked and its note listed.
+        assert!(select.contains("| q 32768 k 32768 per-query/mask | [1, 2, 32768, 32768] | 4.000 | 1074 | 1611 (54%) | 30.000† (7.50×) | 7.50× (torch-create-mask) |"), "{select}");
+        assert!(select.contains("- torch-create-mask †: in chunks of 2048 rows"), "{select}");
+        // A failed dmattn row keeps its peer's time and no speedup.
+        assert!(select.contains("| q 32768 k 32768 key-side+causal/indices | [1, 1, 1, 32768] within causal [1, 1, 32768, 32768] | oom |  |  | 5.000 | — |"), "{select}");
+        // Where torch is faster, dmattn trails: the 32K row.
+        assert!(select.contains("| q 1 k 32768 key-side/indices | [1, 1, 1, 32768] | 0.010 | 7 | 7 (0%) | 0.005 (0.50×) | 0.50× (torch-topk) |"), "{select}");
+        assert_eq!(behind(&run).iter().map(|b| b.0.as_str()).collect::<Vec<_>>(), [row32k.as_str()]);
+        // Cases that did not run show as such; the llm group keeps its TF/s table.
+        assert!(select.contains("| q 1 k 524288 key-side/indices | [1, 1, 1, 524288] | — |  |  | — | — |"), "{select}");
+        assert!(md[md.find("## llm").unwrap()..].contains("| case | dmattn ms | dmattn TF/s dense-eq / computed | flex | best peer ÷ dmattn |"), "{md}");
     }
 
     #[test]
