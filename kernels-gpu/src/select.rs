@@ -154,40 +154,51 @@ fn word_of_bytes(b: u32, lane: u32) -> u32 {
     v | shfl_xor_u32(v, 2)
 }
 
-/// Load step: the row's eligibility bitmap (and, for a relu selection, the kept one), its radix
-/// keys into the cache where it is on. Eight consecutive keys a thread.
+/// Load step: the row's eligibility bitmap (and, for a relu selection, the kept one), the first
+/// digit's histogram (top-k), its radix keys into the cache where it is on. Eight consecutive
+/// keys a thread, two groups of them in flight.
 #[inline(always)]
 unsafe fn load_row<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32) {
     let sk = p.dims[3];
     let groups = 4 * p.row_words;
+    let fetch = |g: u32| if g < groups { unsafe { (row.shown8(8 * g, sk), row.raw8::<W>(8 * g, sk)) } } else { (0, [0; 8]) };
     let mut start = 0;
     while start < groups {
-        let g = start + tid;
-        let (mut shown, mut pos) = (0, 0);
-        if g < groups {
-            shown = unsafe { row.shown8(8 * g, sk) };
-            let raw = unsafe { row.raw8::<W>(8 * g, sk) };
-            let keys: [u32; 8] = core::array::from_fn(|j| order::<W>(raw[j], p.inf_bits));
-            for (j, &key) in keys.iter().enumerate() {
-                pos |= (positive::<W>(key) as u32) << j;
-                if p.k != 0 && shown >> j & 1 != 0 {
-                    unsafe { atom_add_shared_u32(s.hist + 4 * (key >> (W - SELECT_FIRST_DIGIT)), 1) };
-                }
-            }
-            if p.cached != 0 {
-                unsafe { store_keys::<W>(s.cache, 8 * g, &keys) };
+        let (g0, g1) = (start + tid, start + THREADS + tid);
+        let (a, b) = (fetch(g0), fetch(g1));
+        unsafe {
+            load_group::<W>(p, s, tid, g0, groups, a);
+            load_group::<W>(p, s, tid, g1, groups, b);
+        }
+        start += 2 * THREADS;
+    }
+}
+
+/// One thread's group `g` of the load step, from its fetched (shown bits, raw bits) (collective
+/// over the warp).
+#[inline(always)]
+unsafe fn load_group<const W: u32>(p: &SelectParams, s: &Smem, tid: u32, g: u32, groups: u32, (shown, raw): (u32, [u32; 8])) {
+    let mut pos = 0;
+    if g < groups {
+        let keys: [u32; 8] = core::array::from_fn(|j| order::<W>(raw[j], p.inf_bits));
+        for (j, &key) in keys.iter().enumerate() {
+            pos |= (positive::<W>(key) as u32) << j;
+            if p.k != 0 && shown >> j & 1 != 0 {
+                unsafe { atom_add_shared_u32(s.hist + 4 * (key >> (W - SELECT_FIRST_DIGIT)), 1) };
             }
         }
-        let lane = tid % 32;
-        let elig = word_of_bytes(shown, lane);
-        let relu = word_of_bytes(shown & pos, lane);
-        if g < groups && lane % 4 == 0 {
-            unsafe { st_shared_u32(s.elig + 4 * (g / 4), elig) };
-            if p.k == 0 {
-                unsafe { st_shared_u32(s.kept + 4 * (g / 4), relu) };
-            }
+        if p.cached != 0 {
+            unsafe { store_keys::<W>(s.cache, 8 * g, &keys) };
         }
-        start += THREADS;
+    }
+    let lane = tid % 32;
+    let elig = word_of_bytes(shown, lane);
+    let relu = word_of_bytes(shown & pos, lane);
+    if g < groups && lane % 4 == 0 {
+        unsafe { st_shared_u32(s.elig + 4 * (g / 4), elig) };
+        if p.k == 0 {
+            unsafe { st_shared_u32(s.kept + 4 * (g / 4), relu) };
+        }
     }
 }
 
@@ -211,6 +222,23 @@ unsafe fn key_at<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, k: u32) ->
         if W == 16 { unsafe { ld_shared_u16(s.cache + 2 * k) } } else { unsafe { ld_shared_u32(s.cache + 4 * k) } }
     } else {
         order::<W>(unsafe { row.raw::<W>(k) }, p.inf_bits)
+    }
+}
+
+/// Radix keys of keys `8g .. 8g + 8`: from the cache, or the bias again (0 past `sk`).
+#[inline(always)]
+unsafe fn keys8<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, g: u32) -> [u32; 8] {
+    if p.cached != 0 {
+        if W == 16 {
+            let v = unsafe { ld_shared_v4(s.cache + 16 * g) };
+            core::array::from_fn(|j| (v[j / 2] >> (16 * (j as u32 % 2))) & 0xffff)
+        } else {
+            let (lo, hi) = unsafe { (ld_shared_v4(s.cache + 32 * g), ld_shared_v4(s.cache + 32 * g + 16)) };
+            core::array::from_fn(|j| if j < 4 { lo[j] } else { hi[j - 4] })
+        }
+    } else {
+        let raw = unsafe { row.raw8::<W>(8 * g, p.dims[3]) };
+        core::array::from_fn(|j| order::<W>(raw[j], p.inf_bits))
     }
 }
 
@@ -435,32 +463,52 @@ unsafe fn find_digit(s: &Smem, bins: u32, need: u32, tid: u32) -> (u32, u32, u32
 }
 
 /// Classify step: the keys above the first digit's threshold bin `bin` kept, those in it listed
-/// (up to [`SELECT_CANDIDATES`]); returns how many are in it (collective).
+/// (up to [`SELECT_CANDIDATES`]); returns how many are in it (collective). Eight consecutive keys
+/// a thread.
 #[inline(always)]
 unsafe fn classify<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32, bin: u32) -> u32 {
     if tid == 0 {
         unsafe { st_shared_u32(s.misc + 8, 0) };
     }
     sync_threads();
-    let (lane, (first, end)) = (tid % 32, strip(p, tid / 32));
-    for w in first..end {
-        let e = unsafe { s.word(s.elig, w) } >> lane & 1 != 0;
-        // A cached row is read whatever the eligibility (the cache spans whole words): no branch.
-        let key = if p.cached != 0 || e { unsafe { key_at::<W>(p, s, row, 32 * w + lane) } } else { 0 };
-        let d = key >> (W - SELECT_FIRST_DIGIT);
-        let above = ballot(e && d > bin);
-        let inside = ballot(e && d == bin);
-        if lane == 0 {
-            unsafe { st_shared_u32(s.kept + 4 * w, above) };
-        }
-        // Warp-uniform: most words hold no key of the bin.
-        if inside != 0 {
-            let base = if lane == 0 { unsafe { atom_add_shared_u32(s.misc + 8, inside.count_ones()) } } else { 0 };
-            let at = shfl_idx_u32(base, 0) + (inside & ((1u32 << lane) - 1)).count_ones();
-            if inside >> lane & 1 != 0 && at < SELECT_CANDIDATES {
-                unsafe { st_shared_u32(s.cands + 4 * at, 32 * w + lane) };
+    let lane = tid % 32;
+    let groups = 4 * p.row_words;
+    let mut start = 0;
+    while start < groups {
+        let g = start + tid;
+        let (mut above, mut inside) = (0u32, 0u32);
+        if g < groups {
+            let elig = (unsafe { s.word(s.elig, g / 4) } >> (8 * (g % 4))) & 0xff;
+            if elig != 0 {
+                let keys = unsafe { keys8::<W>(p, s, row, g) };
+                for (j, &key) in keys.iter().enumerate() {
+                    let d = key >> (W - SELECT_FIRST_DIGIT);
+                    above |= ((d > bin) as u32) << j;
+                    inside |= ((d == bin) as u32) << j;
+                }
+                (above, inside) = (above & elig, inside & elig);
             }
         }
+        let word = word_of_bytes(above, lane);
+        if g < groups && lane % 4 == 0 {
+            unsafe { st_shared_u32(s.kept + 4 * (g / 4), word) };
+        }
+        // Warp-uniform: most groups hold no key of the bin.
+        let n = inside.count_ones();
+        if ballot(n != 0) != 0 {
+            let incl = warp_scan(n, lane);
+            let base = if lane == 31 { unsafe { atom_add_shared_u32(s.misc + 8, incl) } } else { 0 };
+            let mut at = shfl_idx_u32(base, 31) + incl - n;
+            for j in 0..8 {
+                if inside >> j & 1 != 0 {
+                    if at < SELECT_CANDIDATES {
+                        unsafe { st_shared_u32(s.cands + 4 * at, 8 * g + j) };
+                    }
+                    at += 1;
+                }
+            }
+        }
+        start += THREADS;
     }
     sync_threads();
     unsafe { ld_shared_u32(s.misc + 8) }
