@@ -404,20 +404,25 @@ unsafe fn write_row(p: &SelectParams, s: &Smem, r: u64, tid: u32) {
         }
     }
     if p.out_indices != 0 {
-        let (lane, (first, end)) = (tid % 32, strip(p, tid / 32));
+        // A run of words a thread: their kept counts scanned, then each thread writes its keys.
+        let per = p.row_words.div_ceil(THREADS);
+        let first = (tid * per).min(p.row_words);
+        let end = (first + per).min(p.row_words);
         let mut count = 0;
         for w in first..end {
             count += unsafe { s.word(s.kept, w) }.count_ones();
         }
-        let (mut at, total) = warp_offsets(count, tid, s.sums);
+        let (mut at, total) = block_scan::<THREADS>(count, tid, s.sums);
         let out = p.out_indices + 4 * r * p.width as u64;
         for w in first..end {
-            let word = unsafe { s.word(s.kept, w) };
-            let pos = at + (word & ((1u32 << lane) - 1)).count_ones();
-            if word >> lane & 1 != 0 && pos < p.width {
-                unsafe { *((out + 4 * pos as u64) as *mut i32) = (32 * w + lane) as i32 };
+            let mut bits = unsafe { s.word(s.kept, w) };
+            while bits != 0 {
+                if at < p.width {
+                    unsafe { *((out + 4 * at as u64) as *mut i32) = (32 * w + bits.trailing_zeros()) as i32 };
+                }
+                at += 1;
+                bits &= bits - 1;
             }
-            at += word.count_ones();
         }
         let mut e = total + tid;
         while e < p.width {
