@@ -676,6 +676,9 @@ pub struct SelectParams {
     pub inf_bits: u32,
     /// Whether the row's radix keys are kept in shared memory (else re-read from the bias).
     pub cached: u32,
+    /// Entries of the candidate list (at least `SELECT_CANDIDATES`).
+    pub cand_cap: u32,
+    pub _pad: u32,
 }
 
 /// Threads per block of the key-selection kernels.
@@ -684,14 +687,14 @@ pub const SELECT_THREADS: u32 = 256;
 /// Bits of the key-selection kernels' first radix digit, taken while the row is loaded.
 pub const SELECT_FIRST_DIGIT: u32 = 11;
 
-/// Keys of the first digit's threshold bin a key-selection CTA refines in a list (more: the
-/// slower passes over the whole row).
+/// Keys of the first digit's threshold bin a key-selection CTA refines in a list at least
+/// (`SelectParams::cand_cap`; more: the slower passes over the whole row).
 pub const SELECT_CANDIDATES: u32 = 2048;
 
-/// Shared memory of a key-selection CTA before its row-sized parts (u32 words): the radix
-/// histogram (`2^SELECT_FIRST_DIGIT`), a block scan's sums (33, padded to 40), 8 words of
-/// broadcast values and the candidate list.
-pub const SELECT_FIXED_WORDS: u32 = (1 << SELECT_FIRST_DIGIT) + 40 + 8 + SELECT_CANDIDATES;
+/// Shared memory of a key-selection CTA before its candidate list and row-sized parts (u32
+/// words): the radix histogram (`2^SELECT_FIRST_DIGIT`), a block scan's sums (33, padded to 40)
+/// and 8 words of broadcast values.
+pub const SELECT_FIXED_WORDS: u32 = (1 << SELECT_FIRST_DIGIT) + 40 + 8;
 
 /// Threads per block of the gather, scatter and gathered-mask kernels.
 pub const GATHER_THREADS: u32 = 256;

@@ -10,13 +10,13 @@
 //! 8-bit passes over the whole row and an ordered count per warp strip instead. The row's
 //! eligibility and result live in shared bitmaps, and its radix keys too where they fit.
 use crate::arch::*;
-use dmattn_abi::{SELECT_CANDIDATES, SELECT_FIRST_DIGIT, SELECT_FIXED_WORDS, SELECT_THREADS, SelectParams, View4};
+use dmattn_abi::{SELECT_FIRST_DIGIT, SELECT_FIXED_WORDS, SELECT_THREADS, SelectParams, View4};
 
 const THREADS: u32 = SELECT_THREADS;
 const WARPS: u32 = THREADS / 32;
 
 /// Shared-memory map of a CTA (byte addresses): the histogram, scan sums and broadcast words
-/// ([`SELECT_FIXED_WORDS`]), the eligibility and kept bitmaps (`row_words` each), the block
+/// ([`SELECT_FIXED_WORDS`]), the candidate list (`cand_cap`), the eligibility and kept bitmaps (`row_words` each), the block
 /// votes, then the radix-key cache (16-aligned).
 #[derive(Clone, Copy)]
 struct Smem {
@@ -33,7 +33,7 @@ struct Smem {
 impl Smem {
     fn new(p: &SelectParams) -> Self {
         let hist = smem_base();
-        let elig = hist + 4 * SELECT_FIXED_WORDS;
+        let elig = hist + 4 * (SELECT_FIXED_WORDS + p.cand_cap);
         let kept = elig + 4 * p.row_words;
         let votes = kept + 4 * p.row_words;
         let vote_words = if p.block == 0 { 0 } else { p.dims[3].div_ceil(p.block).div_ceil(32) };
@@ -468,7 +468,7 @@ unsafe fn find_digit(s: &Smem, bins: u32, need: u32, tid: u32) -> (u32, u32, u32
 }
 
 /// Classify step: the keys above the first digit's threshold bin `bin` kept, those in it listed
-/// (up to [`SELECT_CANDIDATES`]); returns how many are in it (collective). Eight consecutive keys
+/// (up to `p.cand_cap`); returns how many are in it (collective). Eight consecutive keys
 /// a thread.
 #[inline(always)]
 unsafe fn classify<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32, bin: u32) -> u32 {
@@ -506,7 +506,7 @@ unsafe fn classify<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32
             let mut at = shfl_idx_u32(base, 31) + incl - n;
             for j in 0..8 {
                 if inside >> j & 1 != 0 {
-                    if at < SELECT_CANDIDATES {
+                    if at < p.cand_cap {
                         unsafe { st_shared_u32(s.cands + 4 * at, 8 * g + j) };
                     }
                     at += 1;
@@ -615,7 +615,7 @@ unsafe fn top_k<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32) {
         return;
     }
     let n = unsafe { classify::<W>(p, s, row, tid, bin) };
-    if n <= SELECT_CANDIDATES && unsafe { refine::<W>(p, s, row, tid, bin, need, n) } {
+    if n <= p.cand_cap && unsafe { refine::<W>(p, s, row, tid, bin, need, n) } {
         return;
     }
     // Heavily tied rows: 8-bit passes over the whole row, and the ordered tie count.

@@ -7,7 +7,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::select::{Output, Plan};
 use crate::tensor::Tensor;
-use dmattn_abi::{SELECT_FIXED_WORDS, SELECT_THREADS, SelectParams, View4, names};
+use dmattn_abi::{SELECT_CANDIDATES, SELECT_FIXED_WORDS, SELECT_THREADS, SelectParams, View4, names};
 
 /// Shared memory up to which a row's radix keys are cached: beyond it a CTA would take so much
 /// of an SM that fewer rows run at once than the re-reads (from L2) cost.
@@ -20,6 +20,8 @@ pub(crate) struct SelectLaunch {
     pub smem_bytes: u32,
     pub cached: bool,
     pub grid: u32,
+    /// Entries of the candidate list.
+    pub cand_cap: u32,
 }
 
 /// The launch of `plan` over a bias of `elem_bytes`-wide elements on a GPU with `sms` SMs and
@@ -27,21 +29,25 @@ pub(crate) struct SelectLaunch {
 pub(crate) fn plan_launch(plan: &Plan, elem_bytes: u32, sms: u32, smem_limit: u32) -> Result<SelectLaunch> {
     let row_words = plan.sk.div_ceil(32) as u64;
     let vote_words = if plan.block == 0 { 0 } else { plan.sk.div_ceil(plan.block).div_ceil(32) as u64 };
-    let base = (4 * (SELECT_FIXED_WORDS as u64 + 2 * row_words + vote_words)).next_multiple_of(16);
+    let base = (4 * (SELECT_FIXED_WORDS as u64 + SELECT_CANDIDATES as u64 + 2 * row_words + vote_words)).next_multiple_of(16);
     let with_cache = base + 32 * row_words * elem_bytes as u64;
     let cached = with_cache <= CACHED_SMEM.min(smem_limit) as u64;
-    let smem = if cached { with_cache } else { base };
-    if smem > smem_limit as u64 {
-        let max_keys = 32 * ((smem_limit as u64 / 4).saturating_sub(SELECT_FIXED_WORDS as u64 + 8) / 3);
+    if base > smem_limit as u64 {
+        let max_keys = 32 * ((smem_limit as u64 / 4).saturating_sub((SELECT_FIXED_WORDS + SELECT_CANDIDATES) as u64 + 8) / 3);
         return Err(Error::Param {
             arg: "bias",
             reason: format!("rows of {} keys exceed the CUDA backend's limit of about {max_keys} keys per row on this GPU (its shared memory)", plan.sk),
         });
     }
+    // A long row's threshold bin holds more keys (about 1/16 of a row of N(0, 1) values at most
+    // at 11 bits): list them all where the shared memory the row leaves allows, so that the
+    // whole-row passes stay for heavily tied rows.
+    let extra = if cached { 0 } else { (plan.sk as u64 / 16).saturating_sub(SELECT_CANDIDATES as u64).min((smem_limit as u64 - base) / 4) };
+    let smem = if cached { with_cache } else { base + 4 * extra };
     let kernel = if elem_bytes == 2 { names::SELECT_KEYS_16 } else { names::SELECT_KEYS_32 };
     // Rows beyond a few waves go round the grid-stride loop.
     let grid = (plan.row_count() as u64).min(16 * sms as u64) as u32;
-    Ok(SelectLaunch { kernel, smem_bytes: smem as u32, cached, grid })
+    Ok(SelectLaunch { kernel, smem_bytes: smem as u32, cached, grid, cand_cap: SELECT_CANDIDATES + extra as u32 })
 }
 
 /// Runs `plan` (checked by `SelectKeys::plan`) over `bias` and `mask` on `dev`, into a new tensor.
@@ -87,6 +93,8 @@ pub(crate) fn select_keys(dev: &CudaDevice, plan: &Plan, out: Output, bias: &Ten
         row_words: row_words as u32,
         inf_bits,
         cached: l.cached as u32,
+        cand_cap: l.cand_cap,
+        _pad: 0,
     };
     if rows > 0 {
         launch(dev, &Launch::kernel(l.kernel, (l.grid, 1, 1), SELECT_THREADS, l.smem_bytes), params)?;
@@ -112,7 +120,9 @@ mod tests {
         let l = plan_launch(&plan(4, 32768, 0), 4, 132, h100).unwrap();
         assert!(!l.cached && l.grid == 4 && l.kernel == names::SELECT_KEYS_32);
         // 512K keys: the two bitmaps (128 KB) fit an H100, not an SM 8.6 GPU (99 KB).
-        assert!(plan_launch(&plan(1, 1 << 19, 0), 2, 132, h100).is_ok());
+        let long = plan_launch(&plan(1, 1 << 19, 0), 2, 132, h100).unwrap();
+        // Its threshold bin listed in the shared memory the bitmaps leave.
+        assert!(!long.cached && long.smem_bytes <= h100 && long.cand_cap > 16384, "{long:?}");
         let e = plan_launch(&plan(1, 1 << 19, 0), 2, 84, 99 * 1024).unwrap_err();
         assert!(matches!(e, Error::Param { arg: "bias", .. }), "{e}");
     }
