@@ -321,9 +321,10 @@ impl PreparedMask {
         if let Some(MaskData::Cuda(g)) = &self.data
             && let Some(lists) = &g.gather
         {
-            // Gathered: the band's tiles, each holding the kept keys' share of the keys.
+            // Gathered: the band's tiles, each holding the kept keys' share of the keys (none
+            // where the mask hides every key: every gathered tile is then skipped).
             let band = (0..qb).map(|i| (0..kb).filter(|&j| self.band_touches(i * 64, j * 64)).count()).sum::<usize>();
-            let visited = band as f64 * lists.width as f64 / (kb * 64) as f64;
+            let visited = band as f64 * lists.longest.next_multiple_of(64) as f64 / (kb * 64) as f64;
             return Ok((qb * kb) as f64 / visited.max(1.0));
         }
         let classes = match &self.data {

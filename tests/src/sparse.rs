@@ -326,6 +326,25 @@ impl MaskSpec {
         (pb * ph * qb * kb) as f64 / visited.max(1) as f64
     }
 
+    /// [`MaskSpec::estimated_speedup`] of the mask run as gather attention (the GPU's form of a
+    /// query-broadcast score mask keeping at most half the keys): the band's tiles, each holding
+    /// the longest plane's kept keys (rounded up to 64) as a share of all keys.
+    pub fn gathered_speedup(&self, sq: usize, sk: usize) -> f64 {
+        let (qb, kb) = (sq.div_ceil(64), sk.div_ceil(64));
+        let band = self.band_model(false);
+        let mut band_any = vec![false; qb * kb];
+        for i in 0..sq {
+            for j in 0..sk {
+                band_any[(i / 64) * kb + j / 64] |= band.visible(sq, sk, i, j);
+            }
+        }
+        let [pb, ph] = self.planes();
+        let data = self.data_table(sq, sk);
+        let longest = (0..pb * ph).map(|p| (0..sk).filter(|&j| data[p * sq * sk + j]).count()).max().unwrap_or(0);
+        let visited = band_any.iter().filter(|&&b| b).count() as f64 * longest.next_multiple_of(64) as f64 / (kb * 64) as f64;
+        (qb * kb) as f64 / visited.max(1.0)
+    }
+
     /// `case` and `inputs` with the equivalent dense mask (built here) in place of this sparse
     /// mask and `case.causal` (folded into the dense mask): the call the sparse one must equal.
     pub fn dense_call(&self, case: &Case, inputs: &Inputs) -> (Case, Inputs) {

@@ -31,6 +31,8 @@ pub(crate) struct KeyListsBuf {
     pub seqlen_k: usize,
     /// Gathered keys per call: the longest list, rounded up to a 64-key block.
     pub width: usize,
+    /// The longest list's kept keys (0: the mask hides every key).
+    pub longest: usize,
     /// i32 `[planes, sk]`: each plane's kept keys ascending, then -1.
     pos: DeviceBuffer,
     /// i32 `[planes, sk]`: each key's place in its plane's list, -1 where hidden.
@@ -113,7 +115,7 @@ pub(crate) fn compact(dev: &CudaDevice, mask: &Tensor, packed: bool, sk: usize) 
     if width as f64 > GATHER_MAX_DENSITY * sk as f64 {
         return Ok(None);
     }
-    Ok(Some(KeyListsBuf { planes: [mb, mh], seqlen_k: sk, width, pos, slot }))
+    Ok(Some(KeyListsBuf { planes: [mb, mh], seqlen_k: sk, width, longest, pos, slot }))
 }
 
 /// A call rewritten over gathered keys: the problem and operands the kernels run on, and what the
