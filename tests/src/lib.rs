@@ -317,11 +317,18 @@ pub fn check_gpu_backward(case: &Case, path: ForwardPath, gpu: &Device, seed: u6
     // rounding a 16-bit backward (dS and P rounded, delta from the rounded O) necessarily makes.
     let (spec, data) = (naive::Spec::of(case), naive::Data::of(&inputs));
     let nf = naive::forward(&spec, &data);
-    let mags = naive::backward_magnitudes(&spec, &data, &nf, &dout.to_f64_vec().unwrap());
-    let mags = [Some(mags.dq), Some(mags.dk), Some(mags.dv), mags.dbias];
+    let mags = gradient_sizes(&spec, &data, &nf, &dout);
     // The backward recomputes P from the forward's LSE: what the path's rounding moved it by.
     let tol = gpu_tolerance(case.dtype) + 2.0 * path.logit_error(case.dtype, &nf);
     compare_gradients(case, &got, &want, &mags, tol)
+}
+
+/// The size of the sums each gradient (dq, dk, dv, dbias) of `spec` on `data` is made of, for
+/// the output gradient `dout` ([`naive::backward_magnitudes`]): what [`compare_gradients`]
+/// measures errors against.
+pub fn gradient_sizes(spec: &naive::Spec, data: &naive::Data, nf: &naive::Fwd, dout: &Tensor) -> Grads {
+    let m = naive::backward_magnitudes(spec, data, nf, &dout.to_f64_vec().unwrap());
+    [Some(m.dq), Some(m.dk), Some(m.dv), m.dbias]
 }
 
 /// GPU gradients (dq, dk, dv, dbias) against the reference's: each finite, present exactly

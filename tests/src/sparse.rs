@@ -709,8 +709,7 @@ pub fn check_gpu_prepared(
         let g = got.backward(&dout.to_device(gpu).unwrap()).map_err(|e| TestCaseError::fail(format!("gpu backward: {e} for {what:?}")))?;
         let w = want.backward(&dout).map_err(|e| TestCaseError::fail(format!("reference backward: {e} for {what:?}")))?;
         let nf = nf.expect("computed for the backward");
-        let mags = naive::backward_magnitudes(&spec_n, &data_n, &nf, &dout.to_f64_vec().unwrap());
-        let mags = [Some(mags.dq), Some(mags.dk), Some(mags.dv), mags.dbias];
+        let mags = crate::gradient_sizes(&spec_n, &data_n, &nf, &dout);
         let tol = crate::gpu_tolerance(case.dtype) + 2.0 * path.logit_error(case.dtype, &nf);
         compare_gradients(&what, &grads_vec(&g), &grads_vec(&w), &mags, tol)?;
     }

@@ -14,6 +14,25 @@ use dmattn_tests::*;
 use proptest::test_runner::TestCaseError;
 use rand::Rng;
 
+/// The GPU backward of `got` against the reference backward of `want` (both forwards of `case` on
+/// `inputs`, held on the CPU), for an output gradient drawn from `seed`. Failures name `what`.
+fn check_backward_of(
+    what: &dyn std::fmt::Debug,
+    case: &Case,
+    inputs: &Inputs,
+    got: &dmattn::Forward,
+    want: &dmattn::Forward,
+    gpu: &dmattn::Device,
+    seed: u64,
+) -> Result<(), TestCaseError> {
+    let dout = gpu_dout(case, seed ^ 0x5EED);
+    let g = got.backward(&dout.to_device(gpu).unwrap()).map_err(|e| TestCaseError::fail(format!("gpu backward: {e} for {what:?}")))?;
+    let w = want.backward(&dout).unwrap();
+    let (spec, data) = (naive::Spec::of(case), naive::Data::of(inputs));
+    let mags = gradient_sizes(&spec, &data, &naive::forward(&spec, &data), &dout);
+    compare_gradients(what, &grads_vec(&g), &grads_vec(&w), &mags, gpu_tolerance(case.dtype))
+}
+
 fn gather_property(cases: u32, max_seqlen: usize, property: impl Fn(SparseCase) -> Result<(), TestCaseError>) {
     if let Err(e) = gpu_runner(cases).run(&gpu_gather_cases(max_seqlen), property) {
         panic!("{e}");
@@ -64,14 +83,7 @@ fn gather_through_the_mask_argument_matches_reference() {
         let on_gpu = inputs.to(&gpu);
         let got = case.forward(&on_gpu).map_err(|e| TestCaseError::fail(format!("gpu: {e} for {case:?}")))?;
         compare_forward(&case, ForwardPath::Fused, case.dtype, &got, &want, 0.0)?;
-        let dout = gpu_dout(&case, sc.seed ^ 0x5EED);
-        let g = got.backward(&dout.to_device(&gpu).unwrap()).map_err(|e| TestCaseError::fail(format!("gpu backward: {e} for {case:?}")))?;
-        let w = want.backward(&dout).unwrap();
-        let (spec, data) = (naive::Spec::of(&case), naive::Data::of(&inputs));
-        let nf = naive::forward(&spec, &data);
-        let mags = naive::backward_magnitudes(&spec, &data, &nf, &dout.to_f64_vec().unwrap());
-        let mags = [Some(mags.dq), Some(mags.dk), Some(mags.dv), mags.dbias];
-        compare_gradients(&case, &grads_vec(&g), &grads_vec(&w), &mags, gpu_tolerance(case.dtype))
+        check_backward_of(&case, &case, &inputs, &got, &want, &gpu, sc.seed)
     });
 }
 
@@ -203,14 +215,7 @@ fn index_lists_match_reference() {
         let call = Case { mask: None, ..case.clone() };
         let got = call.call(&on_gpu).indices(&lists).forward().map_err(|e| TestCaseError::fail(format!("gpu: {e} for {case:?} lists {shape:?}")))?;
         compare_forward(&(&case, shape), ForwardPath::Fused, case.dtype, &got, &want, 0.0)?;
-        let dout = gpu_dout(&case, sc.seed ^ 0x5EED);
-        let g = got.backward(&dout.to_device(&gpu).unwrap()).map_err(|e| TestCaseError::fail(format!("gpu backward: {e} for {case:?}")))?;
-        let w = want.backward(&dout).unwrap();
-        let (spec, data) = (naive::Spec::of(&case), naive::Data::of(&inputs));
-        let nf = naive::forward(&spec, &data);
-        let mags = naive::backward_magnitudes(&spec, &data, &nf, &dout.to_f64_vec().unwrap());
-        let mags = [Some(mags.dq), Some(mags.dk), Some(mags.dv), mags.dbias];
-        compare_gradients(&(&case, shape), &grads_vec(&g), &grads_vec(&w), &mags, gpu_tolerance(case.dtype))
+        check_backward_of(&(&case, shape), &case, &inputs, &got, &want, &gpu, sc.seed)
     });
 }
 
