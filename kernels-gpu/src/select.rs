@@ -242,18 +242,16 @@ unsafe fn keys8<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, g: u32) -> 
     }
 }
 
-/// Radix-select step: the radix key `t` of the `k`-th largest eligible key and how many keys
-/// equal to `t` are taken (the rest of `k`), or `None` where at most `k` keys are eligible.
+/// Radix-select step over the whole row, for more than `p.k` eligible keys: the radix key `t`
+/// of the `k`-th largest eligible key and how many keys equal to `t` are taken (the rest of `k`).
 #[inline(always)]
-unsafe fn threshold<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32) -> Option<(u32, u32)> {
+unsafe fn threshold<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32) -> (u32, u32) {
     let sk = p.dims[3];
     let (mut prefix, mut need) = (0u32, p.k);
     let mut pass = 0;
     while pass < W / 8 {
         let shift = W - 8 * (pass + 1);
-        if tid < 256 {
-            unsafe { st_shared_u32(s.hist + 4 * tid, 0) };
-        }
+        unsafe { clear_hist(s, 256, tid) };
         sync_threads();
         let mut k = tid;
         while k < sk {
@@ -267,25 +265,11 @@ unsafe fn threshold<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u3
             k += THREADS;
         }
         sync_threads();
-        // Digits from the top: the one where the count of larger keys reaches `need`.
-        let digit = 255u32.wrapping_sub(tid);
-        let x = if tid < 256 { unsafe { ld_shared_u32(s.hist + 4 * digit) } } else { 0 };
-        let (above, total) = block_scan::<THREADS>(x, tid, s.sums);
-        if pass == 0 && total <= p.k {
-            return None;
-        }
-        if tid < 256 && above < need && need <= above + x {
-            unsafe {
-                st_shared_u32(s.misc, digit);
-                st_shared_u32(s.misc + 4, need - above);
-            }
-        }
-        sync_threads();
-        prefix = (prefix << 8) | unsafe { ld_shared_u32(s.misc) };
-        need = unsafe { ld_shared_u32(s.misc + 4) };
+        let (digit, left, _) = unsafe { find_digit(s, 256, need, tid) };
+        (prefix, need) = ((prefix << 8) | digit, left);
         pass += 1;
     }
-    Some((prefix, need))
+    (prefix, need)
 }
 
 /// This warp's strip of bitmap words: `[first, end)`.
@@ -432,6 +416,16 @@ unsafe fn write_row(p: &SelectParams, s: &Smem, r: u64, tid: u32) {
     }
 }
 
+/// Zeroes the first `bins` words of the histogram (collective, no barrier).
+#[inline(always)]
+unsafe fn clear_hist(s: &Smem, bins: u32, tid: u32) {
+    let mut b = tid;
+    while b < bins {
+        unsafe { st_shared_u32(s.hist + 4 * b, 0) };
+        b += THREADS;
+    }
+}
+
 /// The digit (of `bins`, counts in `s.hist`) holding the `need`-th largest key, and how many of
 /// its keys are taken; with the total counted (collective; the digit is meaningful only when
 /// `need` <= total).
@@ -526,17 +520,13 @@ unsafe fn classify<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32
 #[inline(always)]
 unsafe fn refine<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32, bin: u32, need: u32, n: u32) -> bool {
     let key = |c: u32| unsafe { key_at::<W>(p, s, row, ld_shared_u32(s.cands + 4 * c)) };
-    let (mut t, mut need, mut done) = (bin, need, W - SELECT_FIRST_DIGIT);
+    let (mut t, mut need) = (bin, need);
     let mut shift = W - SELECT_FIRST_DIGIT;
     while shift > 0 {
         let width = if shift < SELECT_FIRST_DIGIT { shift } else { SELECT_FIRST_DIGIT };
         shift -= width;
         let bins = 1u32 << width;
-        let mut b = tid;
-        while b < bins {
-            unsafe { st_shared_u32(s.hist + 4 * b, 0) };
-            b += THREADS;
-        }
+        unsafe { clear_hist(s, bins, tid) };
         sync_threads();
         let mut c = tid;
         while c < n {
@@ -549,9 +539,7 @@ unsafe fn refine<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32, 
         sync_threads();
         let (d, left, _) = unsafe { find_digit(s, bins, need, tid) };
         (t, need) = ((t << width) | d, left);
-        done -= width;
     }
-    debug_assert!(done == 0);
     // The listed keys equal to `t`: all taken, or the `need` lowest.
     let mut c = tid;
     let mut mine = 0;
@@ -619,9 +607,8 @@ unsafe fn top_k<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32) {
         return;
     }
     // Heavily tied rows: 8-bit passes over the whole row, and the ordered tie count.
-    if let Some((t, need)) = unsafe { threshold::<W>(p, s, row, tid) } {
-        unsafe { take_top::<W>(p, s, row, tid, t, need) };
-    }
+    let (t, need) = unsafe { threshold::<W>(p, s, row, tid) };
+    unsafe { take_top::<W>(p, s, row, tid, t, need) };
 }
 
 /// Grid-stride over rows, [`SELECT_THREADS`] threads; dynamic shared memory as [`Smem`] lays it
@@ -635,11 +622,7 @@ pub unsafe fn select_keys<const W: u32>(p: &SelectParams) {
     while r < rows {
         let row = Row::new::<W>(p, r);
         if p.k != 0 {
-            let mut b = tid;
-            while b < 1 << SELECT_FIRST_DIGIT {
-                unsafe { st_shared_u32(s.hist + 4 * b, 0) };
-                b += THREADS;
-            }
+            unsafe { clear_hist(&s, 1 << SELECT_FIRST_DIGIT, tid) };
             sync_threads();
         }
         unsafe { load_row::<W>(p, &s, &row, tid) };
