@@ -13,11 +13,17 @@ const TILE: usize = 64;
 
 /// `n` N(0, 1) values, deterministic in `seed`, filled in parallel chunks.
 fn normals(n: usize, seed: u64) -> Vec<f32> {
+    normals_as(n, seed, |x| x)
+}
+
+/// [`normals`] stored as `f` makes them (straight to bf16 where f32 copies of 2^31 values would
+/// not fit the host).
+pub(crate) fn normals_as<T: Copy + Default + Send>(n: usize, seed: u64, f: impl Fn(f32) -> T + Sync) -> Vec<T> {
     const CHUNK: usize = 1 << 16;
-    let mut out = vec![0f32; n];
+    let mut out = vec![T::default(); n];
     out.par_chunks_mut(CHUNK).enumerate().for_each(|(i, chunk)| {
         let mut rng = StdRng::seed_from_u64(seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        chunk.iter_mut().for_each(|x| *x = rng.sample(StandardNormal));
+        chunk.iter_mut().for_each(|x| *x = f(rng.sample(StandardNormal)));
     });
     out
 }
@@ -205,8 +211,12 @@ pub struct Operands {
 
 /// Enough operand sets that they do not all sit in L2 (256 MiB of q, k, v; 1 to 4 sets).
 fn set_count(c: &Case) -> usize {
-    let bytes = 2 * c.head_dim * c.batch * (c.seqlen_q * c.heads + 2 * c.seqlen_k * c.kv_heads);
-    (256usize << 20).div_ceil(bytes).clamp(1, 4)
+    rotation_sets(2 * c.head_dim * c.batch * (c.seqlen_q * c.heads + 2 * c.seqlen_k * c.kv_heads))
+}
+
+/// Copies of `bytes` of operands that span 256 MiB (1 to 4).
+pub(crate) fn rotation_sets(bytes: usize) -> usize {
+    (256usize << 20).div_ceil(bytes.max(1)).clamp(1, 4)
 }
 
 impl Operands {

@@ -2,11 +2,11 @@
 //! no attention) on a bf16 N(0, 1) bias, optionally within a causal bool mask (SCHEMA.md), with a
 //! few rows of one call checked against the host's top-k, so that a fast wrong selection is not
 //! reported as a time.
+use crate::data::{normals_as, rotation_sets};
 use dmattn::{Device, Tensor, select_keys};
 use dmattn_bench::cases::{Case, Mask, SelectOutput, top_keys};
 use half::bf16;
-use rand::{Rng, SeedableRng, rngs::StdRng};
-use rand_distr::StandardNormal;
+use rand::{Rng, rngs::StdRng};
 use rayon::prelude::*;
 
 /// A `select` case's operands: `sets` rotated copies of the bias (one where a bias spans 256 MiB,
@@ -17,23 +17,6 @@ pub struct SelectInputs {
     pub within: Option<Tensor>,
     /// (output row, its kept keys ascending) for the rows [`SelectInputs::check`] reads back.
     expected: Vec<(usize, Vec<u32>)>,
-}
-
-/// Copies of a bias that span 256 MiB (1 to 4), as attention's operand sets.
-fn set_count(bias_bytes: usize) -> usize {
-    (256usize << 20).div_ceil(bias_bytes.max(1)).clamp(1, 4)
-}
-
-/// `n` N(0, 1) values in bf16, deterministic in `seed`, drawn in parallel chunks (straight to
-/// bf16: the per-query bias has 2^31 of them).
-fn normals_bf16(n: usize, seed: u64) -> Vec<bf16> {
-    const CHUNK: usize = 1 << 16;
-    let mut out = vec![bf16::ZERO; n];
-    out.par_chunks_mut(CHUNK).enumerate().for_each(|(i, chunk)| {
-        let mut rng = StdRng::seed_from_u64(seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        chunk.iter_mut().for_each(|x| *x = bf16::from_f32(rng.sample(StandardNormal)));
-    });
-    out
 }
 
 /// The keys query `i` sees under bottom-right causal: `j <= i + sk - sq`, so the first this many.
@@ -58,8 +41,8 @@ impl SelectInputs {
         let (sq, sk, bias_rows) = (c.seqlen_q, c.seqlen_k, shape[2]);
         let mut bias = Vec::new();
         let mut expected = Vec::new();
-        for set in 0..set_count(2 * shape.iter().product::<usize>()) {
-            let host = normals_bf16(shape.iter().product(), rng.random());
+        for set in 0..rotation_sets(2 * shape.iter().product::<usize>()) {
+            let host = normals_as(shape.iter().product(), rng.random(), bf16::from_f32);
             if set == 0 {
                 // Output row r = (plane, query i): bias row `plane` (key-side) or r; under
                 // causal, keys j <= i + sk - sq are eligible.
@@ -132,6 +115,7 @@ impl SelectInputs {
 mod tests {
     use super::*;
     use dmattn_bench::cases::{SelectRows, grid};
+    use rand::SeedableRng;
 
     /// A select case of the grid, shrunk to run on the CPU backend.
     fn small(id: &str, seqlen_q: usize, seqlen_k: usize, keep: usize) -> Case {
@@ -184,9 +168,9 @@ mod tests {
 
     #[test]
     fn large_biases_are_not_rotated() {
-        assert_eq!(set_count(4 << 30), 1);
-        assert_eq!(set_count(64 << 10), 4);
-        assert_eq!(set_count(100 << 20), 3);
+        assert_eq!(rotation_sets(4 << 30), 1);
+        assert_eq!(rotation_sets(64 << 10), 4);
+        assert_eq!(rotation_sets(100 << 20), 3);
         assert_eq!(checked_rows(1), [0]);
         assert_eq!(checked_rows(65536), [0, 1, 32768, 65535]);
     }
