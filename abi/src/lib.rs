@@ -105,6 +105,13 @@ pub struct FwdParams {
     /// The work order (modifier variant, no splits): CTA `i` (linear block index, x fastest)
     /// runs the grid position in `order[i]`, a u64 [`packed_position`]; 0: grid order.
     pub order: u64,
+    /// Gather attention (the `_gather` variants, [`names::GATHER_SUFFIX`]): `k`, `v` and the bias
+    /// hold each plane's kept keys in ascending order of their original positions, and
+    /// `key_ranks` (i32 `[planes, seqlen_k]`, [`KeyCompactParams::ranks`], read through the
+    /// mask's plane of a (batch, head)) counts the kept keys at or before each original key. The
+    /// band and `seqlen_k` are the original problem's: a query sees the kept keys the band shows
+    /// it, a contiguous run of the list whose ends are two ranks. The band has no sinks.
+    pub key_ranks: KeyLists,
 }
 
 /// Orders a masked grid heaviest first (`FwdParams::order`, which the backward's copy of the
@@ -536,19 +543,25 @@ pub struct BlockMaskParams {
 /// of `COMPACT_THREADS x COMPACT_KEYS_PER_THREAD` keys): for each plane `[mb, mh]` of a
 /// query-broadcast mask (`[mb, mh, 1, sk]`, bool bytes, or bits as in [`MaskPackParams::packed`]),
 /// the kept keys' indices in ascending order (`pos`, i32 `[planes, sk]`, -1 past the count), each key's slot in that list (`slot`, i32
-/// `[planes, sk]`, -1 for a hidden key) and the count (`counts`, u32 `[planes]`); `chunk_counts`
-/// (u32 `[planes, chunks]`) passes each chunk's count from the first pass to the second.
+/// `[planes, sk]`, -1 for a hidden key), the kept keys at or before each key (`ranks`, i32
+/// `[planes, sk]`) and the count (`counts`, u32 `[planes]`); `chunk_counts`
+/// (u32 `[planes, chunks]`) passes each chunk's count from the first pass to the second. Planes
+/// are `plane_stride` elements apart (`sk` rounded up to a 64-key block: a gathered problem's
+/// keys, read from `pos`, are whole blocks; -1 past the count up to the stride).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct KeyCompactParams {
     pub mask: View4,
     pub pos: u64,
     pub slot: u64,
+    pub ranks: u64,
     pub counts: u64,
     pub chunk_counts: u64,
     /// `[mb, mh, sk]`.
     pub dims: [u32; 3],
     pub packed: u32,
+    pub plane_stride: u32,
+    pub _pad: u32,
 }
 
 /// Threads per block of the key-compaction kernels (one block per chunk of a plane) and the keys
@@ -586,7 +599,9 @@ pub struct GatherParams {
     pub row_bytes: u32,
     pub unit: u32,
     pub src_head_div: u32,
-    pub _pad: u32,
+    /// 1: rows past a list's end are left unwritten (a gathered forward reads none of them)
+    /// instead of zeroed.
+    pub skip_missing: u32,
     pub lists: KeyLists,
 }
 
@@ -860,6 +875,9 @@ pub mod names {
     /// without a left edge or compression, whose code then folds away (the backward's tiles are
     /// at the register limit). Of the portable backward, the `_mods` variants take any band.
     pub const BAND_SUFFIX: &str = "_band";
+    /// Appended to a forward kernel's modifier-variant name (`dmattn_fwd_<elem>_d<dim>_mods`)
+    /// for its gather-attention variant ([`super::FwdParams::key_ranks`]).
+    pub const GATHER_SUFFIX: &str = "_gather";
     pub const BWD_PRE_PREFIX: &str = "dmattn_bwd_pre_";
     pub const CONVERT_PREFIX: &str = "dmattn_convert_";
     pub const COMBINE_PREFIX: &str = "dmattn_fwd_combine_";

@@ -139,8 +139,9 @@ fn gather_note(c: &Case, o: &Operands) -> Option<String> {
     let mask = o.mask.as_ref().filter(|_| matches!(c.mask, Some(Mask::KeyTopk { .. })))?;
     Some(match SparseMask::dense(mask).prepare(c.seqlen_q, c.seqlen_k) {
         Ok(p) => match p.gathered_keys() {
-            Some(n) => format!("gather attention over {n} keys per plane"),
-            None => "not run as gather attention".into(),
+            Ok(Some(n)) => format!("gather attention over {n} keys per plane"),
+            Ok(None) => "not run as gather attention".into(),
+            Err(e) => format!("reading the gathered width back: {e}"),
         },
         Err(e) => format!("preparing a copy of the mask: {e}"),
     })

@@ -186,7 +186,7 @@ impl<'a> Attention<'a> {
             (None, Some(t), _) => Some(SparseMask::indices(t).prepare(d.seqlen_q, d.seqlen_k)?),
             (None, None, sparse) => sparse.cloned(),
         };
-        let saved = Saved { q: i.q.clone(), k: i.k.clone(), v: i.v.clone(), mask, bias: i.bias.cloned(), gathered: None };
+        let saved = Saved { q: i.q.clone(), k: i.k.clone(), v: i.v.clone(), mask, bias: i.bias.cloned() };
         match i.q.device() {
             Device::Cpu => {
                 let (out, lse) = cpu::forward(&problem, &saved)?;
@@ -206,8 +206,6 @@ pub(crate) struct Saved {
     pub v: Tensor,
     pub mask: Option<PreparedMask>,
     pub bias: Option<Tensor>,
-    /// The call as the GPU ran it over gathered keys (`cuda::gather`), for the backward.
-    pub gathered: Option<std::sync::Arc<cuda::GatheredCall>>,
 }
 
 /// The result of a forward pass, holding what its backward pass needs.

@@ -105,12 +105,12 @@ impl fmt::Debug for Device {
 /// caller's (the primary context PyTorch and candle use, or any other) and stream, and leaves the
 /// context's settings as they are. A forward or backward call queues its work on the stream of
 /// its `q` and returns without waiting for it: it neither synchronises nor reads device data on
-/// the host, so it can be captured into a CUDA graph on a capturing stream. Two exceptions, both
-/// at mask preparation (`SparseMask::prepare`, or a mask or index lists passed to the call): a
-/// mask without a query dimension is compacted for gather attention, which reads the kept-key
-/// counts back (on a capturing stream it is not, and takes the dense-tile path instead); and index
-/// lists are range-checked on the device, which reads a flag back (on a capturing stream, an
-/// error: prepare them before capturing). BCSR input is read on the host.
+/// the host, so it can be captured into a CUDA graph on a capturing stream. Two exceptions: index
+/// lists are range-checked on the device when prepared (`SparseMask::prepare`, or lists passed to
+/// the call), which reads a flag back (on a capturing stream, an error: prepare them before
+/// capturing); and the backward of gather attention (a mask without a query dimension) reads its
+/// kept-key counts back once per prepared mask to size its gathered keys (on a capturing stream it
+/// runs on dense tiles instead). BCSR input is read on the host.
 #[derive(Clone)]
 pub struct CudaDevice(pub(crate) Arc<CudaInner>);
 

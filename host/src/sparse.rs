@@ -186,10 +186,11 @@ impl SparseMask {
 
     /// Prepares the mask for calls with these sequence lengths on the device of its tensors (any
     /// device for a parametric mask): checks every part (typed errors naming the argument), then on
-    /// the GPU builds the block classes and score bits in one pass over each tensor. The work is
-    /// queued on the device's stream without waiting, except for BCSR input, read on the host, a
-    /// score mask without a query dimension, whose kept-key counts are read back to size gather
-    /// attention (see [`PreparedMask::gathered_keys`]), and index lists, whose range check is.
+    /// the GPU builds the block classes and score bits in one pass over each tensor (a score mask
+    /// without a query dimension alone: its per-plane key lists, for gather attention, see
+    /// [`PreparedMask::gathered_keys`]). The work is queued on the device's stream without
+    /// waiting, except for BCSR input, read on the host, and index lists, whose range check is
+    /// read back.
     pub fn prepare(&self, seqlen_q: usize, seqlen_k: usize) -> Result<PreparedMask> {
         if seqlen_q == 0 || seqlen_k == 0 {
             return Err(Error::Param { arg: "seqlen", reason: format!("seqlen_q {seqlen_q} and seqlen_k {seqlen_k} must be at least 1") });
@@ -285,19 +286,29 @@ impl PreparedMask {
         PreparedMask { band: Band::ALL, seqlen_q, seqlen_k, planes, data: Some(data), device }
     }
 
+    /// The same mask (band, lengths, planes) in another form of device data.
+    pub(crate) fn with_data(&self, data: MaskData) -> Self {
+        PreparedMask { data: Some(data), ..self.clone() }
+    }
+
     /// The device the mask was prepared on (any device's tensors may use a parametric mask).
     pub fn device(&self) -> Device {
         self.device.clone()
     }
 
-    /// Where the mask runs as gather attention, the keys each call gathers per plane: the most any
-    /// plane keeps, rounded up to a 64-key tile. That is a GPU mask whose only part is a score mask
-    /// that does not vary along the queries (`[.., .., 1, sk]`, bool or bit-packed) and keeps at
-    /// most half the keys; the calls then do O(seqlen_q x kept keys) work. `None` otherwise.
-    pub fn gathered_keys(&self) -> Option<usize> {
+    /// Where the mask runs as gather attention in both passes, the keys the backward gathers per
+    /// plane: the most any plane keeps, rounded up to a 64-key tile; `None` otherwise.
+    ///
+    /// A GPU mask whose only part is a score mask that does not vary along the queries
+    /// (`[.., .., 1, sk]`, bool or bit-packed) is compacted into per-plane key lists when
+    /// prepared. The forward then always runs over each plane's kept keys alone (O(seqlen_q x
+    /// kept keys) work, reading nothing back, so also inside a CUDA graph capture); the backward
+    /// does where the mask keeps at most half the keys, and otherwise (or inside a capture) runs
+    /// on dense tiles as for any mask. Reads the lists' lengths back once (waits for the device).
+    pub fn gathered_keys(&self) -> Result<Option<usize>> {
         match &self.data {
-            Some(MaskData::Cuda(g)) => g.gather.as_ref().map(|l| l.width),
-            _ => None,
+            Some(MaskData::Cuda(g)) => g.gather.as_ref().map_or(Ok(None), |l| l.backward_width()),
+            _ => Ok(None),
         }
     }
 
@@ -320,17 +331,22 @@ impl PreparedMask {
         let (qb, kb) = (self.seqlen_q.div_ceil(64), self.seqlen_k.div_ceil(64));
         if let Some(MaskData::Cuda(g)) = &self.data
             && let Some(lists) = &g.gather
+            && lists.backward_width()?.is_some()
         {
             // Gathered: the band's tiles, each holding the kept keys' share of the keys (none
             // where the mask hides every key: every gathered tile is then skipped).
             let band = (0..qb).map(|i| (0..kb).filter(|&j| self.band_touches(i * 64, j * 64)).count()).sum::<usize>();
-            let visited = band as f64 * lists.longest.next_multiple_of(64) as f64 / (kb * 64) as f64;
+            let visited = band as f64 * lists.longest()?.next_multiple_of(64) as f64 / (kb * 64) as f64;
             return Ok((qb * kb) as f64 / visited.max(1.0));
         }
         let classes = match &self.data {
             None => None,
             Some(MaskData::Cpu(d)) => Some(d.block_classes(self.seqlen_q, self.seqlen_k)),
-            Some(MaskData::Cuda(g)) => Some(g.block_classes(qb, kb)?),
+            Some(MaskData::Cuda(g)) => Some(match (&g.gather, &self.device) {
+                // Key lists the backward does not gather: the dense-tile form it runs on.
+                (Some(lists), Device::Cuda(dev)) => lists.dense_tiles(dev)?.block_classes(qb, kb)?,
+                _ => g.block_classes(qb, kb)?,
+            }),
         };
         let planes = classes.as_ref().map_or(1, |c| c.len() / (qb * kb));
         let mut visited = 0usize;

@@ -84,16 +84,25 @@ impl<'a> BlockInfo<'a> {
         o.ptr + 2 * (split + self.batch * o.stride[0] + self.head as u64 * o.stride[2] + self.row0 as u64 * o.stride[1])
     }
 
-    /// The key tiles this CTA covers, `begin..end` given the causal/length limit `end`: all of
-    /// them, or its split's share.
+    /// The key tiles this CTA covers of its row tile's `begin..end`: all of them, or its split's
+    /// share, `split_tiles` from `begin` per split, or where that is 0 (gather attention, whose
+    /// tile count the host does not know) an even share of `begin..end`.
     #[inline(always)]
-    pub fn key_tiles(&self, end: u32) -> (u32, u32) {
+    pub fn key_tiles(&self, begin: u32, end: u32) -> (u32, u32) {
         if self.split_on() {
-            let begin = self.split * self.p.split_tiles;
-            (begin, end.min(begin + self.p.split_tiles))
+            let per = if self.p.split_tiles != 0 { self.p.split_tiles } else { (end - begin).div_ceil(self.splits) };
+            let first = begin + self.split * per;
+            (first, end.min(first + per))
         } else {
-            (0, end)
+            (begin, end)
         }
+    }
+
+    /// Byte address of this (batch, head)'s key ranks (gather attention).
+    #[inline(always)]
+    pub fn key_ranks(&self) -> u64 {
+        let r = &self.p.key_ranks;
+        r.ptr + 4 * (self.batch * r.batch + div(self.head, r.head_div) as u64 * r.head)
     }
 
     /// Byte address of key 0 of this head's kv head in k.

@@ -1,18 +1,20 @@
 //! Forward attention: one CTA per (query tile, head, batch). K/V tiles stream through shared
 //! memory (`cp.async`, the next K tile loading while the current one's softmax and PV run),
 //! S = QKᵀ and O += PV run on tensor cores, and the softmax is online, in base 2 with the scale
-//! folded in. Key tiles the mask leaves empty are never loaded.
+//! folded in. Key tiles the mask leaves empty are never loaded. The gather variant runs over a
+//! plane's kept keys alone (see `mask::GatheredRows`).
 use crate::arch::*;
 use crate::block_info::{BlockInfo, position, reread_position};
 use crate::elem::Elem;
-use crate::mask::{MapRows, Tile, TileCursor, TileLine, load_mask_tile};
+use crate::mask::{GatheredRows, MapRows, Tile, TileCursor, TileLine, load_mask_tile};
 use crate::scores::{Mods, WarpScores};
 use crate::softmax::OnlineSoftmax;
 use crate::tile::{Fragments, SmemTile};
 use dmattn_abi::{FwdParams, POSITION_BYTES, flags, mask_tile_bytes, modifiers};
 
 /// The shared-memory tiles of one CTA: Q, K, V (`D` columns), the bias tile and the packed mask
-/// tile of the current key block, and the online softmax's state. The packed tile is row-major,
+/// tile of the current key block (in the gather variant, which has no mask, the rows' runs of
+/// visible keys: `BM` u32 pairs, no larger), and the online softmax's state. The packed tile is row-major,
 /// `BN / 64` words a row, unswizzled: a warp reads 8 rows x 4 half-words of one word column, 64
 /// distinct bytes.
 #[derive(Clone, Copy)]
@@ -41,19 +43,20 @@ impl Smem {
 }
 
 /// Starts the copies of key tile `tile`'s K and the bias and packed-mask tiles that go with it
-/// (no mask copy for a full tile). All threads call this.
+/// (no mask copy for a full tile), keys from `keys_end` on zero-filled. All threads call this.
 #[inline(always)]
 unsafe fn load_k_side<const D: usize, const BM: usize, const BN: usize>(
     b: &BlockInfo,
     sm: &Smem,
     mods: Mods,
     tile: Tile,
+    keys_end: u32,
     tid: u32,
     threads: u32,
 ) {
     let p = b.p;
     let col0 = tile.n * BN as u32;
-    let keys = p.seqlen_k - col0;
+    let keys = keys_end - col0;
     let k_row = 2 * p.k.stride[1];
     unsafe { sm.k.load_async(b.k() + col0 as u64 * k_row, k_row, keys, (D * 2) as u32, tid, threads) };
     if mods.bias {
@@ -75,24 +78,44 @@ unsafe fn load_k_side<const D: usize, const BM: usize, const BN: usize>(
     }
 }
 
-/// The next key tile to visit from `n`: the band and the mask's block map decide in the modifier
-/// variant; the lean one never has a mask, so it visits every tile of the band, full, and holds no
-/// cursor state.
+/// The next key tile at or after `n` this CTA visits (its split's share): the band and the
+/// mask's block map decide in the modifier variant; the lean one never has a mask, so it visits
+/// every tile of the band, full, and holds no cursor state; the gather variant visits the tiles
+/// of its rows' runs.
 #[inline(always)]
-fn next_tile<const MODS: bool>(cursor: &mut TileCursor, n: u32, lane: u32, line: &impl TileLine) -> Option<Tile> {
-    if MODS {
-        cursor.next(line.next_candidate(n), lane, line)
-    } else {
-        let n = line.next_candidate(n);
-        (n < line.end()).then_some(Tile { n, full: true })
+fn next_tile<const BM: usize, const BN: usize, const MODS: bool, const GATHER: bool>(
+    b: &BlockInfo,
+    rows: &GatheredRows,
+    cursor: &mut TileCursor,
+    n: u32,
+    lane: u32,
+) -> Option<Tile> {
+    if GATHER {
+        let (begin, end) = rows.key_tiles(BN as u32);
+        let (first, end) = b.key_tiles(begin, end);
+        let n = n.max(first);
+        return (n < end).then(|| Tile { n, full: rows.tile_full(n * BN as u32, BN as u32) });
     }
+    let map = MapRows::<BM, BN>::new(&b.p.block_map, b.block_map(), b.m_block, &b.vis);
+    let (first, end) = b.key_tiles(0, map.end());
+    let line = map.until(end);
+    let n = line.next_candidate(n.max(first));
+    if MODS { cursor.next(n, lane, &line) } else { (n < line.end()).then_some(Tile { n, full: true }) }
+}
+
+/// Keys past which K, V and bias rows are zero-filled, never read: the sequence's, or the
+/// gathered keys the rows see.
+#[inline(always)]
+fn keys_end<const GATHER: bool>(b: &BlockInfo, rows: &GatheredRows) -> u32 {
+    if GATHER { rows.keys_end() } else { b.p.seqlen_k }
 }
 
 /// Const parameters: head dim `D`, tile `BM x BN`, `THREADS` per CTA, and the per-warp fragment
 /// counts derived from them (`MT = BM / (16 * warps)` row tiles, `NT = BN / 8` key n-tiles,
 /// `KT = D / 16` k-steps, `DT = D / 8` output n-tiles), spelled out because arrays cannot be
 /// sized by const-generic arithmetic. `MODS` selects the variant with every modifier and split-KV
-/// (`modifiers::ALL`; see [`Mods`]) over the lean one (`NONE`).
+/// (`modifiers::ALL`; see [`Mods`]) over the lean one (`NONE`); `GATHER` (with `MODS`) the gather
+/// variant, whose keys are gathered rows and whose mask is their ranks (no mask tiles).
 #[inline(always)]
 pub unsafe fn forward<
     E: Elem,
@@ -105,16 +128,22 @@ pub unsafe fn forward<
     const KT: usize,
     const DT: usize,
     const MODS: bool,
+    const GATHER: bool,
 >(
     p: &FwdParams,
 ) {
     const {
         assert!(MT * 16 * (THREADS / 32) == BM && NT * 8 == BN && KT * 16 == D && DT * 8 == D);
         assert!(NT % 2 == 0 && DT % 2 == 0 && BM % 64 == 0 && BN % 64 == 0);
+        assert!(MODS || !GATHER);
+        // The rows' runs fit where the mask tile would be.
+        assert!(BM * 8 <= mask_tile_bytes(BM as u32, BN as u32) as usize);
     }
     let threads = THREADS as u32;
     let sm = Smem::new(D, BM, BN);
     let mods = Mods::of(p, if MODS { modifiers::ALL } else { modifiers::NONE });
+    // The gather variant's mask is its rows' runs, kept where the mask tile would be.
+    let mods = Mods { mask: mods.mask && !GATHER, ..mods };
 
     let mut o = [[[0f32; 4]; DT]; MT];
     OnlineSoftmax::<MT>::at(sm.softmax, thread_idx(), threads).reset();
@@ -122,22 +151,26 @@ pub unsafe fn forward<
     let tid = thread_idx();
 
     let b = BlockInfo::new::<MODS>(p, BM as u32, position::<MODS>(p, sm.position));
+    let rows = GatheredRows::new(sm.mask, b.rows_valid, BM as u32);
+    if GATHER {
+        unsafe { rows.store(&b.vis, b.key_ranks(), b.row0, BM as u32, tid, threads) };
+    }
     if MODS {
-        // The loop rereads the stored position before its first barrier (racecheck).
+        // The loop rereads the stored position (and the runs) before its first barrier
+        // (racecheck).
         sync_threads();
     }
-    let map = MapRows::<BM, BN>::new(&p.block_map, b.block_map(), b.m_block, &b.vis);
-    let (first, end) = b.key_tiles(map.end());
-    if let Some(mut tile) = next_tile::<MODS>(&mut cursor, first, tid % 32, &map.until(end)) {
+    if let Some(mut tile) = next_tile::<BM, BN, MODS, GATHER>(&b, &rows, &mut cursor, 0, tid % 32) {
         let q_row = 2 * p.q.stride[1];
         unsafe { sm.q.load_async(b.q(), q_row, b.rows_valid, (D * 2) as u32, tid, threads) };
-        unsafe { load_k_side::<D, BM, BN>(&b, &sm, mods, tile, tid, threads) };
+        unsafe { load_k_side::<D, BM, BN>(&b, &sm, mods, tile, keys_end::<GATHER>(&b, &rows), tid, threads) };
         cp_async_commit();
         loop {
             // Everything per-thread or per-CTA is rebuilt from opaque indices each iteration
             // (see `block_info`), so none of it is held in registers across the loop.
             let tid = opaque(tid);
             let b = BlockInfo::new::<MODS>(p, BM as u32, reread_position::<MODS>(sm.position));
+            let rows = GatheredRows::new(sm.mask, b.rows_valid, BM as u32);
             let lane = tid % 32;
             let (g, t) = (lane / 4, lane % 4);
             let warp_row0 = (tid / 32) * (MT as u32) * 16;
@@ -149,14 +182,19 @@ pub unsafe fn forward<
             sync_threads();
             let col0 = tile.n * BN as u32;
             let v_row = 2 * p.v.stride[1];
-            let keys = p.seqlen_k - col0;
+            let keys = keys_end::<GATHER>(&b, &rows) - col0;
             unsafe { sm.v.load_async(b.v() + col0 as u64 * v_row, v_row, keys, (D * 2) as u32, tid, threads) };
             cp_async_commit();
 
             // The accumulators start at the score offsets (see `scores`): -inf where the mask,
             // the band or the key bound hide a score, bias / scale elsewhere.
-            let check = !tile.full || b.vis.tile_needs_check(b.row0, b.rows_valid.min(BM as u32), col0, BN as u32);
-            let band = b.vis.at_tile(b.row0, col0).shifted(warp_row0 + g, 2 * t).rows_bits::<MT>(check);
+            // A gathered tile's fullness already covers the band and the key bound.
+            let check = !tile.full || (!GATHER && b.vis.tile_needs_check(b.row0, b.rows_valid.min(BM as u32), col0, BN as u32));
+            let band = if GATHER {
+                rows.rows_bits::<MT>(warp_row0 + g, col0 + 2 * t, check)
+            } else {
+                b.vis.at_tile(b.row0, col0).shifted(warp_row0 + g, 2 * t).rows_bits::<MT>(check)
+            };
             let warp = WarpScores::new::<NT>(sm.bias, sm.mask, (BN / 8) as u32, warp_row0, 0, lane);
             let mut s = [[[0f32; 4]; NT]; MT];
             warp.init::<E, MT, NT>(&mut s, &mods, &band, check, mods.mask && !tile.full);
@@ -187,11 +225,9 @@ pub unsafe fn forward<
             // V has landed; everyone is done with this K/bias/mask: fetch the next tile's.
             cp_async_wait_all();
             sync_threads();
-            let map = MapRows::<BM, BN>::new(&p.block_map, b.block_map(), b.m_block, &b.vis);
-            let (_, end) = b.key_tiles(map.end());
-            let next = next_tile::<MODS>(&mut cursor, tile.n + 1, lane, &map.until(end));
+            let next = next_tile::<BM, BN, MODS, GATHER>(&b, &rows, &mut cursor, tile.n + 1, lane);
             if let Some(next) = next {
-                unsafe { load_k_side::<D, BM, BN>(&b, &sm, mods, next, tid, threads) };
+                unsafe { load_k_side::<D, BM, BN>(&b, &sm, mods, next, keys_end::<GATHER>(&b, &rows), tid, threads) };
                 cp_async_commit();
             }
 

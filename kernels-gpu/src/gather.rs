@@ -87,8 +87,8 @@ pub unsafe fn key_compact(p: &KeyCompactParams) {
             before += n;
         }
     }
-    let out = plane as u64 * sk as u64;
-    let (pos, slot) = (p.pos as *mut i32, p.slot as *mut i32);
+    let out = plane as u64 * p.plane_stride as u64;
+    let (pos, slot, ranks) = (p.pos as *mut i32, p.slot as *mut i32, p.ranks as *mut i32);
     let first = k0 + tid * N;
     let bits = if first < sk { unsafe { strip_bits(p, base, first, sk) } } else { 0 };
     let (mine, _) = block_scan::<COMPACT_THREADS>(bits.count_ones(), tid, smem_base());
@@ -102,10 +102,13 @@ pub unsafe fn key_compact(p: &KeyCompactParams) {
                 unsafe { *pos.add((out + at as u64) as usize) = k as i32 };
                 at += 1;
             }
+            unsafe { *ranks.add((out + k as u64) as usize) = at as i32 };
         }
     }
+    // The last chunk also fills the plane's padding.
+    let end = if chunk + 1 == chunks { p.plane_stride } else { k0 + COMPACT_THREADS * N };
     let mut c = k0.max(total) + tid;
-    while c < sk.min(k0 + COMPACT_THREADS * N) {
+    while c < end {
         unsafe { *pos.add((out + c as u64) as usize) = -1 };
         c += COMPACT_THREADS;
     }
@@ -161,6 +164,9 @@ fn for_each_piece(dims: [u32; 4], units: u32, mut f: impl FnMut(u32, u32, u32, u
 pub unsafe fn gather_rows(p: &GatherParams) {
     for_each_piece(p.dims, p.row_bytes / p.unit, |x, y, q, c, u| {
         let key = unsafe { list_entry(&p.lists, x, y, c) };
+        if key < 0 && p.skip_missing != 0 {
+            return;
+        }
         let dst = at(p.dst, &p.dst_stride, x, y, q, c) + (u * p.unit) as u64;
         let src = at(p.src, &p.src_stride, x, div(y, p.src_head_div), q, key.max(0) as u32) + (u * p.unit) as u64;
         unsafe {

@@ -143,21 +143,23 @@ const fn variants(head_dim: u32) -> FwdVariants {
 }
 
 /// Forward entry points per (element type, head dim): `dmattn_fwd_<elem>_d<dim>_mods` (all
-/// score modifiers) and, where the tile table ships one, the lean `dmattn_fwd_<elem>_d<dim>` (no
-/// mask, bias or softcap): the names `dmattn_abi::names` gives the host.
+/// score modifiers), its gather variant `.._mods_gather` (`names::GATHER_SUFFIX`) and, where the
+/// tile table ships one, the lean `dmattn_fwd_<elem>_d<dim>` (no mask, bias or softcap): the
+/// names `dmattn_abi::names` gives the host.
 macro_rules! fwd_kernels {
-    ($($elem:ty, $d:literal: $mods:ident $(, $plain:ident)?;)*) => {$(
-        fwd_kernels!(@one $mods, $elem, $d, variants($d).mods, true);
-        $(fwd_kernels!(@one $plain, $elem, $d, match variants($d).plain { Some(t) => t, None => panic!() }, false);)?
+    ($($elem:ty, $d:literal: $mods:ident, $gather:ident $(, $plain:ident)?;)*) => {$(
+        fwd_kernels!(@one $mods, $elem, $d, variants($d).mods, true, false);
+        fwd_kernels!(@one $gather, $elem, $d, variants($d).mods, true, true);
+        $(fwd_kernels!(@one $plain, $elem, $d, match variants($d).plain { Some(t) => t, None => panic!() }, false, false);)?
     )*};
-    (@one $name:ident, $elem:ty, $d:literal, $tile:expr, $with_mods:literal) => {
+    (@one $name:ident, $elem:ty, $d:literal, $tile:expr, $with_mods:literal, $gather:literal) => {
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: FwdParams) {
             const T: FwdTile = $tile;
             unsafe {
                 fwd::forward::<$elem, $d, { T.block_m as usize }, { T.block_n as usize },
                     { T.threads() as usize }, { T.m_tiles_per_warp() as usize },
-                    { T.block_n as usize / 8 }, { $d / 16 }, { $d / 8 }, $with_mods>(&p)
+                    { T.block_n as usize / 8 }, { $d / 16 }, { $d / 8 }, $with_mods, $gather>(&p)
             }
         }
     };
@@ -167,18 +169,18 @@ macro_rules! fwd_kernels {
 // panics at compile time).
 #[cfg(not(target_feature = "sm_90a"))]
 fwd_kernels! {
-    Bf16, 32: dmattn_fwd_bf16_d32_mods, dmattn_fwd_bf16_d32;
-    Bf16, 64: dmattn_fwd_bf16_d64_mods, dmattn_fwd_bf16_d64;
-    Bf16, 96: dmattn_fwd_bf16_d96_mods, dmattn_fwd_bf16_d96;
-    Bf16, 128: dmattn_fwd_bf16_d128_mods, dmattn_fwd_bf16_d128;
-    Bf16, 192: dmattn_fwd_bf16_d192_mods, dmattn_fwd_bf16_d192;
-    Bf16, 256: dmattn_fwd_bf16_d256_mods, dmattn_fwd_bf16_d256;
-    F16, 32: dmattn_fwd_f16_d32_mods, dmattn_fwd_f16_d32;
-    F16, 64: dmattn_fwd_f16_d64_mods, dmattn_fwd_f16_d64;
-    F16, 96: dmattn_fwd_f16_d96_mods, dmattn_fwd_f16_d96;
-    F16, 128: dmattn_fwd_f16_d128_mods, dmattn_fwd_f16_d128;
-    F16, 192: dmattn_fwd_f16_d192_mods, dmattn_fwd_f16_d192;
-    F16, 256: dmattn_fwd_f16_d256_mods, dmattn_fwd_f16_d256;
+    Bf16, 32: dmattn_fwd_bf16_d32_mods, dmattn_fwd_bf16_d32_mods_gather, dmattn_fwd_bf16_d32;
+    Bf16, 64: dmattn_fwd_bf16_d64_mods, dmattn_fwd_bf16_d64_mods_gather, dmattn_fwd_bf16_d64;
+    Bf16, 96: dmattn_fwd_bf16_d96_mods, dmattn_fwd_bf16_d96_mods_gather, dmattn_fwd_bf16_d96;
+    Bf16, 128: dmattn_fwd_bf16_d128_mods, dmattn_fwd_bf16_d128_mods_gather, dmattn_fwd_bf16_d128;
+    Bf16, 192: dmattn_fwd_bf16_d192_mods, dmattn_fwd_bf16_d192_mods_gather, dmattn_fwd_bf16_d192;
+    Bf16, 256: dmattn_fwd_bf16_d256_mods, dmattn_fwd_bf16_d256_mods_gather, dmattn_fwd_bf16_d256;
+    F16, 32: dmattn_fwd_f16_d32_mods, dmattn_fwd_f16_d32_mods_gather, dmattn_fwd_f16_d32;
+    F16, 64: dmattn_fwd_f16_d64_mods, dmattn_fwd_f16_d64_mods_gather, dmattn_fwd_f16_d64;
+    F16, 96: dmattn_fwd_f16_d96_mods, dmattn_fwd_f16_d96_mods_gather, dmattn_fwd_f16_d96;
+    F16, 128: dmattn_fwd_f16_d128_mods, dmattn_fwd_f16_d128_mods_gather, dmattn_fwd_f16_d128;
+    F16, 192: dmattn_fwd_f16_d192_mods, dmattn_fwd_f16_d192_mods_gather, dmattn_fwd_f16_d192;
+    F16, 256: dmattn_fwd_f16_d256_mods, dmattn_fwd_f16_d256_mods_gather, dmattn_fwd_f16_d256;
 }
 
 /// Backward entry points per (element type, head dim): `dmattn_bwd_<elem>_d<dim>[_mods][_det]`

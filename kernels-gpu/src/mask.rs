@@ -1,7 +1,7 @@
 //! The one piece of mask logic: which key tiles a query tile visits, which of those need
 //! element-wise masking, and whether one score is visible. Forward, backward and the tile-skip
 //! decision all read it.
-use crate::arch::{ballot, cp_async_8, ld_global_nc_u8};
+use crate::arch::{ballot, cp_async_8, ld_global_nc_u8, ld_shared_u32, st_shared_v2};
 use dmattn_abi::{BLOCK_MAP_K, BLOCK_MAP_Q, Band, FwdParams, View4, block_class};
 
 /// The parametric rule and sequence bounds of one (batch, head), [`Band`]'s: key `j` is visible
@@ -264,6 +264,92 @@ impl TileBounds {
             return below_hi;
         }
         below_hi & !(keys_below(self.lo.saturating_add(t)) & !keys_below(self.sinks))
+    }
+}
+
+/// Gather attention's visibility (`FwdParams::key_ranks`): the keys are a plane's kept keys,
+/// ascending in their original positions, so the band shows each query row one run
+/// `[lo, hi)` of them, whose ends are the ranks of the band's ends. A CTA stores its rows' runs
+/// once (shared memory, a u32 pair per row); the tile range, the full-tile test and the per-score
+/// bits all read them. The runs' ends never decrease along the rows.
+#[derive(Clone, Copy)]
+pub struct GatheredRows {
+    at: u32,
+    /// Rows of the tile inside the sequence (at least 1).
+    rows: u32,
+}
+
+impl GatheredRows {
+    /// The runs stored at shared address `at` for a tile with `rows_valid` rows in the sequence.
+    #[inline(always)]
+    pub fn new(at: u32, rows_valid: u32, block_m: u32) -> Self {
+        Self { at, rows: rows_valid.clamp(1, block_m) }
+    }
+
+    /// Stores the runs of rows `row0..row0 + block_m` (empty past the sequence) from the plane's
+    /// ranks at `ranks` (i32 per original key: kept keys at or before it). All `threads` threads
+    /// call this; a barrier must follow before any reads them.
+    #[inline(always)]
+    pub unsafe fn store(&self, vis: &Visibility, ranks: u64, row0: u32, block_m: u32, tid: u32, threads: u32) {
+        // Kept keys before original key `k`.
+        let below = |k: u32| if k == 0 { 0 } else { unsafe { *((ranks + 4 * (k - 1) as u64) as *const u32) } };
+        let mut r = tid;
+        while r < block_m {
+            let run = if r < self.rows && row0 + r < vis.seqlen_q {
+                let (lo, hi) = vis.row_keys(row0 + r);
+                [below(lo), below(hi)]
+            } else {
+                [0, 0]
+            };
+            unsafe { st_shared_v2(self.at + 8 * r, run) };
+            r += threads;
+        }
+    }
+
+    #[inline(always)]
+    fn lo(&self, r: u32) -> u32 {
+        unsafe { ld_shared_u32(self.at + 8 * r) }
+    }
+
+    #[inline(always)]
+    fn hi(&self, r: u32) -> u32 {
+        unsafe { ld_shared_u32(self.at + 8 * r + 4) }
+    }
+
+    /// Gathered keys `..end` any row sees (keys past it are never read).
+    #[inline(always)]
+    pub fn keys_end(&self) -> u32 {
+        self.hi(self.rows - 1)
+    }
+
+    /// The key tiles of `block_n` keys holding any row's run: `begin..end`.
+    #[inline(always)]
+    pub fn key_tiles(&self, block_n: u32) -> (u32, u32) {
+        let (lo, hi) = (self.lo(0), self.keys_end());
+        if hi <= lo { (0, 0) } else { (lo / block_n, hi.div_ceil(block_n)) }
+    }
+
+    /// Whether every row sees every key of the tile `[col0, col0 + block_n)`.
+    #[inline(always)]
+    pub fn tile_full(&self, col0: u32, block_n: u32) -> bool {
+        self.lo(self.rows - 1) <= col0 && self.hi(0) >= col0 + block_n
+    }
+
+    /// Visibility bits (in [`keys_below`]'s accumulator order) of a thread's rows `row + 16 mt`
+    /// and `row + 16 mt + 8` and its keys from `col`, all ones where `check` is off.
+    #[inline(always)]
+    pub fn rows_bits<const MT: usize>(&self, row: u32, col: u32, check: bool) -> [[u32; 2]; MT] {
+        let mut bits = [[!0u32; 2]; MT];
+        if check {
+            for (mt, b) in bits.iter_mut().enumerate() {
+                for (h, word) in b.iter_mut().enumerate() {
+                    let r = row + 16 * mt as u32 + 8 * h as u32;
+                    let (lo, hi) = (self.lo(r) as i32 - col as i32, self.hi(r) as i32 - col as i32);
+                    *word = keys_below(hi) & !keys_below(lo);
+                }
+            }
+        }
+        bits
     }
 }
 

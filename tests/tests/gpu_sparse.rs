@@ -277,7 +277,7 @@ fn gpu_memory_and_estimated_speedup() {
             let (g, c, want) = (on_gpu.estimated_speedup().unwrap(), on_cpu.estimated_speedup().unwrap(), spec.estimated_speedup(sq, sk));
             // The GPU runs a query-broadcast mask keeping few keys as gather attention, whose
             // estimate counts the gathered tiles.
-            let want_gpu = if on_gpu.gathered_keys().is_some() { spec.gathered_speedup(sq, sk) } else { want };
+            let want_gpu = if on_gpu.gathered_keys().unwrap().is_some() { spec.gathered_speedup(sq, sk) } else { want };
             assert!((g - want_gpu).abs() <= 1e-9 * want_gpu && c == want, "estimated_speedup of {spec:?} at {sq}x{sk}: GPU {g} (expected {want_gpu}), CPU {c}, expected {want}");
         }
     }

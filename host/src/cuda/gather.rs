@@ -1,13 +1,16 @@
 //! Gather attention: a mask that does not vary along the queries (`[.., .., 1, sk]`) keeps the same
-//! keys for every query of a plane, so the call runs as attention over those keys alone. At
-//! prepare time one launch compacts each plane's kept keys into an ascending list; each call then
-//! gathers K and V rows (and the bias's key columns) along the lists, writes the gathered
-//! problem's mask from the band on the original key positions (causal stays causal), runs the
-//! ordinary kernels on it, and the backward scatters dK, dV and dbias back (keys no query sees get
-//! zeros). Work and memory are O(queries x kept keys) instead of O(queries x keys).
+//! keys for every query of a plane, so the call runs as attention over those keys alone. Preparing
+//! the mask compacts each plane's kept keys into an ascending list, with each key's rank (kept keys
+//! at or before it), reading nothing back. Each forward gathers K and V rows (and the bias's key
+//! columns) along the lists and runs the forward's gather variant, which finds each query row's
+//! run of visible gathered keys from two ranks of the band's ends (causal stays causal on the
+//! original positions). The backward reads the lists' lengths back once, then runs the ordinary
+//! kernels over the gathered keys, whose mask is written from the band on the original positions,
+//! and scatters dK, dV and dbias back (keys no query sees get zeros). Work and memory are
+//! O(queries x kept keys) instead of O(queries x keys).
 use super::launch::{Launch, launch};
-use super::{BACKEND, device_elem};
-use crate::attention::{Forward, GradientBuffers, Gradients, Saved};
+use super::{BACKEND, FwdMask, device_elem};
+use crate::attention::{Forward, ForwardBuffers, GradientBuffers, Gradients, Saved};
 use crate::device::CudaDevice;
 use crate::dtype::DType::{Bool, U8};
 use crate::error::{Error, Result};
@@ -19,7 +22,7 @@ use dmattn_abi::{
     BLOCK_MAP_K, BLOCK_MAP_Q, Band, COMPACT_KEYS_PER_THREAD, COMPACT_THREADS, GATHER_THREADS, GatherMaskParams, GatherParams, IndicesParams, KeyCompactParams, KeyLists, ScatterParams, View4,
     names,
 };
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// Bytes of a gathered element (the CUDA kernels' f16 and bf16).
 const ELEM: u64 = 2;
@@ -29,26 +32,69 @@ pub(crate) struct KeyListsBuf {
     /// `[mb, mh]`.
     pub planes: [usize; 2],
     pub seqlen_k: usize,
-    /// Gathered keys per call: the longest list, rounded up to a 64-key block.
-    pub width: usize,
-    /// The longest list's kept keys (0: the mask hides every key).
-    pub longest: usize,
     /// i32 `[planes, sk]`: each plane's kept keys ascending, then -1.
     pos: DeviceBuffer,
     /// i32 `[planes, sk]`: each key's place in its plane's list, -1 where hidden.
     slot: DeviceBuffer,
+    /// i32 `[planes, sk]`: kept keys at or before each key.
+    ranks: DeviceBuffer,
+    /// u32 `[planes]`: the lists' lengths (then the compaction's chunk counts).
+    counts: DeviceBuffer,
+    /// The mask compacted, for the dense-tile form (see [`KeyListsBuf::dense_tiles`]).
+    mask: Tensor,
+    packed: bool,
+    seqlen_q: usize,
+    /// The longest list, read back on first use.
+    longest: OnceLock<usize>,
+    dense: OnceLock<super::PreparedMask>,
 }
 
 impl KeyListsBuf {
     pub fn memory_bytes(&self) -> usize {
-        self.pos.bytes() + self.slot.bytes()
+        self.pos.bytes() + self.slot.bytes() + self.ranks.bytes() + self.counts.bytes()
+    }
+
+    /// Elements between planes of the lists, slots and ranks (`KeyCompactParams::plane_stride`).
+    fn plane_stride(&self) -> usize {
+        stride_for(self.seqlen_k)
+    }
+
+    /// The longest list's kept keys (0: the mask hides every key). Read back from the device once
+    /// (waits for it).
+    pub fn longest(&self) -> Result<usize> {
+        if let Some(&n) = self.longest.get() {
+            return Ok(n);
+        }
+        let [mb, mh] = self.planes;
+        let host = self.counts.to_host(0, 4 * mb * mh)?;
+        let n = host.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")) as usize).max().unwrap_or(0);
+        Ok(*self.longest.get_or_init(|| n))
+    }
+
+    /// Gathered keys per plane in the backward: the longest list rounded up to a 64-key block,
+    /// where that is at most `GATHER_MAX_DENSITY` of the keys (else the backward runs on dense
+    /// tiles). Reads the lengths back once.
+    pub fn backward_width(&self) -> Result<Option<usize>> {
+        let width = self.longest()?.div_ceil(BLOCK_MAP_K as usize).max(1) * BLOCK_MAP_K as usize;
+        Ok((width as f64 <= GATHER_MAX_DENSITY * self.seqlen_k as f64).then_some(width))
+    }
+
+    /// The mask in the dense-tile form (block classes and packed bits), made on first use: the
+    /// backward of a mask keeping more than `GATHER_MAX_DENSITY` of the keys, or of a call on a
+    /// stream being captured into a CUDA graph (where nothing may be read back), runs on it.
+    pub fn dense_tiles(&self, dev: &CudaDevice) -> Result<super::PreparedMask> {
+        if let Some(m) = self.dense.get() {
+            return Ok(m.clone());
+        }
+        let m = super::prepare::pack_score_mask(dev, &self.mask, self.packed, self.seqlen_q, self.seqlen_k)?;
+        Ok(self.dense.get_or_init(|| m).clone())
     }
 
     /// `buf`'s lists as read by an operand whose `(batch, head)` plane is `(x, y)`, `y` counting
     /// `heads` heads of a problem with `dims`.
     fn lists(&self, buf: &DeviceBuffer, heads: usize, dims: &Dims) -> KeyLists {
         let [mb, mh] = self.planes;
-        let sk = self.seqlen_k as u64;
+        let sk = self.plane_stride() as u64;
         // The mask's heads are 1, kv_heads or heads; an operand with query heads reads a kv-head
         // mask's plane through the group.
         let head_div = source_head_div(dims, mh, heads);
@@ -62,10 +108,18 @@ impl KeyListsBuf {
     }
 }
 
-/// Keys a gathered call keeps at most, as a fraction of all keys: above it the dense-tile path
-/// (whose block classes skip key tiles without a kept key) is used. The gathered path's cost is
-/// its width in 64-key tiles plus the gathers, about one tile's work per query tile.
+/// Keys the gathered backward keeps at most, as a fraction of all keys: above it the dense-tile
+/// path (whose block classes skip key tiles without a kept key) is used. The gathered path's cost
+/// is its width in 64-key tiles plus the gathers, scatters and its mask, about one tile's work per
+/// query tile. The forward gathers at any density: its gather variant visits only the tiles of
+/// each query tile's run of kept keys.
 const GATHER_MAX_DENSITY: f64 = 0.5;
+
+/// Elements per plane of key lists over `sk` keys: whole 64-key blocks, so that a gathered problem
+/// of the longest list rounded up to a block reads only the plane's own entries.
+fn stride_for(sk: usize) -> usize {
+    sk.next_multiple_of(BLOCK_MAP_K as usize)
+}
 
 /// Whether the stream is being captured into a CUDA graph, where nothing may be read back.
 fn capturing(dev: &CudaDevice) -> Result<bool> {
@@ -73,14 +127,12 @@ fn capturing(dev: &CudaDevice) -> Result<bool> {
     Ok(dev.stream().capture_status()? != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
-/// Compacts a query-broadcast score mask (bool or bit-packed, `[mb, mh, 1, {1|sk}]`) into key
-/// lists, when the gathered path pays (`GATHER_MAX_DENSITY`). Reads the lists' lengths back (waits
-/// for the device): the width sizes every later launch. On a stream being captured into a CUDA
-/// graph it does nothing (the mask takes the dense-tile path): prepare the mask before capturing
-/// to run it gathered in the graph.
-pub(crate) fn compact(dev: &CudaDevice, mask: &Tensor, packed: bool, sk: usize) -> Result<Option<KeyListsBuf>> {
+/// Compacts a query-broadcast score mask (bool or bit-packed, `[mb, mh, 1, {1|sk}]`) for calls with
+/// `sq` queries into key lists and ranks, queued on the stream with nothing read back (so also
+/// inside a CUDA graph capture). `None` for a mask it does not take.
+pub(crate) fn compact(dev: &CudaDevice, mask: &Tensor, packed: bool, sq: usize, sk: usize) -> Result<Option<KeyListsBuf>> {
     let s = mask.shape();
-    if s.len() != 4 || s[2] != 1 || s[3] == 1 || mask.dtype() != if packed { U8 } else { Bool } || capturing(dev)? {
+    if s.len() != 4 || s[2] != 1 || s[3] == 1 || mask.dtype() != if packed { U8 } else { Bool } {
         return Ok(None);
     }
     if packed && mask.strides()[3] != 1 {
@@ -93,36 +145,47 @@ pub(crate) fn compact(dev: &CudaDevice, mask: &Tensor, packed: bool, sk: usize) 
         return Ok(None);
     }
     let stream = dev.stream();
-    let pos = DeviceBuffer::uninit(stream, 4 * planes * sk)?;
-    let slot = DeviceBuffer::uninit(stream, 4 * planes * sk)?;
+    let stride = stride_for(sk);
+    let pos = DeviceBuffer::uninit(stream, 4 * planes * stride)?;
+    let slot = DeviceBuffer::uninit(stream, 4 * planes * stride)?;
+    let ranks = DeviceBuffer::uninit(stream, 4 * planes * stride)?;
     let chunks = sk.div_ceil((COMPACT_THREADS * COMPACT_KEYS_PER_THREAD) as usize);
     let counts = DeviceBuffer::uninit(stream, 4 * planes * (1 + chunks))?;
     let params = KeyCompactParams {
         mask: super::broadcast_view(mask),
         pos: pos.ptr(),
         slot: slot.ptr(),
+        ranks: ranks.ptr(),
         counts: counts.ptr(),
         chunk_counts: counts.ptr() + 4 * planes as u64,
         dims: [mb as u32, mh as u32, sk as u32],
         packed: packed as u32,
+        plane_stride: stride as u32,
+        _pad: 0,
     };
     let grid = (chunks as u32, planes as u32, 1);
     launch(dev, &Launch::kernel(names::KEY_COUNT, grid, COMPACT_THREADS, 4 * 33), params)?;
     launch(dev, &Launch::kernel(names::KEY_COMPACT, grid, COMPACT_THREADS, 4 * 33), params)?;
-    let host = counts.to_host(0, 4 * planes)?;
-    let longest = host.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")) as usize).max().unwrap_or(0);
-    let width = longest.div_ceil(BLOCK_MAP_K as usize).max(1) * BLOCK_MAP_K as usize;
-    if width as f64 > GATHER_MAX_DENSITY * sk as f64 {
-        return Ok(None);
-    }
-    Ok(Some(KeyListsBuf { planes: [mb, mh], seqlen_k: sk, width, longest, pos, slot }))
+    Ok(Some(KeyListsBuf {
+        planes: [mb, mh],
+        seqlen_k: sk,
+        pos,
+        slot,
+        ranks,
+        counts,
+        mask: mask.clone(),
+        packed,
+        seqlen_q: sq,
+        longest: OnceLock::new(),
+        dense: OnceLock::new(),
+    }))
 }
 
 /// A call rewritten over gathered keys: the problem and operands the kernels run on, and what the
 /// backward needs to scatter its gradients back.
-pub(crate) struct GatheredCall {
-    pub problem: Problem,
-    pub saved: Saved,
+struct GatheredCall {
+    problem: Problem,
+    saved: Saved,
     lists: Arc<KeyListsBuf>,
     /// How the gathered problem's bias was made from the call's: `Some(true)` gathered along the
     /// key lists, `Some(false)` copied to every query head; `None`: it is the call's own (or none).
@@ -167,19 +230,28 @@ fn source_head_div(d: &Dims, src: usize, gathered: usize) -> u32 {
     if src == d.kv_heads && gathered == d.heads && src != gathered { d.kv_group() as u32 } else { 1 }
 }
 
-/// Rewrites a call whose prepared mask holds key lists into the gathered call.
-pub(crate) fn gathered(dev: &CudaDevice, p: &Problem, saved: &Saved, lists: &Arc<KeyListsBuf>) -> Result<GatheredCall> {
+/// K, V and the bias of a call gathered along `lists` into `rows` key rows per plane: rows past a
+/// list's end are zeros, or with `skip_missing` left unwritten. Returns (K, V, their kv heads, the
+/// bias, how the bias was made: see [`GatheredCall::bias_lists`]).
+#[allow(clippy::type_complexity)]
+fn gather_operands(
+    dev: &CudaDevice,
+    p: &Problem,
+    saved: &Saved,
+    lists: &KeyListsBuf,
+    rows: usize,
+    skip_missing: bool,
+) -> Result<(Tensor, Tensor, usize, Option<Tensor>, Option<bool>)> {
     let d = p.dims;
     // Element type and bias dtype first: the gathers copy 16-bit elements.
     super::check_operands(p, saved)?;
     let (k_view, v_view) = (super::qkv_view(&saved.k, "k")?, super::qkv_view(&saved.v, "v")?);
     let device = saved.q.device();
     let [mb, mh] = lists.planes;
-    let w = lists.width;
     // A mask per query head under GQA gives each query head its own keys: K and V are gathered per
     // query head, and the kernels see as many kv heads as heads.
     let kv_heads = gathered_heads(&d, d.kv_heads, mh);
-    let kv_dims = [d.batch, w, kv_heads, d.head_dim];
+    let kv_dims = [d.batch, rows, kv_heads, d.head_dim];
     let mut kv = Vec::with_capacity(2);
     for view in [k_view, v_view] {
         let out = Tensor::empty(&kv_dims, p.dtype, &device)?;
@@ -190,11 +262,11 @@ pub(crate) fn gathered(dev: &CudaDevice, p: &Problem, saved: &Saved, lists: &Arc
             src_stride: [s[0], s[2], 0, s[1]],
             dst: out.device_ptr().expect("CUDA tensor"),
             dst_stride: [dst[0], dst[2], 0, dst[1]],
-            dims: [d.batch as u32, kv_heads as u32, 1, w as u32],
+            dims: [d.batch as u32, kv_heads as u32, 1, rows as u32],
             row_bytes: (d.head_dim as u64 * ELEM) as u32,
             unit: 16,
             src_head_div: source_head_div(&d, d.kv_heads, kv_heads),
-            _pad: 0,
+            skip_missing: skip_missing as u32,
             lists: lists.lists(&lists.pos, kv_heads, &d),
         })?;
         kv.push(out);
@@ -210,7 +282,7 @@ pub(crate) fn gathered(dev: &CudaDevice, p: &Problem, saved: &Saved, lists: &Arc
             let [bb, bh, bq, bk] = <[usize; 4]>::try_from(b.shape()).expect("validated bias");
             let per_kv_head = bh == d.kv_heads && bh != 1 && bh != d.heads && kv_heads == d.heads;
             if bk > 1 || per_kv_head {
-                let (gb, gh, gk) = if bk > 1 { (if bb > 1 || mb > 1 { d.batch } else { 1 }, gathered_heads(&d, bh, mh), w) } else { (bb, d.heads, 1) };
+                let (gb, gh, gk) = if bk > 1 { (if bb > 1 || mb > 1 { d.batch } else { 1 }, gathered_heads(&d, bh, mh), rows) } else { (bb, d.heads, 1) };
                 let dims = [gb, gh, bq, gk];
                 let out = Tensor::empty(&dims, b.dtype(), &device)?;
                 let with_lists = if bk > 1 { Some(lists.lists(&lists.pos, gh, &d)) } else { None };
@@ -223,7 +295,7 @@ pub(crate) fn gathered(dev: &CudaDevice, p: &Problem, saved: &Saved, lists: &Arc
                     row_bytes: ELEM as u32,
                     unit: ELEM as u32,
                     src_head_div: source_head_div(&d, bh, gh),
-                    _pad: 0,
+                    skip_missing: skip_missing as u32,
                     lists: with_lists.unwrap_or_default(),
                 })?;
                 (Some(out), Some(bk > 1))
@@ -233,6 +305,52 @@ pub(crate) fn gathered(dev: &CudaDevice, p: &Problem, saved: &Saved, lists: &Arc
         }
         None => (None, None),
     };
+    Ok((k, v, kv_heads, bias, bias_lists))
+}
+
+/// Whether the forward's gather variant takes the band: it has no sinks (whose keys are a second
+/// run of a row's gathered keys).
+fn gather_variant_takes(band: &Band) -> bool {
+    band.left == Band::NONE || band.sinks == 0
+}
+
+/// A call whose prepared mask holds key lists, on the forward's gather variant: K, V and the bias
+/// gathered into rows as many as the call's keys (each plane's list fills its first rows; the rest
+/// are never read), so nothing about the lists is read back; the kernel finds each query tile's
+/// tiles and per-score bounds from the ranks. A band with sinks runs the ordinary kernels over the
+/// gathered problem instead (which reads the lists' lengths back).
+pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, lists: &Arc<KeyListsBuf>, into: ForwardBuffers) -> Result<Forward> {
+    if !gather_variant_takes(&p.band) {
+        let call = gathered(dev, &p, &saved, lists)?;
+        let inner = super::forward(dev, call.problem, call.saved, into)?;
+        return Ok(Forward { out: inner.out, lse: inner.lse, problem: p, saved });
+    }
+    let d = p.dims;
+    let elem = super::check_operands(&p, &saved)?;
+    let (k, v, kv_heads, bias, _) = gather_operands(dev, &p, &saved, lists, d.seqlen_k, true)?;
+    let problem = Problem { dims: Dims { kv_heads, ..d }, mask: None, bias: bias.as_ref().map(|b| b.shape().try_into().expect("4 dims")), ..p.clone() };
+    let inner = Saved { q: saved.q.clone(), k, v, mask: None, bias };
+    let plan = super::fwd_plan(dev.sms(), dev.l2_bytes(), &problem, elem, FwdMask::Gathered)?;
+    let (out, lse) = super::run_forward(dev, &plan, &problem, &inner, into, lists.lists(&lists.ranks, d.heads, &d))?;
+    Ok(Forward { out, lse, problem: p, saved })
+}
+
+/// The unfused forward (`materialized`) over the gathered problem.
+pub(crate) fn forward_materialized(dev: &CudaDevice, p: Problem, saved: Saved, lists: &Arc<KeyListsBuf>) -> Result<Forward> {
+    let call = gathered(dev, &p, &saved, lists)?;
+    let inner = super::materialized::forward(dev, call.problem, call.saved)?;
+    Ok(Forward { out: inner.out, lse: inner.lse, problem: p, saved })
+}
+
+/// Rewrites a call whose prepared mask holds key lists into the gathered call: the longest list's
+/// keys (rounded up to a 64-key block, read back once) per plane, zeros past each list, and the
+/// gathered problem's mask written from the band on the original key positions.
+fn gathered(dev: &CudaDevice, p: &Problem, saved: &Saved, lists: &Arc<KeyListsBuf>) -> Result<GatheredCall> {
+    let d = p.dims;
+    let w = lists.longest()?.div_ceil(BLOCK_MAP_K as usize).max(1) * BLOCK_MAP_K as usize;
+    let (k, v, kv_heads, bias, bias_lists) = gather_operands(dev, p, saved, lists, w, false)?;
+    let device = saved.q.device();
+    let [mb, mh] = lists.planes;
 
     // The gathered keys' mask: the band on their original positions, and the lists' ends.
     let (sq, k_blocks, q_blocks) = (d.seqlen_q, w / BLOCK_MAP_K as usize, d.seqlen_q.div_ceil(BLOCK_MAP_Q as usize));
@@ -242,7 +360,7 @@ pub(crate) fn gathered(dev: &CudaDevice, p: &Problem, saved: &Saved, lists: &Arc
     let buf = DeviceBuffer::uninit(dev.stream(), bits_bytes + planes * q_blocks * k_blocks + super::prepare::PAD)?;
     let params = GatherMaskParams {
         pos: lists.pos.ptr(),
-        pos_plane: lists.seqlen_k as u64,
+        pos_plane: lists.plane_stride() as u64,
         classes: buf.ptr() + bits_bytes as u64,
         bits: buf.ptr(),
         band: p.band,
@@ -262,24 +380,10 @@ pub(crate) fn gathered(dev: &CudaDevice, p: &Problem, saved: &Saved, lists: &Arc
     let dims = Dims { seqlen_k: w, kv_heads, ..d };
     let problem = Problem { dims, mask: Some([mb, mh]), bias: bias.as_ref().map(|b| b.shape().try_into().expect("4 dims")), band: Band::ALL, ..p.clone() };
     let prepared = Prepared::on_device(MaskData::Cuda(mask), [mb, mh], sq, w, device);
-    let saved = Saved { q: saved.q.clone(), k, v, mask: Some(prepared), bias, gathered: None };
+    let saved = Saved { q: saved.q.clone(), k, v, mask: Some(prepared), bias };
     Ok(GatheredCall { problem, saved, lists: lists.clone(), bias_lists })
 }
 
-/// Runs `fwd` on the gathered form of a call, returning the call's own forward (which keeps the
-/// gathered one for the backward).
-pub(crate) fn forward(
-    dev: &CudaDevice,
-    p: Problem,
-    saved: Saved,
-    lists: &Arc<KeyListsBuf>,
-    fwd: impl FnOnce(Problem, Saved) -> Result<Forward>,
-) -> Result<Forward> {
-    let call = gathered(dev, &p, &saved, lists)?;
-    let inner = fwd(call.problem.clone(), call.saved.clone())?;
-    let saved = Saved { gathered: Some(Arc::new(call)), ..saved };
-    Ok(Forward { out: inner.out, lse: inner.lse, problem: p, saved })
-}
 
 /// Query chunks the gathered backward runs as batch entries of their own. Its kernels parallelise
 /// over key tiles, and a gathered problem has few (16 for 1024 keys): each chunk gets its own CTAs
@@ -333,7 +437,7 @@ fn fold(dev: &CudaDevice, call: &GatheredCall, out: &Tensor, lse: &Tensor, chunk
         row_bytes: 4,
         unit: 2,
         src_head_div: 1,
-        _pad: 0,
+        skip_missing: 0,
         lists: KeyLists::default(),
     })?;
     let Some(MaskData::Cuda(m)) = saved.mask.as_ref().and_then(|m| m.data.as_ref()) else { unreachable!("a gathered call has a GPU mask") };
@@ -349,7 +453,6 @@ fn fold(dev: &CudaDevice, call: &GatheredCall, out: &Tensor, lse: &Tensor, chunk
         v: broadcast(&saved.v)?,
         mask: Some(mask),
         bias: saved.bias.clone(),
-        gathered: None,
     };
     Ok(Forward { out: fold_rows(out, chunks)?, lse: lse_f, problem, saved })
 }
@@ -357,8 +460,16 @@ fn fold(dev: &CudaDevice, call: &GatheredCall, out: &Tensor, lse: &Tensor, chunk
 /// The backward of a gathered forward: the kernels' backward on the gathered call (in query
 /// chunks, see [`query_chunks`]), then dK, dV and (for a gathered bias) dbias scattered to the keys
 /// of the call, summed over chunks and query heads in a fixed order.
-pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, call: &GatheredCall, dout: &Tensor, into: GradientBuffers) -> Result<Gradients> {
+pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, lists: &Arc<KeyListsBuf>, dout: &Tensor, into: GradientBuffers) -> Result<Gradients> {
     let (p, saved) = (&fwd.problem, &fwd.saved);
+    // Too dense to pay, or nothing may be read back: the dense-tile backward on the same mask.
+    if capturing(dev)? || lists.backward_width()?.is_none() {
+        let tiles = lists.dense_tiles(dev)?;
+        let mask = saved.mask.as_ref().map(|m| m.with_data(MaskData::Cuda(tiles)));
+        let dense = Forward { out: fwd.out.clone(), lse: fwd.lse.clone(), problem: p.clone(), saved: Saved { mask, ..saved.clone() } };
+        return super::backward(dev, &dense, dout, into);
+    }
+    let call = &gathered(dev, p, saved, lists)?;
     let d = p.dims;
     let elem = device_elem("q", p.dtype)?;
     let device = saved.q.device();
@@ -388,7 +499,7 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, call: &GatheredCall, dou
         let view = super::qkv_view(&dst, arg)?;
         let s = view.stride.map(|x| x * ELEM);
         // `[batch x chunks, width, kv_heads', d]`: a batch entry's chunks are its sources.
-        let src_s = contiguous_bytes([d.batch * chunks, lists.width, kv_heads, d.head_dim]);
+        let src_s = contiguous_bytes([d.batch * chunks, call.problem.dims.seqlen_k, kv_heads, d.head_dim]);
         run(ScatterParams {
             src: src.device_ptr().expect("CUDA tensor"),
             src_stride: [src_s[0], src_s[2], 0, src_s[1]],

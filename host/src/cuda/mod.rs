@@ -8,7 +8,6 @@ mod prepare;
 mod select;
 
 pub(crate) use prepare::{PreparedMask, prepare};
-pub(crate) use gather::GatheredCall;
 pub(crate) use select::select_keys;
 
 use crate::attention::{Forward, ForwardBuffers, GradientBuffers, Gradients, Saved};
@@ -22,8 +21,8 @@ use crate::memory::DeviceBuffer;
 use crate::sparse::MaskData;
 use std::sync::Arc;
 use dmattn_abi::{
-    BwdParams, BwdTile, BwdPreParams, CombineParams, ConvertParams, DeviceElem, ORDER_SMEM_BYTES, ORDER_WARPS, OrderParams, FwdParams, PRE_THREADS,
-    QueryRows, View4, bwd_tile, flags, fwd_variants, modifiers,
+    BwdParams, BwdTile, BwdPreParams, CombineParams, ConvertParams, DeviceElem, FwdParams, FwdTile, KeyLists, ORDER_SMEM_BYTES, ORDER_WARPS, OrderParams,
+    PRE_THREADS, QueryRows, View4, bwd_tile, flags, fwd_variants, modifiers,
 };
 use launch::{Launch, launch};
 
@@ -199,34 +198,79 @@ fn key_lists(saved: &Saved) -> Option<Arc<gather::KeyListsBuf>> {
     device_mask(saved)?.gather.clone()
 }
 
-pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, into: ForwardBuffers) -> Result<Forward> {
-    if let Some(lists) = key_lists(&saved) {
-        return gather::forward(dev, p, saved, &lists, |p, s| forward(dev, p, s, into));
-    }
+/// What the forward's grid reads besides its operands: nothing, a prepared mask (block classes,
+/// which a work order can sort by), or gathered keys' ranks (the gather variant).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FwdMask {
+    None,
+    Prepared,
+    Gathered,
+}
+
+/// How a forward runs, worked out from the problem and the GPU's size alone: the kernel, its
+/// tile and grid, the key splits, and whether a work order runs its CTAs.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct FwdPlan {
+    pub kernel: String,
+    pub tile: FwdTile,
+    pub grid: (u32, u32, u32),
+    /// Key splits (1: none) and key tiles per split (0: the gather variant shares the tiles its
+    /// rows see evenly, a count the host does not know).
+    pub splits: u32,
+    pub split_tiles: u32,
+    pub ordered: bool,
+}
+
+/// The forward's plan on a GPU of `sms` SMs and `l2_bytes` of L2.
+pub(crate) fn fwd_plan(sms: u32, l2_bytes: usize, p: &Problem, elem: DeviceElem, mask: FwdMask) -> Result<FwdPlan> {
     let d = p.dims;
-    let elem = check_operands(&p, &saved)?;
     let variants = fwd_variants(d.head_dim as u32).ok_or_else(|| unsupported_head_dim(d.head_dim))?;
-    // Split-KV runs in the modifier variant only (see `key_splits`).
-    let (splits, split_tiles) = key_splits(dev.sms(), &d, variants.mods.block_m, variants.mods.block_n);
-    // The forward's variants: lean, or every modifier.
-    let (tile, mods) = match (modifiers_of(&p) != modifiers::NONE || splits > 1, variants.plain) {
+    // Split-KV runs in the modifier variant only (see `key_splits`); a gathered call's keys are
+    // at most its call's.
+    let (splits, split_tiles) = key_splits(sms, &d, variants.mods.block_m, variants.mods.block_n);
+    let gathered = mask == FwdMask::Gathered;
+    // The forward's variants: lean, or every modifier (gathered or not).
+    let (tile, mods) = match (gathered || modifiers_of(p) != modifiers::NONE || splits > 1, variants.plain) {
         (false, Some(plain)) => (plain, false),
         _ => (variants.mods, true),
     };
     check_limits(&d, tile.block_m)?;
+    let mut kernel = kernel_name(dmattn_abi::names::FWD_PREFIX, elem, d.head_dim, if mods { modifiers::ALL } else { modifiers::NONE });
+    if gathered {
+        kernel += dmattn_abi::names::GATHER_SUFFIX;
+    }
+    let grid = (d.seqlen_q.div_ceil(tile.block_m as usize) as u32, d.heads as u32, d.batch as u32 * splits);
+    let ordered = splits == 1 && mask == FwdMask::Prepared && mods && order_pays(sms, l2_bytes, &d, grid);
+    Ok(FwdPlan { kernel, tile, grid, splits, split_tiles: if gathered { 0 } else { split_tiles }, ordered })
+}
+
+pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, into: ForwardBuffers) -> Result<Forward> {
+    if let Some(lists) = key_lists(&saved) {
+        return gather::forward(dev, p, saved, &lists, into);
+    }
+    let elem = check_operands(&p, &saved)?;
+    let mask = if device_mask(&saved).is_some() { FwdMask::Prepared } else { FwdMask::None };
+    let plan = fwd_plan(dev.sms(), dev.l2_bytes(), &p, elem, mask)?;
+    let (out, lse) = run_forward(dev, &plan, &p, &saved, into, KeyLists::default())?;
+    Ok(Forward { out, lse, problem: p, saved })
+}
+
+/// Runs a forward `plan` of problem `p` on `saved`'s operands (with `key_ranks` for the gather
+/// variant): the work order where planned, the kernel, and the combine pass of a split. Returns
+/// O and LSE.
+fn run_forward(dev: &CudaDevice, plan: &FwdPlan, p: &Problem, saved: &Saved, into: ForwardBuffers, key_ranks: KeyLists) -> Result<(Tensor, Tensor)> {
+    let d = p.dims;
+    let elem = check_operands(p, saved)?;
     let device = saved.q.device();
     let out = output(into.out, saved.q.shape(), p.dtype, &device)?;
-    let lse = output(into.lse, &lse_shape(&p), DType::F32, &device)?;
-    let prepared = device_mask(&saved).is_some();
-    let name = kernel_name(dmattn_abi::names::FWD_PREFIX, elem, d.head_dim, if mods { modifiers::ALL } else { modifiers::NONE });
-    let grid = (d.seqlen_q.div_ceil(tile.block_m as usize) as u32, d.heads as u32, d.batch as u32 * splits);
-    let launch_fwd = |params| launch(dev, &Launch::kernel(&name, grid, tile.threads(), tile.smem_bytes()), params);
-    if splits == 1 {
-        let mut params = fwd_params(&p, &saved, &out, &lse)?;
+    let lse = output(into.lse, &lse_shape(p), DType::F32, &device)?;
+    let launch_fwd = |params| launch(dev, &Launch::kernel(&plan.kernel, plan.grid, plan.tile.threads(), plan.tile.smem_bytes()), params);
+    if plan.splits == 1 {
+        let mut params = FwdParams { key_ranks, ..fwd_params(p, saved, &out, &lse)? };
         // Held until the launch is queued; the stream orders its release after the kernel.
-        let order = if prepared && mods && order_pays(dev, &d, grid) {
+        let order = if plan.ordered {
             let name = format!("{}{}", dmattn_abi::names::FWD_ORDER_PREFIX, d.head_dim);
-            Some(work_order(dev, &name, &params, grid, false)?)
+            Some(work_order(dev, &name, &params, plan.grid, false)?)
         } else {
             None
         };
@@ -237,10 +281,10 @@ pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, into: ForwardB
     } else {
         // Each split writes a normalised partial O and LSE; the combine pass merges them.
         let (b, sq, h, hd) = (d.batch, d.seqlen_q, d.heads, d.head_dim);
-        let o_part = Tensor::empty(&[splits as usize * b, sq, h, hd], p.dtype, &device)?;
-        let lse_part = Tensor::empty(&[splits as usize * b, h, sq], DType::F32, &device)?;
-        let mut params = fwd_params(&p, &saved, &o_part, &lse_part)?;
-        (params.splits, params.split_tiles) = (splits, split_tiles);
+        let o_part = Tensor::empty(&[plan.splits as usize * b, sq, h, hd], p.dtype, &device)?;
+        let lse_part = Tensor::empty(&[plan.splits as usize * b, h, sq], DType::F32, &device)?;
+        let mut params = FwdParams { key_ranks, ..fwd_params(p, saved, &o_part, &lse_part)? };
+        (params.splits, params.split_tiles) = (plan.splits, plan.split_tiles);
         (params.o_split_stride, params.lse_split_stride) = ((b * sq * h * hd) as u64, (b * h * sq) as u64);
         launch_fwd(params)?;
         let combine = CombineParams {
@@ -248,24 +292,24 @@ pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, into: ForwardB
             lse_part: lse_part.device_ptr().expect("CUDA tensor"),
             o: qkv_view(&out, "out")?,
             lse: lse.device_ptr().expect("CUDA tensor"),
-            splits,
+            splits: plan.splits,
             rows: query_rows(&d),
         };
         let blocks = row_blocks(&d);
         let name = format!("{}{}", dmattn_abi::names::COMBINE_PREFIX, elem.name());
         launch(dev, &Launch::kernel(&name, (blocks, 1, 1), PRE_THREADS, 0), combine)?;
     }
-    Ok(Forward { out, lse, problem: p, saved })
+    Ok((out, lse))
 }
 
 /// Whether running the forward's CTAs heaviest first pays: the order interleaves heads, so
 /// neighbouring CTAs no longer share one head's K and V in L2; it is kept to problems whose K
 /// and V all fit in L2 at once, and to grids of more than one CTA per SM (a single wave has no
 /// tail to balance). The kernels number CTAs in u32.
-fn order_pays(dev: &CudaDevice, d: &Dims, grid: (u32, u32, u32)) -> bool {
+fn order_pays(sms: u32, l2_bytes: usize, d: &Dims, grid: (u32, u32, u32)) -> bool {
     let ctas = grid.0 as u64 * grid.1 as u64 * grid.2 as u64;
     let kv_bytes = 2 * 2 * d.batch * d.kv_heads * d.seqlen_k * d.head_dim;
-    ctas > dev.sms() as u64 && ctas <= u32::MAX as u64 && kv_bytes <= dev.l2_bytes()
+    ctas > sms as u64 && ctas <= u32::MAX as u64 && kv_bytes <= l2_bytes
 }
 
 /// Whether the backward's placement (a work order, kv heads first) pays: both give up the grid
@@ -345,14 +389,14 @@ fn bwd_kernel_name(tile: &BwdTile, elem: DeviceElem, head_dim: usize, modifiers:
 /// The unfused forward (`materialized`), over gathered keys where the mask says so.
 pub(crate) fn forward_materialized(dev: &CudaDevice, p: Problem, saved: Saved) -> Result<Forward> {
     match key_lists(&saved) {
-        Some(lists) => gather::forward(dev, p, saved, &lists, |p, s| materialized::forward(dev, p, s)),
+        Some(lists) => gather::forward_materialized(dev, p, saved, &lists),
         None => materialized::forward(dev, p, saved),
     }
 }
 
 pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, into: GradientBuffers) -> Result<Gradients> {
-    if let Some(call) = &fwd.saved.gathered {
-        return gather::backward(dev, fwd, call, dout, into);
+    if let Some(lists) = key_lists(&fwd.saved) {
+        return gather::backward(dev, fwd, &lists, dout, into);
     }
     let (p, saved) = (&fwd.problem, &fwd.saved);
     let deterministic = p.deterministic;
@@ -477,6 +521,48 @@ mod tests {
         assert_eq!(key_splits(132, &dims(1, 2, 32768, 1024), 128, 128).0, 1);
         let (splits, tiles) = key_splits(132, &dims(1, 2, 2048, 8192), 128, 128);
         assert!(splits > 1 && splits * tiles >= 64, "{splits} x {tiles}");
+    }
+
+    fn problem(d: Dims, band: dmattn_abi::Band, bias: bool) -> Problem {
+        let bias = bias.then_some([1, 1, 1, d.seqlen_k]);
+        Problem { dims: d, dtype: DType::BF16, mask: None, bias, band, scale: 0.125, softcap: 0.0, deterministic: false }
+    }
+
+    /// The forward's plan: the lean kernel without modifiers, the modifier kernel with any, its
+    /// gather variant for gathered keys (tiles shared evenly among splits, never a work order),
+    /// and a work order only for a prepared mask's grids of more than a wave.
+    #[test]
+    fn forward_plans() {
+        let causal = dmattn_abi::Band::CAUSAL;
+        let plan = |d, bias, mask| fwd_plan(132, 50 << 20, &problem(d, causal, bias), DeviceElem::Bf16, mask).unwrap();
+        let lean = plan(dims(2, 8, 4096, 4096), false, FwdMask::None);
+        assert_eq!((lean.kernel.as_str(), lean.splits, lean.ordered), ("dmattn_fwd_bf16_d64", 1, false));
+        let biased = plan(dims(2, 8, 4096, 4096), true, FwdMask::None);
+        assert_eq!(biased.kernel, "dmattn_fwd_bf16_d64_mods");
+        assert!(plan(dims(2, 8, 4096, 4096), true, FwdMask::Prepared).ordered);
+        let gathered = plan(dims(1, 2, 16384, 16384), true, FwdMask::Gathered);
+        assert_eq!((gathered.kernel.as_str(), gathered.split_tiles, gathered.ordered), ("dmattn_fwd_bf16_d64_mods_gather", 0, false));
+        // Decoding over gathered keys splits as the call's keys would, sharing its tiles evenly.
+        let decode = plan(dims(1, 2, 1, 1 << 19), true, FwdMask::Gathered);
+        assert_eq!((decode.splits, decode.split_tiles, decode.grid.2), (128, 0, 128));
+        assert_eq!(plan(dims(1, 2, 1, 1 << 19), true, FwdMask::Prepared).split_tiles, 32);
+    }
+
+    /// Every forward kernel a plan can name is in the portable module.
+    #[test]
+    fn every_forward_plan_names_a_shipped_kernel() {
+        let shipped = crate::device::shipped_kernels(false);
+        for head_dim in [32, 64, 96, 128, 192, 256] {
+            for elem in [DeviceElem::Bf16, DeviceElem::F16] {
+                for (bias, mask) in [(false, FwdMask::None), (true, FwdMask::None), (false, FwdMask::Prepared), (true, FwdMask::Gathered), (false, FwdMask::Gathered)] {
+                    for sq in [1, 4096] {
+                        let d = Dims { head_dim, ..dims(1, 4, sq, 8192) };
+                        let plan = fwd_plan(132, 50 << 20, &problem(d, dmattn_abi::Band::ALL, bias), elem, mask).unwrap();
+                        assert!(shipped.contains(&plan.kernel), "{} is not in the portable module", plan.kernel);
+                    }
+                }
+            }
+        }
     }
 
     /// Every backward kernel the host can ask for is in the module it loads it from: each head

@@ -26,8 +26,8 @@ pub(crate) struct PreparedMask {
     pub planes: [usize; 2],
     /// It has block parts: its block classes may hide blocks its bits show.
     pub blocks: bool,
-    /// A query-broadcast score mask sparse enough to run as gather attention: its key lists
-    /// (`classes` and `bits` are then absent; each call writes its gathered problem's own).
+    /// A query-broadcast score mask alone, run as gather attention: its key lists (`classes` and
+    /// `bits` are then absent; see `gather`).
     pub gather: Option<Arc<KeyListsBuf>>,
     bytes: usize,
     /// The buffers the views point into.
@@ -124,6 +124,13 @@ fn pack(dev: &CudaDevice, t: &Tensor, packed: bool, sq: usize, sk: usize, bufs: 
     Ok((classes, bits, [mb, mh]))
 }
 
+/// A score mask alone in the dense-tile form (block classes and packed bits).
+pub(crate) fn pack_score_mask(dev: &CudaDevice, t: &Tensor, packed: bool, sq: usize, sk: usize) -> Result<PreparedMask> {
+    let mut bufs = Vec::new();
+    let (classes, bits, planes) = pack(dev, t, packed, sq, sk, &mut bufs)?;
+    Ok(PreparedMask::new(classes, bits, planes, bufs))
+}
+
 /// A block part as kept flags per cell: (cells, cell grid, cell size, block size, planes). Buffers
 /// made for it go to `temps`, freed (in stream order) once the classes are built.
 fn cells(dev: &CudaDevice, part: &Part, sq: usize, sk: usize, temps: &mut Vec<DeviceBuffer>) -> Result<(View4, [usize; 2], usize, usize, [usize; 2])> {
@@ -170,12 +177,12 @@ pub(crate) fn prepare(dev: &CudaDevice, parts: &[Part], sq: usize, sk: usize) ->
     if scores.len() > 1 {
         return Err(Error::Unsupported { what: "more than one score mask (dense or packed bits) in one sparse mask".into(), backend: BACKEND });
     }
-    // A query-broadcast score mask alone: gather attention where sparse enough.
+    // A query-broadcast score mask alone: gather attention.
     if let ([part], [Part::Dense(t) | Part::Packed(t)]) = (parts, scores.as_slice()) {
         let packed = matches!(part, Part::Packed(_));
         // Checked here: the compaction declines what it cannot take, with no error of its own.
         score_shape(t, packed, sq, sk)?;
-        if let Some(lists) = super::gather::compact(dev, t, packed, sk)? {
+        if let Some(lists) = super::gather::compact(dev, t, packed, sq, sk)? {
             let planes = lists.planes;
             let gather = Some(Arc::new(lists));
             return Ok(PreparedMask { classes: View4::ABSENT, bits: View4::ABSENT, planes, blocks: false, gather, bytes: 0, _bufs: Arc::new(Vec::new()) });
