@@ -105,13 +105,15 @@ pub struct FwdParams {
     /// The work order (modifier variant, no splits): CTA `i` (linear block index, x fastest)
     /// runs the grid position in `order[i]`, a u64 [`packed_position`]; 0: grid order.
     pub order: u64,
-    /// Gather attention (the `_gather` variants, [`names::GATHER_SUFFIX`]): `k`, `v` and the bias
-    /// hold each plane's kept keys in ascending order of their original positions, and
-    /// `key_ranks` (i32 `[planes, seqlen_k]`, [`KeyCompactParams::ranks`], read through the
-    /// mask's plane of a (batch, head)) counts the kept keys at or before each original key. The
-    /// band and `seqlen_k` are the original problem's: a query sees the kept keys the band shows
-    /// it, a contiguous run of the list whose ends are two ranks. The band has no sinks.
+    /// Gather attention (the `_gather` variants, [`names::GATHER_SUFFIX`]): each plane's kept
+    /// keys in ascending order (`key_pos`, [`KeyCompactParams::pos`]), the kept keys at or before
+    /// each original key (`key_ranks`, [`KeyCompactParams::ranks`]), both read through the
+    /// mask's plane of a (batch, head) with `key_ranks`' strides. K and V rows are read at the
+    /// listed keys; the bias holds the plane's kept keys' columns in list order. The band and
+    /// `seqlen_k` are the original problem's: a query sees the kept keys the band shows it, a
+    /// contiguous run of the list whose ends are two ranks. The band has no sinks.
     pub key_ranks: KeyLists,
+    pub key_pos: u64,
 }
 
 /// Orders a masked grid heaviest first (`FwdParams::order`, which the backward's copy of the
@@ -740,10 +742,15 @@ impl FwdTile {
         self.block_m / (16 * self.warps)
     }
     /// Dynamic shared memory: Q, K, V tiles, the bias and packed-mask tiles of one key block,
-    /// the CTA's grid position, then the online softmax's running state.
+    /// the gather variant's key positions, the CTA's grid position, then the online softmax's
+    /// running state.
     pub const fn smem_bytes(&self) -> u32 {
         let qkv = (self.block_m + 2 * self.block_n) * self.head_dim * 2;
-        qkv + self.bias_tile_bytes() + self.mask_tile_bytes() + POSITION_BYTES + self.softmax_state_bytes()
+        qkv + self.bias_tile_bytes() + self.mask_tile_bytes() + self.key_pos_bytes() + POSITION_BYTES + self.softmax_state_bytes()
+    }
+    /// The gather variant's key positions of two key tiles (the current one's and the next's).
+    pub const fn key_pos_bytes(&self) -> u32 {
+        2 * self.block_n * 4
     }
     /// A running max and sum (f32) per thread per row it holds: two rows per 16-row MMA tile.
     pub const fn softmax_state_bytes(&self) -> u32 {

@@ -98,11 +98,23 @@ impl<'a> BlockInfo<'a> {
         }
     }
 
+    /// Byte offset of this (batch, head)'s plane in the gathered keys' ranks and positions.
+    #[inline(always)]
+    fn key_plane(&self) -> u64 {
+        let r = &self.p.key_ranks;
+        4 * (self.batch * r.batch + div(self.head, r.head_div) as u64 * r.head)
+    }
+
     /// Byte address of this (batch, head)'s key ranks (gather attention).
     #[inline(always)]
     pub fn key_ranks(&self) -> u64 {
-        let r = &self.p.key_ranks;
-        r.ptr + 4 * (self.batch * r.batch + div(self.head, r.head_div) as u64 * r.head)
+        self.p.key_ranks.ptr + self.key_plane()
+    }
+
+    /// Byte address of this (batch, head)'s kept keys' positions (gather attention).
+    #[inline(always)]
+    pub fn key_pos(&self) -> u64 {
+        self.p.key_pos + self.key_plane()
     }
 
     /// Byte address of key 0 of this head's kv head in k.

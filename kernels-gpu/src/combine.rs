@@ -7,32 +7,57 @@ use dmattn_abi::CombineParams;
 
 const LOG2E: f32 = core::f32::consts::LOG2_E;
 
-/// Each query row on a group of lanes (see [`for_each_row`]), rows in the partial O's `[b, sq, h]` order.
+/// Each query row on a group of lanes (see [`for_each_row`]), rows in the partial O's `[b, sq, h]`
+/// order. The row's lanes share the LSE pass (each a strided share of the splits, then shuffles),
+/// so that many splits (a decode over gathered keys may leave most of them empty) are not one
+/// chain of dependent loads; the O pass reads only the splits that saw a key.
 #[inline(always)]
 pub unsafe fn combine<E: Elem>(p: &CombineParams) {
     let r = &p.rows;
+    let lanes = r.lanes();
     let lse_part = p.lse_part as *const f32;
     let split_lse = r.count() as usize;
     let split_o = 2 * r.count() as u64 * r.head_dim as u64;
     for_each_row(r, |row, lane, live| {
-        if !live {
-            return;
-        }
         let (h, bi) = (row % r.heads, row / r.heads);
         let (i, b) = (bi % r.seqlen_q, bi / r.seqlen_q);
         let lse_at = ((b * r.heads + h) * r.seqlen_q + i) as usize;
-        let lse_of = |s: usize| unsafe { *lse_part.add(s * split_lse + lse_at) };
-        let max = (0..p.splits as usize).fold(f32::NEG_INFINITY, |m, s| m.max(lse_of(s)));
+        let lse_of = |s: u32| unsafe { *lse_part.add(s as usize * split_lse + lse_at) };
+        // This lane's share: running max and sum of 2^(lse - max), merged over the row's lanes.
+        let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);
+        let mut s = lane;
+        while live && s < p.splits {
+            let l = lse_of(s);
+            if l > max {
+                sum = sum * exp2((max - l) * LOG2E) + 1.0;
+                max = l;
+            } else if l != f32::NEG_INFINITY {
+                sum += exp2((l - max) * LOG2E);
+            }
+            s += lanes;
+        }
+        let mut step = 1;
+        while step < lanes {
+            let (m2, s2) = (shfl_xor(max, step), shfl_xor(sum, step));
+            let m = max.max(m2);
+            let scaled = |m0: f32, s0: f32| if m0 == f32::NEG_INFINITY { 0.0 } else { s0 * exp2((m0 - m) * LOG2E) };
+            (max, sum) = (m, scaled(max, sum) + scaled(m2, s2));
+            step *= 2;
+        }
+        if !live {
+            return;
+        }
         // A row no split saw anything of keeps O = 0 and LSE = -inf.
-        let base = if max == f32::NEG_INFINITY { 0.0 } else { max };
-        let weight = |s: usize| exp2((lse_of(s) - base) * LOG2E);
-        let sum: f32 = (0..p.splits as usize).map(weight).sum();
         let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
         if 8 * lane < r.head_dim {
             let mut acc = [0f32; 8];
             let part = p.o_part + 2 * row as u64 * r.head_dim as u64 + 16 * lane as u64;
-            for s in 0..p.splits as usize {
-                let w = weight(s) * inv;
+            for s in 0..p.splits {
+                let l = lse_of(s);
+                if l == f32::NEG_INFINITY {
+                    continue;
+                }
+                let w = exp2((l - max) * LOG2E) * inv;
                 let v = unsafe { ld_global_nc_v4(part + s as u64 * split_o) };
                 for j in 0..4 {
                     let (lo, hi) = E::unpack(v[j]);

@@ -24,6 +24,8 @@ struct Smem {
     v: SmemTile,
     bias: SmemTile,
     mask: u32,
+    /// The gather variant's key positions: two slots of `BN` u32, key tile `n` in slot `n % 2`.
+    key_pos: u32,
     /// This CTA's grid position (`block_info::position`).
     position: u32,
     softmax: u32,
@@ -37,15 +39,52 @@ impl Smem {
         let v = SmemTile::new(k.base + k.bytes(), bn, d * 2);
         let bias = SmemTile::new(v.base + v.bytes(), bm, bn * 2);
         let mask = bias.base + bias.bytes();
-        let position = mask + mask_tile_bytes(bm as u32, bn as u32);
-        Self { q, k, v, bias, mask, position, softmax: position + POSITION_BYTES }
+        let key_pos = mask + mask_tile_bytes(bm as u32, bn as u32);
+        let position = key_pos + 2 * 4 * bn as u32;
+        Self { q, k, v, bias, mask, key_pos, position, softmax: position + POSITION_BYTES }
+    }
+
+    /// Shared address of key tile `n`'s positions (gather variant).
+    #[inline(always)]
+    fn key_pos_of<const BN: usize>(&self, n: u32) -> u32 {
+        self.key_pos + (n % 2) * 4 * BN as u32
+    }
+}
+
+/// Gather variant: starts copying key tile `n`'s positions (the kept keys its rows hold; those at
+/// or past `keys_end` are never read) into its slot, in 16-byte pieces. The lists are padded to
+/// whole 64-key blocks, so a piece never crosses the end of a plane.
+#[inline(always)]
+unsafe fn load_key_pos<const BN: usize>(b: &BlockInfo, sm: &Smem, n: u32, keys_end: u32, tid: u32) {
+    if tid < BN as u32 / 4 {
+        let first = n * BN as u32 + 4 * tid;
+        let bytes = 4 * keys_end.saturating_sub(first).min(4);
+        // A zero-byte copy reads nothing, but its address must be valid: the tile's first key.
+        let src = b.key_pos() + 4 * (if bytes > 0 { first } else { n * BN as u32 }) as u64;
+        unsafe { cp_async_16(sm.key_pos_of::<BN>(n) + 16 * tid, src, bytes) };
+    }
+}
+
+/// Starts copying K or V rows of key tile `n` (`keys` of them valid) into `tile`: consecutive
+/// rows from `base` (`row` bytes apart), or in the gather variant the rows of the tile's keys
+/// (its positions' slot, landed).
+#[inline(always)]
+unsafe fn load_kv<const D: usize, const BN: usize, const GATHER: bool>(sm: &Smem, tile: SmemTile, base: u64, row: u64, n: u32, keys: u32, tid: u32, threads: u32) {
+    let col0 = n * BN as u32;
+    if GATHER {
+        let slot = sm.key_pos_of::<BN>(n);
+        // A row stride fits 32 bits (heads x head dim x 2 bytes): a 32 x 32-bit wide multiply.
+        let row = row as u32 as u64;
+        unsafe { tile.load_rows_async(|r| base + ld_shared_u32(slot + 4 * r) as u64 * row, keys, tid, threads) };
+    } else {
+        unsafe { tile.load_async(base + col0 as u64 * row, row, keys, (D * 2) as u32, tid, threads) };
     }
 }
 
 /// Starts the copies of key tile `tile`'s K and the bias and packed-mask tiles that go with it
 /// (no mask copy for a full tile), keys from `keys_end` on zero-filled. All threads call this.
 #[inline(always)]
-unsafe fn load_k_side<const D: usize, const BM: usize, const BN: usize>(
+unsafe fn load_k_side<const D: usize, const BM: usize, const BN: usize, const GATHER: bool>(
     b: &BlockInfo,
     sm: &Smem,
     mods: Mods,
@@ -57,8 +96,7 @@ unsafe fn load_k_side<const D: usize, const BM: usize, const BN: usize>(
     let p = b.p;
     let col0 = tile.n * BN as u32;
     let keys = keys_end - col0;
-    let k_row = 2 * p.k.stride[1];
-    unsafe { sm.k.load_async(b.k() + col0 as u64 * k_row, k_row, keys, (D * 2) as u32, tid, threads) };
+    unsafe { load_kv::<D, BN, GATHER>(sm, sm.k, b.k(), 2 * p.k.stride[1], tile.n, keys, tid, threads) };
     if mods.bias {
         let s = p.bias.stride;
         unsafe {
@@ -106,7 +144,7 @@ fn next_tile<const BM: usize, const BN: usize, const MODS: bool, const GATHER: b
 /// Keys past which K, V and bias rows are zero-filled, never read: the sequence's, or the
 /// gathered keys the rows see.
 #[inline(always)]
-fn keys_end<const GATHER: bool>(b: &BlockInfo, rows: &GatheredRows) -> u32 {
+fn key_bound<const GATHER: bool>(b: &BlockInfo, rows: &GatheredRows) -> u32 {
     if GATHER { rows.keys_end() } else { b.p.seqlen_k }
 }
 
@@ -161,9 +199,20 @@ pub unsafe fn forward<
         sync_threads();
     }
     if let Some(mut tile) = next_tile::<BM, BN, MODS, GATHER>(&b, &rows, &mut cursor, 0, tid % 32) {
+        let keys_end = key_bound::<GATHER>(&b, &rows);
+        if GATHER {
+            // The first tile's positions, before its rows can be copied.
+            unsafe { load_key_pos::<BN>(&b, &sm, tile.n, keys_end, tid) };
+            cp_async_commit();
+            cp_async_wait_all();
+            sync_threads();
+        }
         let q_row = 2 * p.q.stride[1];
         unsafe { sm.q.load_async(b.q(), q_row, b.rows_valid, (D * 2) as u32, tid, threads) };
-        unsafe { load_k_side::<D, BM, BN>(&b, &sm, mods, tile, keys_end::<GATHER>(&b, &rows), tid, threads) };
+        unsafe { load_k_side::<D, BM, BN, GATHER>(&b, &sm, mods, tile, keys_end, tid, threads) };
+        if GATHER && (tile.n + 1) * (BN as u32) < keys_end {
+            unsafe { load_key_pos::<BN>(&b, &sm, tile.n + 1, keys_end, tid) };
+        }
         cp_async_commit();
         loop {
             // Everything per-thread or per-CTA is rebuilt from opaque indices each iteration
@@ -181,9 +230,8 @@ pub unsafe fn forward<
             cp_async_wait_all();
             sync_threads();
             let col0 = tile.n * BN as u32;
-            let v_row = 2 * p.v.stride[1];
-            let keys = keys_end::<GATHER>(&b, &rows) - col0;
-            unsafe { sm.v.load_async(b.v() + col0 as u64 * v_row, v_row, keys, (D * 2) as u32, tid, threads) };
+            let keys_end = key_bound::<GATHER>(&b, &rows);
+            unsafe { load_kv::<D, BN, GATHER>(&sm, sm.v, b.v(), 2 * p.v.stride[1], tile.n, keys_end - col0, tid, threads) };
             cp_async_commit();
 
             // The accumulators start at the score offsets (see `scores`): -inf where the mask,
@@ -226,8 +274,18 @@ pub unsafe fn forward<
             cp_async_wait_all();
             sync_threads();
             let next = next_tile::<BM, BN, MODS, GATHER>(&b, &rows, &mut cursor, tile.n + 1, lane);
+            // The gather variant holds it across the softmax and PV as one word (the d64 tile is
+            // a register short otherwise; the other variants keep theirs as it is, for the same
+            // reason).
+            let next_word = if GATHER { next.map_or(u32::MAX, |t| t.n | (t.full as u32) << 31) } else { 0 };
             if let Some(next) = next {
-                unsafe { load_k_side::<D, BM, BN>(&b, &sm, mods, next, keys_end::<GATHER>(&b, &rows), tid, threads) };
+                // Reread, not held across the products above.
+                let keys_end = key_bound::<GATHER>(&b, &rows);
+                unsafe { load_k_side::<D, BM, BN, GATHER>(&b, &sm, mods, next, keys_end, tid, threads) };
+                // The tile after's positions, into this tile's slot (its V is already on its way).
+                if GATHER && (next.n + 1) * (BN as u32) < keys_end {
+                    unsafe { load_key_pos::<BN>(&b, &sm, next.n + 1, keys_end, tid) };
+                }
                 cp_async_commit();
             }
 
@@ -256,6 +314,7 @@ pub unsafe fn forward<
                     }
                 }
             }
+            let next = if GATHER { (next_word != u32::MAX).then(|| Tile { n: next_word & !(1 << 31), full: next_word >> 31 != 0 }) } else { next };
             match next {
                 Some(next) => tile = next,
                 None => break,

@@ -77,16 +77,21 @@ pub unsafe fn key_compact(p: &KeyCompactParams) {
     let chunks = grid_dim_x();
     let sk = p.dims[2];
     let (base, k0) = chunk_of(p, chunk, plane);
-    // This plane's earlier chunks' counts, and its total (at most a few dozen words).
+    // This plane's earlier chunks' counts and its total, each thread summing a strided share
+    // (hundreds of chunks at half a million keys).
     let counts = p.chunk_counts as *const u32;
     let (mut before, mut total) = (0u32, 0u32);
-    for c in 0..chunks {
+    let mut c = tid;
+    while c < chunks {
         let n = unsafe { *counts.add((plane * chunks + c) as usize) };
         total += n;
         if c < chunk {
             before += n;
         }
+        c += COMPACT_THREADS;
     }
+    let (_, before) = block_scan::<COMPACT_THREADS>(before, tid, smem_base());
+    let (_, total) = block_scan::<COMPACT_THREADS>(total, tid, smem_base());
     let out = plane as u64 * p.plane_stride as u64;
     let (pos, slot, ranks) = (p.pos as *mut i32, p.slot as *mut i32, p.ranks as *mut i32);
     let first = k0 + tid * N;
@@ -128,9 +133,18 @@ unsafe fn list_entry(l: &KeyLists, x: u32, y: u32, c: u32) -> i32 {
     unsafe { *(l.ptr as *const i32).add(at as usize) }
 }
 
-/// `i` as `(x, y, q, c, unit)` of `dims` with `units` pieces per row.
+/// `i` as `(x, y, q, c, unit)` of `dims` with `units` pieces per row: in 32-bit arithmetic where
+/// `i` fits (64-bit divisions are long instruction sequences, and a gather over a long key
+/// sequence runs millions of these).
 #[inline(always)]
 fn split(i: u64, dims: [u32; 4], units: u32) -> (u32, u32, u32, u32, u32) {
+    if i <= u32::MAX as u64 {
+        let i = i as u32;
+        let (u, r) = (i % units, i / units);
+        let (c, r) = (r % dims[3], r / dims[3]);
+        let (q, r) = (r % dims[2], r / dims[2]);
+        return (r / dims[1], r % dims[1], q, c, u);
+    }
     let u = (i % units as u64) as u32;
     let r = i / units as u64;
     let c = (r % dims[3] as u64) as u32;

@@ -151,6 +151,18 @@ impl SmemTile {
         }
     }
 
+    /// Starts an asynchronous copy of whole rows gathered from anywhere: row `r` from byte
+    /// address `row_src(r)` (16-byte aligned). Rows at or past `rows_valid` (at least 1) are
+    /// zero-filled and never read. All `threads` threads of the CTA call this.
+    #[inline(always)]
+    pub unsafe fn load_rows_async(&self, row_src: impl Fn(u32) -> u64, rows_valid: u32, tid: u32, threads: u32) {
+        self.for_each_chunk(tid, threads, |r, c, dst| {
+            // A zero-byte copy reads nothing, but its address must still be valid: use row 0's.
+            let ok = r < rows_valid;
+            unsafe { cp_async_16(dst, row_src(if ok { r } else { 0 }) + 16 * c as u64, if ok { 16 } else { 0 }) };
+        });
+    }
+
     /// Stores rows `0..rows_valid` of the tile to global memory, row `r` at `dst + r * row_stride`
     /// (16-byte aligned), 16 bytes per thread per step.
     #[inline(always)]

@@ -1,10 +1,10 @@
 //! Gather attention: a mask that does not vary along the queries (`[.., .., 1, sk]`) keeps the same
 //! keys for every query of a plane, so the call runs as attention over those keys alone. Preparing
 //! the mask compacts each plane's kept keys into an ascending list, with each key's rank (kept keys
-//! at or before it), reading nothing back. Each forward gathers K and V rows (and the bias's key
-//! columns) along the lists and runs the forward's gather variant, which finds each query row's
-//! run of visible gathered keys from two ranks of the band's ends (causal stays causal on the
-//! original positions). The backward reads the lists' lengths back once, then runs the ordinary
+//! at or before it), reading nothing back. Each forward gathers the bias's key columns along the
+//! lists and runs the forward's gather variant, which reads K and V rows at the listed keys and
+//! finds each query row's run of visible kept keys from two ranks of the band's ends (causal
+//! stays causal on the original positions). The backward reads the lists' lengths back once, then runs the ordinary
 //! kernels over the gathered keys, whose mask is written from the band on the original positions,
 //! and scatters dK, dV and dbias back (keys no query sees get zeros). Work and memory are
 //! O(queries x kept keys) instead of O(queries x keys).
@@ -230,31 +230,15 @@ fn source_head_div(d: &Dims, src: usize, gathered: usize) -> u32 {
     if src == d.kv_heads && gathered == d.heads && src != gathered { d.kv_group() as u32 } else { 1 }
 }
 
-/// K, V and the bias of a call gathered along `lists` into `rows` key rows per plane: rows past a
-/// list's end are zeros, or with `skip_missing` left unwritten. Returns (K, V, their kv heads, the
-/// bias, how the bias was made: see [`GatheredCall::bias_lists`]).
-#[allow(clippy::type_complexity)]
-fn gather_operands(
-    dev: &CudaDevice,
-    p: &Problem,
-    saved: &Saved,
-    lists: &KeyListsBuf,
-    rows: usize,
-    skip_missing: bool,
-) -> Result<(Tensor, Tensor, usize, Option<Tensor>, Option<bool>)> {
+/// K and V of a call gathered along `lists` into `rows` key rows per plane (zeros past a list's
+/// end) and `kv_heads` heads (see [`gathered_heads`]).
+fn gather_kv(dev: &CudaDevice, p: &Problem, saved: &Saved, lists: &KeyListsBuf, rows: usize, kv_heads: usize) -> Result<(Tensor, Tensor)> {
     let d = p.dims;
-    // Element type and bias dtype first: the gathers copy 16-bit elements.
-    super::check_operands(p, saved)?;
     let (k_view, v_view) = (super::qkv_view(&saved.k, "k")?, super::qkv_view(&saved.v, "v")?);
-    let device = saved.q.device();
-    let [mb, mh] = lists.planes;
-    // A mask per query head under GQA gives each query head its own keys: K and V are gathered per
-    // query head, and the kernels see as many kv heads as heads.
-    let kv_heads = gathered_heads(&d, d.kv_heads, mh);
     let kv_dims = [d.batch, rows, kv_heads, d.head_dim];
     let mut kv = Vec::with_capacity(2);
     for view in [k_view, v_view] {
-        let out = Tensor::empty(&kv_dims, p.dtype, &device)?;
+        let out = Tensor::empty(&kv_dims, p.dtype, &saved.q.device())?;
         let dst = contiguous_bytes(kv_dims);
         let s = view.stride.map(|x| x * ELEM);
         gather_launch(dev, GatherParams {
@@ -266,46 +250,47 @@ fn gather_operands(
             row_bytes: (d.head_dim as u64 * ELEM) as u32,
             unit: 16,
             src_head_div: source_head_div(&d, d.kv_heads, kv_heads),
-            skip_missing: skip_missing as u32,
+            skip_missing: 0,
             lists: lists.lists(&lists.pos, kv_heads, &d),
         })?;
         kv.push(out);
     }
-    let (k, v) = (kv.remove(0), kv.remove(0));
+    Ok((kv.remove(0), kv.remove(0)))
+}
 
-    // A bias with a key dimension is gathered along the same lists, at the finer of its own and
-    // the mask's batch and heads. A key-broadcast one is read as it is, unless K and V were
-    // gathered per query head and it has kv heads, which the gathered problem cannot broadcast:
-    // it is copied out to every query head.
-    let (bias, bias_lists) = match &saved.bias {
-        Some(b) => {
-            let [bb, bh, bq, bk] = <[usize; 4]>::try_from(b.shape()).expect("validated bias");
-            let per_kv_head = bh == d.kv_heads && bh != 1 && bh != d.heads && kv_heads == d.heads;
-            if bk > 1 || per_kv_head {
-                let (gb, gh, gk) = if bk > 1 { (if bb > 1 || mb > 1 { d.batch } else { 1 }, gathered_heads(&d, bh, mh), rows) } else { (bb, d.heads, 1) };
-                let dims = [gb, gh, bq, gk];
-                let out = Tensor::empty(&dims, b.dtype(), &device)?;
-                let with_lists = if bk > 1 { Some(lists.lists(&lists.pos, gh, &d)) } else { None };
-                gather_launch(dev, GatherParams {
-                    src: b.device_ptr().expect("CUDA tensor"),
-                    src_stride: byte_strides(b, [0, 1, 2, 3]),
-                    dst: out.device_ptr().expect("CUDA tensor"),
-                    dst_stride: contiguous_bytes(dims),
-                    dims: dims.map(|x| x as u32),
-                    row_bytes: ELEM as u32,
-                    unit: ELEM as u32,
-                    src_head_div: source_head_div(&d, bh, gh),
-                    skip_missing: skip_missing as u32,
-                    lists: with_lists.unwrap_or_default(),
-                })?;
-                (Some(out), Some(bk > 1))
-            } else {
-                (Some(b.clone()), None)
-            }
-        }
-        None => (None, None),
-    };
-    Ok((k, v, kv_heads, bias, bias_lists))
+/// The bias of a call over keys gathered along `lists` into `rows` per plane, for a problem with
+/// `kv_heads` heads of K and V: a bias with a key dimension is gathered along the lists, at the
+/// finer of its own and the mask's batch and heads (rows past a list's end zeros, or with
+/// `skip_missing` left unwritten). A key-broadcast one is read as it is, unless K and V were
+/// gathered per query head and it has kv heads, which the gathered problem cannot broadcast: it
+/// is copied out to every query head. Returns the bias and how it was made (see
+/// [`GatheredCall::bias_lists`]).
+fn gather_bias(dev: &CudaDevice, p: &Problem, saved: &Saved, lists: &KeyListsBuf, rows: usize, kv_heads: usize, skip_missing: bool) -> Result<(Option<Tensor>, Option<bool>)> {
+    let d = p.dims;
+    let [mb, mh] = lists.planes;
+    let Some(b) = &saved.bias else { return Ok((None, None)) };
+    let [bb, bh, bq, bk] = <[usize; 4]>::try_from(b.shape()).expect("validated bias");
+    let per_kv_head = bh == d.kv_heads && bh != 1 && bh != d.heads && kv_heads == d.heads;
+    if bk == 1 && !per_kv_head {
+        return Ok((Some(b.clone()), None));
+    }
+    let (gb, gh, gk) = if bk > 1 { (if bb > 1 || mb > 1 { d.batch } else { 1 }, gathered_heads(&d, bh, mh), rows) } else { (bb, d.heads, 1) };
+    let dims = [gb, gh, bq, gk];
+    let out = Tensor::empty(&dims, b.dtype(), &saved.q.device())?;
+    let with_lists = if bk > 1 { Some(lists.lists(&lists.pos, gh, &d)) } else { None };
+    gather_launch(dev, GatherParams {
+        src: b.device_ptr().expect("CUDA tensor"),
+        src_stride: byte_strides(b, [0, 1, 2, 3]),
+        dst: out.device_ptr().expect("CUDA tensor"),
+        dst_stride: contiguous_bytes(dims),
+        dims: dims.map(|x| x as u32),
+        row_bytes: ELEM as u32,
+        unit: ELEM as u32,
+        src_head_div: source_head_div(&d, bh, gh),
+        skip_missing: skip_missing as u32,
+        lists: with_lists.unwrap_or_default(),
+    })?;
+    Ok((Some(out), Some(bk > 1)))
 }
 
 /// Whether the forward's gather variant takes the band: it has no sinks (whose keys are a second
@@ -314,10 +299,10 @@ fn gather_variant_takes(band: &Band) -> bool {
     band.left == Band::NONE || band.sinks == 0
 }
 
-/// A call whose prepared mask holds key lists, on the forward's gather variant: K, V and the bias
-/// gathered into rows as many as the call's keys (each plane's list fills its first rows; the rest
-/// are never read), so nothing about the lists is read back; the kernel finds each query tile's
-/// tiles and per-score bounds from the ranks. A band with sinks runs the ordinary kernels over the
+/// A call whose prepared mask holds key lists, on the forward's gather variant: the kernel reads K
+/// and V rows at the listed keys and finds each query tile's tiles and per-score bounds from the
+/// ranks; a bias with a key dimension is gathered into columns as many as the call's keys (each
+/// plane's list fills its first ones; the rest are never read). Nothing is read back. A band with sinks runs the ordinary kernels over the
 /// gathered problem instead (which reads the lists' lengths back).
 pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, lists: &Arc<KeyListsBuf>, into: ForwardBuffers) -> Result<Forward> {
     if !gather_variant_takes(&p.band) {
@@ -326,12 +311,14 @@ pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, lists: &Arc<Ke
         return Ok(Forward { out: inner.out, lse: inner.lse, problem: p, saved });
     }
     let d = p.dims;
+    // Element type and bias dtype first: the bias gather copies 16-bit elements.
     let elem = super::check_operands(&p, &saved)?;
-    let (k, v, kv_heads, bias, _) = gather_operands(dev, &p, &saved, lists, d.seqlen_k, true)?;
-    let problem = Problem { dims: Dims { kv_heads, ..d }, mask: None, bias: bias.as_ref().map(|b| b.shape().try_into().expect("4 dims")), ..p.clone() };
-    let inner = Saved { q: saved.q.clone(), k, v, mask: None, bias };
+    let (bias, _) = gather_bias(dev, &p, &saved, lists, d.seqlen_k, d.kv_heads, true)?;
+    let problem = Problem { mask: None, bias: bias.as_ref().map(|b| b.shape().try_into().expect("4 dims")), ..p.clone() };
+    let inner = Saved { mask: None, bias, ..saved.clone() };
     let plan = super::fwd_plan(dev.sms(), dev.l2_bytes(), &problem, elem, FwdMask::Gathered)?;
-    let (out, lse) = super::run_forward(dev, &plan, &problem, &inner, into, lists.lists(&lists.ranks, d.heads, &d))?;
+    let keys = (lists.lists(&lists.ranks, d.heads, &d), lists.pos.ptr());
+    let (out, lse) = super::run_forward(dev, &plan, &problem, &inner, into, Some(keys))?;
     Ok(Forward { out, lse, problem: p, saved })
 }
 
@@ -348,7 +335,13 @@ pub(crate) fn forward_materialized(dev: &CudaDevice, p: Problem, saved: Saved, l
 fn gathered(dev: &CudaDevice, p: &Problem, saved: &Saved, lists: &Arc<KeyListsBuf>) -> Result<GatheredCall> {
     let d = p.dims;
     let w = lists.longest()?.div_ceil(BLOCK_MAP_K as usize).max(1) * BLOCK_MAP_K as usize;
-    let (k, v, kv_heads, bias, bias_lists) = gather_operands(dev, p, saved, lists, w, false)?;
+    // Element type and bias dtype first: the gathers copy 16-bit elements.
+    super::check_operands(p, saved)?;
+    // A mask per query head under GQA gives each query head its own keys: K and V are gathered per
+    // query head, and the kernels see as many kv heads as heads.
+    let kv_heads = gathered_heads(&d, d.kv_heads, lists.planes[1]);
+    let (k, v) = gather_kv(dev, p, saved, lists, w, kv_heads)?;
+    let (bias, bias_lists) = gather_bias(dev, p, saved, lists, w, kv_heads, false)?;
     let device = saved.q.device();
     let [mb, mh] = lists.planes;
 

@@ -251,14 +251,15 @@ pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, into: ForwardB
     let elem = check_operands(&p, &saved)?;
     let mask = if device_mask(&saved).is_some() { FwdMask::Prepared } else { FwdMask::None };
     let plan = fwd_plan(dev.sms(), dev.l2_bytes(), &p, elem, mask)?;
-    let (out, lse) = run_forward(dev, &plan, &p, &saved, into, KeyLists::default())?;
+    let (out, lse) = run_forward(dev, &plan, &p, &saved, into, None)?;
     Ok(Forward { out, lse, problem: p, saved })
 }
 
-/// Runs a forward `plan` of problem `p` on `saved`'s operands (with `key_ranks` for the gather
-/// variant): the work order where planned, the kernel, and the combine pass of a split. Returns
-/// O and LSE.
-fn run_forward(dev: &CudaDevice, plan: &FwdPlan, p: &Problem, saved: &Saved, into: ForwardBuffers, key_ranks: KeyLists) -> Result<(Tensor, Tensor)> {
+/// Runs a forward `plan` of problem `p` on `saved`'s operands (with the gathered keys' ranks and
+/// positions for the gather variant, `FwdParams::key_ranks`): the work order where planned, the
+/// kernel, and the combine pass of a split. Returns O and LSE.
+fn run_forward(dev: &CudaDevice, plan: &FwdPlan, p: &Problem, saved: &Saved, into: ForwardBuffers, gathered: Option<(KeyLists, u64)>) -> Result<(Tensor, Tensor)> {
+    let (key_ranks, key_pos) = gathered.unwrap_or_default();
     let d = p.dims;
     let elem = check_operands(p, saved)?;
     let device = saved.q.device();
@@ -266,7 +267,7 @@ fn run_forward(dev: &CudaDevice, plan: &FwdPlan, p: &Problem, saved: &Saved, int
     let lse = output(into.lse, &lse_shape(p), DType::F32, &device)?;
     let launch_fwd = |params| launch(dev, &Launch::kernel(&plan.kernel, plan.grid, plan.tile.threads(), plan.tile.smem_bytes()), params);
     if plan.splits == 1 {
-        let mut params = FwdParams { key_ranks, ..fwd_params(p, saved, &out, &lse)? };
+        let mut params = FwdParams { key_ranks, key_pos, ..fwd_params(p, saved, &out, &lse)? };
         // Held until the launch is queued; the stream orders its release after the kernel.
         let order = if plan.ordered {
             let name = format!("{}{}", dmattn_abi::names::FWD_ORDER_PREFIX, d.head_dim);
@@ -283,7 +284,7 @@ fn run_forward(dev: &CudaDevice, plan: &FwdPlan, p: &Problem, saved: &Saved, int
         let (b, sq, h, hd) = (d.batch, d.seqlen_q, d.heads, d.head_dim);
         let o_part = Tensor::empty(&[plan.splits as usize * b, sq, h, hd], p.dtype, &device)?;
         let lse_part = Tensor::empty(&[plan.splits as usize * b, h, sq], DType::F32, &device)?;
-        let mut params = FwdParams { key_ranks, ..fwd_params(p, saved, &o_part, &lse_part)? };
+        let mut params = FwdParams { key_ranks, key_pos, ..fwd_params(p, saved, &o_part, &lse_part)? };
         (params.splits, params.split_tiles) = (plan.splits, plan.split_tiles);
         (params.o_split_stride, params.lse_split_stride) = ((b * sq * h * hd) as u64, (b * h * sq) as u64);
         launch_fwd(params)?;
