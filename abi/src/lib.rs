@@ -22,6 +22,10 @@ impl View4 {
 pub mod flags {
     /// The bias rows can be copied with 16-byte `cp.async` (unit key stride, 16-byte aligned rows).
     pub const BIAS_VEC: u32 = 2;
+    /// (Modifier variants, no work order, grid y = heads.) CTAs take their (query tile, head)
+    /// heads fastest: every head's last query tile first, the heaviest under a causal band, with
+    /// no ordering pass (gather attention, whose tile counts no block map holds).
+    pub const HEADS_FIRST: u32 = 4;
 }
 
 /// The parametric part of a mask (zero storage): a band of keys around each query's diagonal key

@@ -7,7 +7,7 @@
 //! few integer multiply-adds per iteration.
 use crate::arch::{block_idx, div, grid_dim_x, ld_global_nc_u64, ld_shared_u32, opaque, st_shared_v2};
 use crate::mask::Visibility;
-use dmattn_abi::{FwdParams, packed_position, unpacked_position};
+use dmattn_abi::{FwdParams, flags, packed_position, unpacked_position};
 
 #[derive(Clone, Copy)]
 pub struct BlockInfo<'a> {
@@ -172,6 +172,9 @@ pub fn position<const MODS: bool>(p: &FwdParams, slot: u32) -> (u32, u32, u32) {
     let at = if p.order != 0 {
         let linear = bx + grid_dim_x() * (by + p.heads * bz);
         unsafe { ld_global_nc_u64(p.order + 8 * linear as u64) }
+    } else if p.flags & flags::HEADS_FIRST != 0 {
+        let linear = bx + grid_dim_x() * by;
+        packed_position(div(linear, p.heads), linear - div(linear, p.heads) * p.heads, bz)
     } else {
         packed_position(bx, by, bz)
     };

@@ -219,6 +219,9 @@ pub(crate) struct FwdPlan {
     pub splits: u32,
     pub split_tiles: u32,
     pub ordered: bool,
+    /// CTAs take their query tiles heads fastest, heaviest first (`flags::HEADS_FIRST`): the
+    /// gather variant's stand-in for a work order over grids of more than a wave.
+    pub heads_first: bool,
 }
 
 /// The forward's plan on a GPU of `sms` SMs and `l2_bytes` of L2.
@@ -241,7 +244,8 @@ pub(crate) fn fwd_plan(sms: u32, l2_bytes: usize, p: &Problem, elem: DeviceElem,
     }
     let grid = (d.seqlen_q.div_ceil(tile.block_m as usize) as u32, d.heads as u32, d.batch as u32 * splits);
     let ordered = splits == 1 && mask == FwdMask::Prepared && mods && order_pays(sms, l2_bytes, &d, grid);
-    Ok(FwdPlan { kernel, tile, grid, splits, split_tiles: if gathered { 0 } else { split_tiles }, ordered })
+    let heads_first = gathered && splits == 1 && grid.0 as u64 * grid.1 as u64 > sms as u64;
+    Ok(FwdPlan { kernel, tile, grid, splits, split_tiles: if gathered { 0 } else { split_tiles }, ordered, heads_first })
 }
 
 pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, into: ForwardBuffers) -> Result<Forward> {
@@ -277,6 +281,9 @@ fn run_forward(dev: &CudaDevice, plan: &FwdPlan, p: &Problem, saved: &Saved, int
         };
         if let Some((_, at)) = &order {
             params.order = *at;
+        }
+        if plan.heads_first {
+            params.flags |= flags::HEADS_FIRST;
         }
         launch_fwd(params)?;
     } else {
@@ -543,6 +550,9 @@ mod tests {
         assert!(plan(dims(2, 8, 4096, 4096), true, FwdMask::Prepared).ordered);
         let gathered = plan(dims(1, 2, 16384, 16384), true, FwdMask::Gathered);
         assert_eq!((gathered.kernel.as_str(), gathered.split_tiles, gathered.ordered), ("dmattn_fwd_bf16_d64_mods_gather", 0, false));
+        // More than a wave unsplit: every head's heaviest query tiles first.
+        assert!(plan(dims(1, 16, 32768, 32768), true, FwdMask::Gathered).heads_first);
+        assert!(!gathered.heads_first && !plan(dims(1, 16, 32768, 32768), true, FwdMask::Prepared).heads_first);
         // Decoding over gathered keys splits as the call's keys would, sharing its tiles evenly.
         let decode = plan(dims(1, 2, 1, 1 << 19), true, FwdMask::Gathered);
         assert_eq!((decode.splits, decode.split_tiles, decode.grid.2), (128, 0, 128));
