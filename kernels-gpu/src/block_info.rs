@@ -174,7 +174,8 @@ pub fn position<const MODS: bool>(p: &FwdParams, slot: u32) -> (u32, u32, u32) {
         unsafe { ld_global_nc_u64(p.order + 8 * linear as u64) }
     } else if p.flags & flags::HEADS_FIRST != 0 {
         let linear = bx + grid_dim_x() * by;
-        packed_position(div(linear, p.heads), linear - div(linear, p.heads) * p.heads, bz)
+        let tile = div(linear, p.heads);
+        packed_position(tile, linear - tile * p.heads, bz)
     } else {
         packed_position(bx, by, bz)
     };

@@ -71,11 +71,16 @@ impl KeyListsBuf {
         Ok(*self.longest.get_or_init(|| n))
     }
 
-    /// Gathered keys per plane in the backward: the longest list rounded up to a 64-key block,
-    /// where that is at most `GATHER_MAX_DENSITY` of the keys (else the backward runs on dense
-    /// tiles). Reads the lengths back once.
+    /// Keys per plane of the gathered problem: the longest list rounded up to a 64-key block (one
+    /// block where every list is empty). Reads the lengths back once.
+    fn width(&self) -> Result<usize> {
+        Ok(self.longest()?.div_ceil(BLOCK_MAP_K as usize).max(1) * BLOCK_MAP_K as usize)
+    }
+
+    /// Gathered keys per plane in the backward: [`KeyListsBuf::width`], where that is at most
+    /// `GATHER_MAX_DENSITY` of the keys (else the backward runs on dense tiles).
     pub fn backward_width(&self) -> Result<Option<usize>> {
-        let width = self.longest()?.div_ceil(BLOCK_MAP_K as usize).max(1) * BLOCK_MAP_K as usize;
+        let width = self.width()?;
         Ok((width as f64 <= GATHER_MAX_DENSITY * self.seqlen_k as f64).then_some(width))
     }
 
@@ -306,9 +311,7 @@ fn gather_variant_takes(band: &Band) -> bool {
 /// gathered problem instead (which reads the lists' lengths back).
 pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, lists: &Arc<KeyListsBuf>, into: ForwardBuffers) -> Result<Forward> {
     if !gather_variant_takes(&p.band) {
-        let call = gathered(dev, &p, &saved, lists)?;
-        let inner = super::forward(dev, call.problem, call.saved, into)?;
-        return Ok(Forward { out: inner.out, lse: inner.lse, problem: p, saved });
+        return on_gathered(dev, p, saved, lists, |p, s| super::forward(dev, p, s, into));
     }
     let d = p.dims;
     // Element type and bias dtype first: the bias gather copies 16-bit elements.
@@ -324,8 +327,14 @@ pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, lists: &Arc<Ke
 
 /// The unfused forward (`materialized`) over the gathered problem.
 pub(crate) fn forward_materialized(dev: &CudaDevice, p: Problem, saved: Saved, lists: &Arc<KeyListsBuf>) -> Result<Forward> {
+    on_gathered(dev, p, saved, lists, |p, s| super::materialized::forward(dev, p, s))
+}
+
+/// Runs `fwd` on the gathered call's problem and operands, returning the call's own forward (the
+/// backward builds its gathered call again from the lists).
+fn on_gathered(dev: &CudaDevice, p: Problem, saved: Saved, lists: &Arc<KeyListsBuf>, fwd: impl FnOnce(Problem, Saved) -> Result<Forward>) -> Result<Forward> {
     let call = gathered(dev, &p, &saved, lists)?;
-    let inner = super::materialized::forward(dev, call.problem, call.saved)?;
+    let inner = fwd(call.problem, call.saved)?;
     Ok(Forward { out: inner.out, lse: inner.lse, problem: p, saved })
 }
 
@@ -334,7 +343,7 @@ pub(crate) fn forward_materialized(dev: &CudaDevice, p: Problem, saved: Saved, l
 /// gathered problem's mask written from the band on the original key positions.
 fn gathered(dev: &CudaDevice, p: &Problem, saved: &Saved, lists: &Arc<KeyListsBuf>) -> Result<GatheredCall> {
     let d = p.dims;
-    let w = lists.longest()?.div_ceil(BLOCK_MAP_K as usize).max(1) * BLOCK_MAP_K as usize;
+    let w = lists.width()?;
     // Element type and bias dtype first: the gathers copy 16-bit elements.
     super::check_operands(p, saved)?;
     // A mask per query head under GQA gives each query head its own keys: K and V are gathered per

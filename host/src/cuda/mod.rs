@@ -211,6 +211,8 @@ pub(crate) enum FwdMask {
 /// tile and grid, the key splits, and whether a work order runs its CTAs.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct FwdPlan {
+    /// The element type the operands were checked to be (the combine pass's too).
+    pub elem: DeviceElem,
     pub kernel: String,
     pub tile: FwdTile,
     pub grid: (u32, u32, u32),
@@ -245,7 +247,7 @@ pub(crate) fn fwd_plan(sms: u32, l2_bytes: usize, p: &Problem, elem: DeviceElem,
     let grid = (d.seqlen_q.div_ceil(tile.block_m as usize) as u32, d.heads as u32, d.batch as u32 * splits);
     let ordered = splits == 1 && mask == FwdMask::Prepared && mods && order_pays(sms, l2_bytes, &d, grid);
     let heads_first = gathered && splits == 1 && grid.0 as u64 * grid.1 as u64 > sms as u64;
-    Ok(FwdPlan { kernel, tile, grid, splits, split_tiles: if gathered { 0 } else { split_tiles }, ordered, heads_first })
+    Ok(FwdPlan { elem, kernel, tile, grid, splits, split_tiles: if gathered { 0 } else { split_tiles }, ordered, heads_first })
 }
 
 pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, into: ForwardBuffers) -> Result<Forward> {
@@ -265,7 +267,6 @@ pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, into: ForwardB
 fn run_forward(dev: &CudaDevice, plan: &FwdPlan, p: &Problem, saved: &Saved, into: ForwardBuffers, gathered: Option<(KeyLists, u64)>) -> Result<(Tensor, Tensor)> {
     let (key_ranks, key_pos) = gathered.unwrap_or_default();
     let d = p.dims;
-    let elem = check_operands(p, saved)?;
     let device = saved.q.device();
     let out = output(into.out, saved.q.shape(), p.dtype, &device)?;
     let lse = output(into.lse, &lse_shape(p), DType::F32, &device)?;
@@ -304,7 +305,7 @@ fn run_forward(dev: &CudaDevice, plan: &FwdPlan, p: &Problem, saved: &Saved, int
             rows: query_rows(&d),
         };
         let blocks = row_blocks(&d);
-        let name = format!("{}{}", dmattn_abi::names::COMBINE_PREFIX, elem.name());
+        let name = format!("{}{}", dmattn_abi::names::COMBINE_PREFIX, plan.elem.name());
         launch(dev, &Launch::kernel(&name, (blocks, 1, 1), PRE_THREADS, 0), combine)?;
     }
     Ok((out, lse))
