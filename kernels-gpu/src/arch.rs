@@ -17,6 +17,16 @@ pub fn thread_idx() -> u32 {
     unsafe { nvptx::_thread_idx_x() as u32 }
 }
 
+/// The thread index read afresh where called: the compiler neither hoists it nor what is
+/// computed from it out of a loop (values a long loop would otherwise hold in registers
+/// throughout, or spill).
+#[inline(always)]
+pub fn thread_idx_here() -> u32 {
+    let r: u32;
+    unsafe { asm!("mov.u32 {0}, %tid.x;", out(reg32) r, options(nostack)) };
+    r
+}
+
 #[inline(always)]
 pub fn block_idx() -> (u32, u32, u32) {
     unsafe { (nvptx::_block_idx_x() as u32, nvptx::_block_idx_y() as u32, nvptx::_block_idx_z() as u32) }

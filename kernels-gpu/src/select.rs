@@ -5,7 +5,9 @@
 //! One CTA per row. The top-k threshold is found by a radix select on order-preserving keys made
 //! from the bias's bits, so no row is sorted: the first 11-bit digit's histogram is taken while
 //! the row is loaded, one pass over the row then keeps the keys above the threshold bin and lists
-//! those in it, and the remaining digits are found over that short list. Ties at the threshold go
+//! those in it (the load step does so already where the CTA's previous row's threshold bin is
+//! this row's, as for most rows of one bias), and the remaining digits are found over that
+//! short list. Ties at the threshold go
 //! to the lowest keys. Rows whose threshold bin holds too many keys (heavily tied biases) take
 //! 8-bit passes over the whole row and an ordered count per warp strip instead. The row's
 //! eligibility and result live in shared bitmaps, and its radix keys too where they fit.
@@ -16,30 +18,52 @@ const THREADS: u32 = SELECT_THREADS;
 const WARPS: u32 = THREADS / 32;
 
 /// Shared-memory map of a CTA (byte addresses): the histogram, scan sums and broadcast words
-/// ([`SELECT_FIXED_WORDS`]), the candidate list (`cand_cap`), the eligibility and kept bitmaps (`row_words` each), the block
-/// votes, then the radix-key cache (16-aligned).
+/// ([`SELECT_FIXED_WORDS`]), the candidate list (`cand_cap`), the eligibility and kept bitmaps
+/// (`row_words` each), the block votes, then the radix-key cache (16-aligned). Each address is
+/// computed where used, from constants and parameters, so that none holds a register through
+/// the row loop.
 #[derive(Clone, Copy)]
-struct Smem {
-    hist: u32,
-    sums: u32,
-    misc: u32,
-    cands: u32,
-    elig: u32,
-    kept: u32,
-    votes: u32,
-    cache: u32,
+struct Smem<'a> {
+    p: &'a SelectParams,
 }
 
-impl Smem {
-    fn new(p: &SelectParams) -> Self {
-        let hist = smem_base();
-        let elig = hist + 4 * (SELECT_FIXED_WORDS + p.cand_cap);
-        let kept = elig + 4 * p.row_words;
-        let votes = kept + 4 * p.row_words;
+impl<'a> Smem<'a> {
+    fn new(p: &'a SelectParams) -> Self {
+        Smem { p }
+    }
+
+    fn hist(&self) -> u32 {
+        smem_base()
+    }
+
+    fn sums(&self) -> u32 {
+        self.hist() + 4 * (1 << SELECT_FIRST_DIGIT)
+    }
+
+    fn misc(&self) -> u32 {
+        self.sums() + 4 * 40
+    }
+
+    fn cands(&self) -> u32 {
+        self.sums() + 4 * 48
+    }
+
+    fn elig(&self) -> u32 {
+        self.hist() + 4 * (SELECT_FIXED_WORDS + self.p.cand_cap)
+    }
+
+    fn kept(&self) -> u32 {
+        self.elig() + 4 * self.p.row_words
+    }
+
+    fn votes(&self) -> u32 {
+        self.kept() + 4 * self.p.row_words
+    }
+
+    fn cache(&self) -> u32 {
+        let p = self.p;
         let vote_words = if p.block == 0 { 0 } else { p.dims[3].div_ceil(p.block).div_ceil(32) };
-        let sums = hist + 4 * (1 << SELECT_FIRST_DIGIT);
-        let (misc, cands) = (sums + 4 * 40, sums + 4 * 48);
-        Smem { hist, sums, misc, cands, elig, kept, votes, cache: (votes + 4 * vote_words).next_multiple_of(16) }
+        (self.votes() + 4 * vote_words).next_multiple_of(16)
     }
 
     unsafe fn word(&self, map: u32, w: u32) -> u32 {
@@ -47,53 +71,56 @@ impl Smem {
     }
 }
 
-/// Row `r`'s bias and mask addresses (bytes; the mask's 0 where absent).
+/// Row `r`'s bias and mask addresses (bytes; the mask's 0 where absent). The key strides are
+/// read from the parameters where used rather than held in registers.
 #[derive(Clone, Copy)]
-struct Row {
+struct Row<'a> {
+    p: &'a SelectParams,
     bias: u64,
-    bias_stride: u64,
     mask: u64,
-    mask_stride: u64,
 }
 
-impl Row {
-    fn new<const W: u32>(p: &SelectParams, r: u64) -> Self {
+impl<'a> Row<'a> {
+    fn new<const W: u32>(p: &'a SelectParams, r: u64) -> Self {
         let [_, nh, nq, _] = p.dims;
         let q = r % nq as u64;
         let h = (r / nq as u64) % nh as u64;
         let b = r / (nq as u64 * nh as u64);
         let base = |v: &View4| b * v.stride[0] + h * v.stride[1] + q * v.stride[2];
         let bytes = (W / 8) as u64;
-        Row {
-            bias: p.bias.ptr + bytes * base(&p.bias),
-            bias_stride: bytes * p.bias.stride[3],
-            mask: if p.mask.ptr == 0 { 0 } else { p.mask.ptr + base(&p.mask) },
-            mask_stride: p.mask.stride[3],
-        }
+        Row { p, bias: p.bias.ptr + bytes * base(&p.bias), mask: if p.mask.ptr == 0 { 0 } else { p.mask.ptr + base(&p.mask) } }
+    }
+
+    /// Bytes between keys of the bias.
+    fn bias_stride<const W: u32>(&self) -> u64 {
+        (W / 8) as u64 * self.p.bias.stride[3]
+    }
+
+    /// Bytes between keys of the mask.
+    fn mask_stride(&self) -> u64 {
+        self.p.mask.stride[3]
     }
 
     /// The raw bits of key `k`'s bias.
     #[inline(always)]
     unsafe fn raw<const W: u32>(&self, k: u32) -> u32 {
-        let at = self.bias + k as u64 * self.bias_stride;
+        let at = self.bias + k as u64 * self.bias_stride::<W>();
         if W == 16 { unsafe { ld_global_nc_u16(at) } } else { unsafe { *(at as *const u32) } }
     }
 
-    /// The raw bits of keys `k0..k0 + 8` (those below `sk`; 0 past it), in 16-byte loads where
-    /// the bias is contiguous and aligned.
+    /// The raw bits of keys `k0..k0 + 8` (those below `sk`; 0 past it) as [`Packed8`], in
+    /// 16-byte loads where the bias is contiguous and aligned.
     #[inline(always)]
-    unsafe fn raw8<const W: u32>(&self, k0: u32, sk: u32) -> [u32; 8] {
-        let at = self.bias + k0 as u64 * self.bias_stride;
+    unsafe fn raw8<const W: u32>(&self, k0: u32, sk: u32) -> Packed8 {
+        let at = self.bias + k0 as u64 * self.bias_stride::<W>();
         let bytes = W / 8;
-        if self.bias_stride == bytes as u64 && at % 16 == 0 && k0 + 8 <= sk {
-            if W == 16 {
-                let v = unsafe { ld_global_nc_v4(at) };
-                return core::array::from_fn(|j| (v[j / 2] >> (16 * (j as u32 % 2))) & 0xffff);
-            }
-            let (lo, hi) = unsafe { (ld_global_nc_v4(at), ld_global_nc_v4(at + 16)) };
+        if self.bias_stride::<W>() == bytes as u64 && at % 16 == 0 && k0 + 8 <= sk {
+            let lo = unsafe { ld_global_nc_v4(at) };
+            let hi = if W == 16 { [0; 4] } else { unsafe { ld_global_nc_v4(at + 16) } };
             return core::array::from_fn(|j| if j < 4 { lo[j] } else { hi[j - 4] });
         }
-        core::array::from_fn(|j| if k0 + (j as u32) < sk { unsafe { self.raw::<W>(k0 + j as u32) } } else { 0 })
+        let raw = |j: u32| if k0 + j < sk { unsafe { self.raw::<W>(k0 + j) } } else { 0 };
+        if W == 16 { core::array::from_fn(|j| if j < 4 { raw(2 * j as u32) | raw(2 * j as u32 + 1) << 16 } else { 0 }) } else { core::array::from_fn(|j| raw(j as u32)) }
     }
 
     /// Bit `j`: key `k0 + j` is below `sk` and shown by the mask (or there is none).
@@ -103,9 +130,9 @@ impl Row {
         if self.mask == 0 {
             return valid;
         }
-        let at = self.mask + k0 as u64 * self.mask_stride;
+        let at = self.mask + k0 as u64 * self.mask_stride();
         let mut bits = 0;
-        if self.mask_stride == 1 && at % 8 == 0 && k0 + 8 <= sk {
+        if self.mask_stride() == 1 && at % 8 == 0 && k0 + 8 <= sk {
             let v = unsafe { ld_global_nc_u64(at) };
             for j in 0..8 {
                 bits |= (((v >> (8 * j)) & 0xff != 0) as u32) << j;
@@ -113,12 +140,22 @@ impl Row {
         } else {
             for j in 0..8 {
                 if k0 + j < sk {
-                    bits |= ((unsafe { ld_global_nc_u8(at + j as u64 * self.mask_stride) } != 0) as u32) << j;
+                    bits |= ((unsafe { ld_global_nc_u8(at + j as u64 * self.mask_stride()) } != 0) as u32) << j;
                 }
             }
         }
         bits & valid
     }
+}
+
+/// Eight keys' raw bits as loaded: 16-bit keys two a word in the first four words (so that
+/// groups in flight hold half the registers), 32-bit keys one a word.
+type Packed8 = [u32; 8];
+
+/// The eight keys of a [`Packed8`], one a word.
+#[inline(always)]
+fn unpack8<const W: u32>(raw: Packed8) -> [u32; 8] {
+    if W == 16 { core::array::from_fn(|j| (raw[j / 2] >> (16 * (j as u32 % 2))) & 0xffff) } else { raw }
 }
 
 /// The radix key of a `W`-bit float's bits: unsigned, ordered as the values, NaN above +inf and
@@ -158,7 +195,7 @@ fn word_of_bytes(b: u32, lane: u32) -> u32 {
 /// digit's histogram (top-k), its radix keys into the cache where it is on. Eight consecutive
 /// keys a thread, two groups of them in flight.
 #[inline(always)]
-unsafe fn load_row<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32) {
+unsafe fn load_row<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32, guess: Option<u32>) {
     let sk = p.dims[3];
     let groups = 4 * p.row_words;
     let fetch = |g: u32| if g < groups { unsafe { (row.shown8(8 * g, sk), row.raw8::<W>(8 * g, sk)) } } else { (0, [0; 8]) };
@@ -167,8 +204,8 @@ unsafe fn load_row<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32
         let (g0, g1) = (start + tid, start + THREADS + tid);
         let (a, b) = (fetch(g0), fetch(g1));
         unsafe {
-            load_group::<W>(p, s, tid, g0, groups, a);
-            load_group::<W>(p, s, tid, g1, groups, b);
+            load_group::<W>(p, s, tid, g0, groups, a, guess);
+            load_group::<W>(p, s, tid, g1, groups, b, guess);
         }
         start += 2 * THREADS;
     }
@@ -177,27 +214,69 @@ unsafe fn load_row<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32
 /// One thread's group `g` of the load step, from its fetched (shown bits, raw bits) (collective
 /// over the warp).
 #[inline(always)]
-unsafe fn load_group<const W: u32>(p: &SelectParams, s: &Smem, tid: u32, g: u32, groups: u32, (shown, raw): (u32, [u32; 8])) {
-    let mut pos = 0;
+unsafe fn load_group<const W: u32>(p: &SelectParams, s: &Smem, tid: u32, g: u32, groups: u32, (shown, raw): (u32, Packed8), guess: Option<u32>) {
+    let (mut pos, mut above, mut inside) = (0, 0, 0);
     if g < groups {
+        let raw = unpack8::<W>(raw);
         let keys: [u32; 8] = core::array::from_fn(|j| order::<W>(raw[j], p.inf_bits));
         for (j, &key) in keys.iter().enumerate() {
             pos |= (positive::<W>(key) as u32) << j;
             if p.k != 0 && shown >> j & 1 != 0 {
-                unsafe { atom_add_shared_u32(s.hist + 4 * (key >> (W - SELECT_FIRST_DIGIT)), 1) };
+                unsafe { atom_add_shared_u32(s.hist() + 4 * (key >> (W - SELECT_FIRST_DIGIT)), 1) };
             }
         }
+        if let Some(bin) = guess {
+            (above, inside) = split::<W>(&keys, shown, bin);
+        }
         if p.cached != 0 {
-            unsafe { store_keys::<W>(s.cache, 8 * g, &keys) };
+            unsafe { store_keys::<W>(s.cache(), 8 * g, &keys) };
         }
     }
     let lane = tid % 32;
     let elig = word_of_bytes(shown, lane);
-    let relu = word_of_bytes(shown & pos, lane);
+    // Top-k with a guess: the keys above the guessed bin (a relu selection: the positive ones).
+    let kept = word_of_bytes(if p.k == 0 { shown & pos } else { above }, lane);
     if g < groups && lane % 4 == 0 {
-        unsafe { st_shared_u32(s.elig + 4 * (g / 4), elig) };
-        if p.k == 0 {
-            unsafe { st_shared_u32(s.kept + 4 * (g / 4), relu) };
+        unsafe { st_shared_u32(s.elig() + 4 * (g / 4), elig) };
+        if p.k == 0 || guess.is_some() {
+            unsafe { st_shared_u32(s.kept() + 4 * (g / 4), kept) };
+        }
+    }
+    if guess.is_some() {
+        unsafe { list_keys(p, s, lane, g, inside) };
+    }
+}
+
+/// Bits of a group's shown keys whose first digit is above `bin`, and of those in it.
+#[inline(always)]
+fn split<const W: u32>(keys: &[u32; 8], shown: u32, bin: u32) -> (u32, u32) {
+    let (mut above, mut inside) = (0, 0);
+    for (j, &key) in keys.iter().enumerate() {
+        let d = key >> (W - SELECT_FIRST_DIGIT);
+        above |= ((d > bin) as u32) << j;
+        inside |= ((d == bin) as u32) << j;
+    }
+    (above & shown, inside & shown)
+}
+
+/// Appends this lane's keys of group `g` flagged in `inside` (bit `j`: key `8g + j`) to the
+/// candidate list, up to `p.cand_cap` entries (the count at `s.misc() + 8` goes on past it)
+/// (warp-collective).
+#[inline(always)]
+unsafe fn list_keys(p: &SelectParams, s: &Smem, lane: u32, g: u32, inside: u32) {
+    let n = inside.count_ones();
+    // Warp-uniform: most groups hold no listed key.
+    if ballot(n != 0) != 0 {
+        let incl = warp_scan(n, lane);
+        let base = if lane == 31 { unsafe { atom_add_shared_u32(s.misc() + 8, incl) } } else { 0 };
+        let mut at = shfl_idx_u32(base, 31) + incl - n;
+        for j in 0..8 {
+            if inside >> j & 1 != 0 {
+                if at < p.cand_cap {
+                    unsafe { st_shared_u32(s.cands() + 4 * at, 8 * g + j) };
+                }
+                at += 1;
+            }
         }
     }
 }
@@ -219,7 +298,7 @@ unsafe fn store_keys<const W: u32>(cache: u32, k0: u32, keys: &[u32; 8]) {
 #[inline(always)]
 unsafe fn key_at<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, k: u32) -> u32 {
     if p.cached != 0 {
-        if W == 16 { unsafe { ld_shared_u16(s.cache + 2 * k) } } else { unsafe { ld_shared_u32(s.cache + 4 * k) } }
+        if W == 16 { unsafe { ld_shared_u16(s.cache() + 2 * k) } } else { unsafe { ld_shared_u32(s.cache() + 4 * k) } }
     } else {
         order::<W>(unsafe { row.raw::<W>(k) }, p.inf_bits)
     }
@@ -230,14 +309,14 @@ unsafe fn key_at<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, k: u32) ->
 unsafe fn keys8<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, g: u32) -> [u32; 8] {
     if p.cached != 0 {
         if W == 16 {
-            let v = unsafe { ld_shared_v4(s.cache + 16 * g) };
+            let v = unsafe { ld_shared_v4(s.cache() + 16 * g) };
             core::array::from_fn(|j| (v[j / 2] >> (16 * (j as u32 % 2))) & 0xffff)
         } else {
-            let (lo, hi) = unsafe { (ld_shared_v4(s.cache + 32 * g), ld_shared_v4(s.cache + 32 * g + 16)) };
+            let (lo, hi) = unsafe { (ld_shared_v4(s.cache() + 32 * g), ld_shared_v4(s.cache() + 32 * g + 16)) };
             core::array::from_fn(|j| if j < 4 { lo[j] } else { hi[j - 4] })
         }
     } else {
-        let raw = unsafe { row.raw8::<W>(8 * g, p.dims[3]) };
+        let raw = unpack8::<W>(unsafe { row.raw8::<W>(8 * g, p.dims[3]) });
         core::array::from_fn(|j| order::<W>(raw[j], p.inf_bits))
     }
 }
@@ -255,11 +334,11 @@ unsafe fn threshold<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u3
         sync_threads();
         let mut k = tid;
         while k < sk {
-            if unsafe { s.word(s.elig, k / 32) } >> (k % 32) & 1 != 0 {
+            if unsafe { s.word(s.elig(), k / 32) } >> (k % 32) & 1 != 0 {
                 let key = unsafe { key_at::<W>(p, s, row, k) };
                 // The keys that share the digits found so far (all of them in the first pass).
                 if pass == 0 || key >> (shift + 8) == prefix {
-                    unsafe { atom_add_shared_u32(s.hist + 4 * ((key >> shift) & 0xff), 1) };
+                    unsafe { atom_add_shared_u32(s.hist() + 4 * ((key >> shift) & 0xff), 1) };
                 }
             }
             k += THREADS;
@@ -293,7 +372,7 @@ unsafe fn take_top<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32
     // (eligible, radix key) of this lane's key of word `w`; keys past `sk` are never eligible
     // and not read.
     let key = |w: u32| {
-        let e = unsafe { s.word(s.elig, w) } >> lane & 1 != 0;
+        let e = unsafe { s.word(s.elig(), w) } >> lane & 1 != 0;
         (e, if e { unsafe { key_at::<W>(p, s, row, 32 * w + lane) } } else { 0 })
     };
     let mut ties = 0;
@@ -301,14 +380,14 @@ unsafe fn take_top<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32
         let (e, k) = key(w);
         ties += ballot(e && k == t).count_ones();
     }
-    let (mut before, _) = warp_offsets(ties, tid, s.sums);
+    let (mut before, _) = warp_offsets(ties, tid, s.sums());
     for w in first..end {
         let (e, k) = key(w);
         let tie = ballot(e && k == t);
         let rank = before + (tie & ((1u32 << lane) - 1)).count_ones();
         let kept = ballot(e && (k > t || (k == t && rank < need)));
         if lane == 0 {
-            unsafe { st_shared_u32(s.kept + 4 * w, kept) };
+            unsafe { st_shared_u32(s.kept() + 4 * w, kept) };
         }
         before += tie.count_ones();
     }
@@ -331,7 +410,7 @@ unsafe fn smooth(p: &SelectParams, s: &Smem, tid: u32) {
             while k < hi {
                 let (w, at) = (k / 32, k % 32);
                 let span = (32 - at).min(hi - k);
-                let bits = unsafe { s.word(s.kept, w) } >> at;
+                let bits = unsafe { s.word(s.kept(), w) } >> at;
                 n += if span == 32 { bits } else { bits & ((1 << span) - 1) }.count_ones();
                 k += span;
             }
@@ -339,7 +418,7 @@ unsafe fn smooth(p: &SelectParams, s: &Smem, tid: u32) {
         }
         let votes = ballot(vote);
         if b < blocks && tid % 32 == 0 {
-            unsafe { st_shared_u32(s.votes + 4 * (b / 32), votes) };
+            unsafe { st_shared_u32(s.votes() + 4 * (b / 32), votes) };
         }
         start += THREADS;
     }
@@ -350,10 +429,10 @@ unsafe fn smooth(p: &SelectParams, s: &Smem, tid: u32) {
         for j in 0..32 {
             let b = (32 * w + j) / bs;
             if b < blocks {
-                word |= (unsafe { s.word(s.votes, b / 32) } >> (b % 32) & 1) << j;
+                word |= (unsafe { s.word(s.votes(), b / 32) } >> (b % 32) & 1) << j;
             }
         }
-        unsafe { st_shared_u32(s.kept + 4 * w, word & s.word(s.elig, w)) };
+        unsafe { st_shared_u32(s.kept() + 4 * w, word & s.word(s.elig(), w)) };
         w += THREADS;
     }
 }
@@ -367,7 +446,7 @@ unsafe fn write_row(p: &SelectParams, s: &Smem, r: u64, tid: u32) {
         if sk % 4 == 0 {
             let mut n = tid;
             while n < sk / 4 {
-                let nibble = unsafe { s.word(s.kept, n / 8) } >> (4 * (n % 8)) & 0xf;
+                let nibble = unsafe { s.word(s.kept(), n / 8) } >> (4 * (n % 8)) & 0xf;
                 let bytes = (nibble & 1) | (nibble >> 1 & 1) << 8 | (nibble >> 2 & 1) << 16 | (nibble >> 3) << 24;
                 unsafe { *((out + 4 * n as u64) as *mut u32) = bytes };
                 n += THREADS;
@@ -375,7 +454,7 @@ unsafe fn write_row(p: &SelectParams, s: &Smem, r: u64, tid: u32) {
         } else {
             let mut k = tid;
             while k < sk {
-                unsafe { *((out + k as u64) as *mut u8) = (s.word(s.kept, k / 32) >> (k % 32) & 1) as u8 };
+                unsafe { *((out + k as u64) as *mut u8) = (s.word(s.kept(), k / 32) >> (k % 32) & 1) as u8 };
                 k += THREADS;
             }
         }
@@ -383,7 +462,7 @@ unsafe fn write_row(p: &SelectParams, s: &Smem, r: u64, tid: u32) {
     if p.out_bits != 0 {
         let mut w = tid;
         while w < p.row_words {
-            unsafe { *((p.out_bits + 4 * (r * p.row_words as u64 + w as u64)) as *mut u32) = s.word(s.kept, w) };
+            unsafe { *((p.out_bits + 4 * (r * p.row_words as u64 + w as u64)) as *mut u32) = s.word(s.kept(), w) };
             w += THREADS;
         }
     }
@@ -394,12 +473,12 @@ unsafe fn write_row(p: &SelectParams, s: &Smem, r: u64, tid: u32) {
         let end = (first + per).min(p.row_words);
         let mut count = 0;
         for w in first..end {
-            count += unsafe { s.word(s.kept, w) }.count_ones();
+            count += unsafe { s.word(s.kept(), w) }.count_ones();
         }
-        let (mut at, total) = block_scan::<THREADS>(count, tid, s.sums);
+        let (mut at, total) = block_scan::<THREADS>(count, tid, s.sums());
         let out = p.out_indices + 4 * r * p.width as u64;
         for w in first..end {
-            let mut bits = unsafe { s.word(s.kept, w) };
+            let mut bits = unsafe { s.word(s.kept(), w) };
             while bits != 0 {
                 if at < p.width {
                     unsafe { *((out + 4 * at as u64) as *mut i32) = (32 * w + bits.trailing_zeros()) as i32 };
@@ -421,12 +500,12 @@ unsafe fn write_row(p: &SelectParams, s: &Smem, r: u64, tid: u32) {
 unsafe fn clear_hist(s: &Smem, bins: u32, tid: u32) {
     let mut b = tid;
     while b < bins {
-        unsafe { st_shared_u32(s.hist + 4 * b, 0) };
+        unsafe { st_shared_u32(s.hist() + 4 * b, 0) };
         b += THREADS;
     }
 }
 
-/// The digit (of `bins`, counts in `s.hist`) holding the `need`-th largest key, and how many of
+/// The digit (of `bins`, counts in `s.hist()`) holding the `need`-th largest key, and how many of
 /// its keys are taken; with the total counted (collective; the digit is meaningful only when
 /// `need` <= total).
 #[inline(always)]
@@ -435,20 +514,20 @@ unsafe fn find_digit(s: &Smem, bins: u32, need: u32, tid: u32) -> (u32, u32, u32
     let per = bins.div_ceil(THREADS);
     let count = |i: u32| {
         let at = tid * per + i;
-        if at < bins { unsafe { ld_shared_u32(s.hist + 4 * (bins - 1 - at)) } } else { 0 }
+        if at < bins { unsafe { ld_shared_u32(s.hist() + 4 * (bins - 1 - at)) } } else { 0 }
     };
     let mut mine = 0;
     for i in 0..per {
         mine += count(i);
     }
-    let (mut above, total) = block_scan::<THREADS>(mine, tid, s.sums);
+    let (mut above, total) = block_scan::<THREADS>(mine, tid, s.sums());
     if above < need && need <= above + mine {
         for i in 0..per {
             let x = count(i);
             if need <= above + x {
                 unsafe {
-                    st_shared_u32(s.misc, bins - 1 - (tid * per + i));
-                    st_shared_u32(s.misc + 4, need - above);
+                    st_shared_u32(s.misc(), bins - 1 - (tid * per + i));
+                    st_shared_u32(s.misc() + 4, need - above);
                 }
                 break;
             }
@@ -456,7 +535,7 @@ unsafe fn find_digit(s: &Smem, bins: u32, need: u32, tid: u32) -> (u32, u32, u32
         }
     }
     sync_threads();
-    let r = unsafe { (ld_shared_u32(s.misc), ld_shared_u32(s.misc + 4), total) };
+    let r = unsafe { (ld_shared_u32(s.misc()), ld_shared_u32(s.misc() + 4), total) };
     sync_threads();
     r
 }
@@ -467,7 +546,7 @@ unsafe fn find_digit(s: &Smem, bins: u32, need: u32, tid: u32) -> (u32, u32, u32
 #[inline(always)]
 unsafe fn classify<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32, bin: u32) -> u32 {
     if tid == 0 {
-        unsafe { st_shared_u32(s.misc + 8, 0) };
+        unsafe { st_shared_u32(s.misc() + 8, 0) };
     }
     sync_threads();
     let lane = tid % 32;
@@ -477,40 +556,21 @@ unsafe fn classify<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32
         let g = start + tid;
         let (mut above, mut inside) = (0u32, 0u32);
         if g < groups {
-            let elig = (unsafe { s.word(s.elig, g / 4) } >> (8 * (g % 4))) & 0xff;
+            let elig = (unsafe { s.word(s.elig(), g / 4) } >> (8 * (g % 4))) & 0xff;
             if elig != 0 {
                 let keys = unsafe { keys8::<W>(p, s, row, g) };
-                for (j, &key) in keys.iter().enumerate() {
-                    let d = key >> (W - SELECT_FIRST_DIGIT);
-                    above |= ((d > bin) as u32) << j;
-                    inside |= ((d == bin) as u32) << j;
-                }
-                (above, inside) = (above & elig, inside & elig);
+                (above, inside) = split::<W>(&keys, elig, bin);
             }
         }
         let word = word_of_bytes(above, lane);
         if g < groups && lane % 4 == 0 {
-            unsafe { st_shared_u32(s.kept + 4 * (g / 4), word) };
+            unsafe { st_shared_u32(s.kept() + 4 * (g / 4), word) };
         }
-        // Warp-uniform: most groups hold no key of the bin.
-        let n = inside.count_ones();
-        if ballot(n != 0) != 0 {
-            let incl = warp_scan(n, lane);
-            let base = if lane == 31 { unsafe { atom_add_shared_u32(s.misc + 8, incl) } } else { 0 };
-            let mut at = shfl_idx_u32(base, 31) + incl - n;
-            for j in 0..8 {
-                if inside >> j & 1 != 0 {
-                    if at < p.cand_cap {
-                        unsafe { st_shared_u32(s.cands + 4 * at, 8 * g + j) };
-                    }
-                    at += 1;
-                }
-            }
-        }
+        unsafe { list_keys(p, s, lane, g, inside) };
         start += THREADS;
     }
     sync_threads();
-    unsafe { ld_shared_u32(s.misc + 8) }
+    unsafe { ld_shared_u32(s.misc() + 8) }
 }
 
 /// Refine step over the `n` listed keys of the first digit's bin `bin` (`need` of them taken):
@@ -519,7 +579,7 @@ unsafe fn classify<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32
 /// order then needs the whole-row pass (collective).
 #[inline(always)]
 unsafe fn refine<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32, bin: u32, need: u32, n: u32) -> bool {
-    let key = |c: u32| unsafe { key_at::<W>(p, s, row, ld_shared_u32(s.cands + 4 * c)) };
+    let key = |c: u32| unsafe { key_at::<W>(p, s, row, ld_shared_u32(s.cands() + 4 * c)) };
     let (mut t, mut need) = (bin, need);
     let mut shift = W - SELECT_FIRST_DIGIT;
     while shift > 0 {
@@ -532,7 +592,7 @@ unsafe fn refine<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32, 
         while c < n {
             let k = key(c);
             if k >> (shift + width) == t {
-                unsafe { atom_add_shared_u32(s.hist + 4 * ((k >> shift) & (bins - 1)), 1) };
+                unsafe { atom_add_shared_u32(s.hist() + 4 * ((k >> shift) & (bins - 1)), 1) };
             }
             c += THREADS;
         }
@@ -547,7 +607,7 @@ unsafe fn refine<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32, 
         mine += (key(c) == t) as u32;
         c += THREADS;
     }
-    let (_, ties) = block_scan::<THREADS>(mine, tid, s.sums);
+    let (_, ties) = block_scan::<THREADS>(mine, tid, s.sums());
     if need < ties && ties > 64 {
         return false;
     }
@@ -555,14 +615,14 @@ unsafe fn refine<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32, 
         // The tied keys' indices, in any order, into the histogram's words (done with): each
         // tied key's rank is then the count of lower ones among at most 64.
         if tid == 0 {
-            unsafe { st_shared_u32(s.misc + 12, 0) };
+            unsafe { st_shared_u32(s.misc() + 12, 0) };
         }
         sync_threads();
         let mut c = tid;
         while c < n {
             if key(c) == t {
-                let at = unsafe { atom_add_shared_u32(s.misc + 12, 1) };
-                unsafe { st_shared_u32(s.hist + 4 * at, ld_shared_u32(s.cands + 4 * c)) };
+                let at = unsafe { atom_add_shared_u32(s.misc() + 12, 1) };
+                unsafe { st_shared_u32(s.hist() + 4 * at, ld_shared_u32(s.cands() + 4 * c)) };
             }
             c += THREADS;
         }
@@ -570,19 +630,19 @@ unsafe fn refine<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32, 
     }
     let mut c = tid;
     while c < n {
-        let (k, j) = (key(c), unsafe { ld_shared_u32(s.cands + 4 * c) });
+        let (k, j) = (key(c), unsafe { ld_shared_u32(s.cands() + 4 * c) });
         let mut take = k > t;
         if k == t {
             let mut rank = 0;
             if need < ties {
                 for o in 0..ties {
-                    rank += (unsafe { ld_shared_u32(s.hist + 4 * o) } < j) as u32;
+                    rank += (unsafe { ld_shared_u32(s.hist() + 4 * o) } < j) as u32;
                 }
             }
             take = rank < need;
         }
         if take {
-            unsafe { atom_or_shared_u32(s.kept + 4 * (j / 32), 1 << (j % 32)) };
+            unsafe { atom_or_shared_u32(s.kept() + 4 * (j / 32), 1 << (j % 32)) };
         }
         c += THREADS;
     }
@@ -590,45 +650,63 @@ unsafe fn refine<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32, 
 }
 
 /// Top-k step: the kept bitmap of the `p.k` largest eligible keys (histogram of the first digit
-/// taken by the load step).
+/// taken by the load step, and where it had a guess, the keys above the guessed bin kept and
+/// those in it listed).
+/// Returns the threshold bin (`None` where every eligible key is kept).
 #[inline(always)]
-unsafe fn top_k<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32) {
+unsafe fn top_k<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32, guess: Option<u32>) -> Option<u32> {
     let (bin, need, total) = unsafe { find_digit(s, 1 << SELECT_FIRST_DIGIT, p.k, tid) };
     if total <= p.k {
         let mut w = tid;
         while w < p.row_words {
-            unsafe { st_shared_u32(s.kept + 4 * w, s.word(s.elig, w)) };
+            unsafe { st_shared_u32(s.kept() + 4 * w, s.word(s.elig(), w)) };
             w += THREADS;
         }
-        return;
+        return None;
     }
-    let n = unsafe { classify::<W>(p, s, row, tid, bin) };
+    let listed = unsafe { ld_shared_u32(s.misc() + 8) };
+    // Every thread has the count before a classify pass resets it.
+    sync_threads();
+    // The load's list serves where it guessed the threshold bin (and did not overflow).
+    let n = if guess == Some(bin) && listed <= p.cand_cap { listed } else { unsafe { classify::<W>(p, s, row, tid, bin) } };
     if n <= p.cand_cap && unsafe { refine::<W>(p, s, row, tid, bin, need, n) } {
-        return;
+        return Some(bin);
     }
     // Heavily tied rows: 8-bit passes over the whole row, and the ordered tie count.
     let (t, need) = unsafe { threshold::<W>(p, s, row, tid) };
     unsafe { take_top::<W>(p, s, row, tid, t, need) };
+    Some(bin)
 }
 
 /// Grid-stride over rows, [`SELECT_THREADS`] threads; dynamic shared memory as [`Smem`] lays it
 /// out.
 #[inline(always)]
 pub unsafe fn select_keys<const W: u32>(p: &SelectParams) {
-    let tid = thread_idx();
     let s = Smem::new(p);
     let rows = p.dims[0] as u64 * p.dims[1] as u64 * p.dims[2] as u64;
     let mut r = block_idx().0 as u64;
+    // The previous row's threshold bin, the next row's guess (CTA-uniform): where the guess
+    // holds (most rows of one bias), the load step has kept the keys above it and listed
+    // those in it, and no classify pass reads the row again.
+    let mut guess = None;
     while r < rows {
+        // Per-thread values (bitmap strips, output runs) computed each row, not held through
+        // the loop.
+        let tid = thread_idx_here();
         let row = Row::new::<W>(p, r);
         if p.k != 0 {
             unsafe { clear_hist(&s, 1 << SELECT_FIRST_DIGIT, tid) };
+            if tid == 0 {
+                unsafe { st_shared_u32(s.misc() + 8, 0) };
+            }
             sync_threads();
         }
-        unsafe { load_row::<W>(p, &s, &row, tid) };
+        unsafe { load_row::<W>(p, &s, &row, tid, guess) };
         sync_threads();
         if p.k != 0 {
-            unsafe { top_k::<W>(p, &s, &row, tid) };
+            if let Some(bin) = unsafe { top_k::<W>(p, &s, &row, tid, guess) } {
+                guess = Some(bin);
+            }
             sync_threads();
         }
         if p.block != 0 {

@@ -349,7 +349,33 @@ fn link(args: &[OsString]) -> Result<(), String> {
         .args(["-O3", &format!("-mcpu={cpu}"), &format!("-mattr={mattr}")])
         .arg(&optimized)
         .arg("-o")
-        .arg(&output))
+        .arg(&output))?;
+    let ptx = std::fs::read_to_string(&output).map_err(|e| format!("{}: {e}", output.display()))?;
+    std::fs::write(&output, with_launch_bounds(&ptx, &dmattn_abi::LAUNCH_BOUNDS)).map_err(|e| e.to_string())
+}
+
+/// The PTX with `.maxntid` and `.minnctapersm` after the parameter list of each listed entry
+/// present in it (rustc has no attribute for them; ptxas bounds the entry's registers by them).
+fn with_launch_bounds(ptx: &str, bounds: &[(&str, u32, u32)]) -> String {
+    let mut out = String::with_capacity(ptx.len() + 64 * bounds.len());
+    let mut pending = None;
+    for line in ptx.lines() {
+        out.push_str(line);
+        out.push('\n');
+        if let Some(entry) = line.trim_start().strip_prefix(".visible .entry ").or_else(|| line.trim_start().strip_prefix(".entry ")) {
+            let name = entry.split('(').next().unwrap_or("").trim();
+            pending = bounds.iter().find(|b| b.0 == name).map(|&(_, threads, ctas)| (threads, ctas));
+        }
+        if let Some((threads, ctas)) = pending {
+            // The parameter list ends on a line of its own (or the entry's line when empty),
+            // which llc follows with a comment.
+            if line.split("//").next().unwrap_or("").trim_end().ends_with(')') {
+                out.push_str(&format!(".maxntid {threads}, 1, 1\n.minnctapersm {ctas}\n"));
+                pending = None;
+            }
+        }
+    }
+    out
 }
 
 /// PTX instructions that a whole warp (or CTA) must execute together.
@@ -458,6 +484,17 @@ mod tests {
         for s in [a, crlf, edited] {
             std::fs::remove_dir_all(&s.root).unwrap();
         }
+    }
+
+    #[test]
+    fn launch_bounds_follow_the_listed_entries_parameter_lists() {
+        let ptx = ".visible .entry a(\n\t.param .u64 a_param_0\n)   // @a\n{\n\tret;\n}\n.visible .entry b(\n\t.param .u64 b_param_0\n)\n{\n}\n.entry c()\n{\n}\n";
+        let out = with_launch_bounds(ptx, &[("a", 256, 4), ("c", 128, 2)]);
+        assert_eq!(
+            out,
+            ".visible .entry a(\n\t.param .u64 a_param_0\n)   // @a\n.maxntid 256, 1, 1\n.minnctapersm 4\n{\n\tret;\n}\n\
+             .visible .entry b(\n\t.param .u64 b_param_0\n)\n{\n}\n.entry c()\n.maxntid 128, 1, 1\n.minnctapersm 2\n{\n}\n"
+        );
     }
 
     #[test]

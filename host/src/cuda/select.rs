@@ -7,11 +7,15 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::select::{Output, Plan};
 use crate::tensor::Tensor;
-use dmattn_abi::{SELECT_CANDIDATES, SELECT_FIXED_WORDS, SELECT_THREADS, SelectParams, View4, names};
+use dmattn_abi::{SELECT_CANDIDATES, SELECT_FIXED_WORDS, SELECT_THREADS, SelectParams, View4, names, select_ctas_per_sm};
 
-/// Shared memory up to which a row's radix keys are cached: beyond it a CTA would take so much
-/// of an SM that fewer rows run at once than the re-reads (from L2) cost.
-const CACHED_SMEM: u32 = 112 * 1024;
+/// Shared memory of a CTA of the kernel over `elem_bytes`-wide keys beside the others its
+/// launch bounds fit on an SM with `smem_limit` bytes a block (the SM's, less the 1 KB it
+/// reserves a CTA): a row's radix keys are cached only within it, as fewer resident rows cost
+/// more than re-reading a row from L2.
+fn cta_share(smem_limit: u32, elem_bytes: u32) -> u32 {
+    (smem_limit + 1024) / select_ctas_per_sm(elem_bytes) - 1024
+}
 
 /// How a selection runs on a device: its kernel, shared memory and grid.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -31,7 +35,10 @@ pub(crate) fn plan_launch(plan: &Plan, elem_bytes: u32, sms: u32, smem_limit: u3
     let vote_words = if plan.block == 0 { 0 } else { plan.sk.div_ceil(plan.block).div_ceil(32) as u64 };
     let base = (4 * (SELECT_FIXED_WORDS as u64 + SELECT_CANDIDATES as u64 + 2 * row_words + vote_words)).next_multiple_of(16);
     let with_cache = base + 32 * row_words * elem_bytes as u64;
-    let cached = with_cache <= CACHED_SMEM.min(smem_limit) as u64;
+    // Rows that do not fill the SMs gain nothing from resident neighbours: cached up to half
+    // an SM's shared memory.
+    let share = if plan.row_count() as u64 <= sms as u64 { smem_limit / 2 } else { cta_share(smem_limit, elem_bytes) };
+    let cached = with_cache <= share as u64;
     if base > smem_limit as u64 {
         let max_keys = 32 * ((smem_limit as u64 / 4).saturating_sub((SELECT_FIXED_WORDS + SELECT_CANDIDATES) as u64 + 8) / 3);
         return Err(Error::Param {
@@ -113,12 +120,19 @@ mod tests {
     #[test]
     fn rows_that_fit_are_cached_and_long_rows_read_again() {
         let h100 = 227 * 1024;
-        let l = plan_launch(&plan(32768, 32768, 0), 2, 132, h100).unwrap();
-        assert!(l.cached && l.smem_bytes < CACHED_SMEM && l.kernel == names::SELECT_KEYS_16);
+        // Five CTAs an SM: 44.6 KB each, which 8K bf16 keys fit with the rest (19 KB).
+        assert_eq!(cta_share(h100, 2), 45670);
+        let l = plan_launch(&plan(32768, 8192, 0), 2, 132, h100).unwrap();
+        assert!(l.cached && l.smem_bytes <= cta_share(h100, 2) && l.kernel == names::SELECT_KEYS_16);
         assert_eq!(l.grid, 16 * 132);
-        // f32 keys of a 32K row would take 128 KB: read again instead.
-        let l = plan_launch(&plan(4, 32768, 0), 4, 132, h100).unwrap();
-        assert!(!l.cached && l.grid == 4 && l.kernel == names::SELECT_KEYS_32);
+        // 32K bf16 keys would take 64 KB more: read again instead, as are 16K f32 keys.
+        let l = plan_launch(&plan(32768, 32768, 0), 2, 132, h100).unwrap();
+        assert!(!l.cached && l.smem_bytes <= cta_share(h100, 2), "{l:?}");
+        let l = plan_launch(&plan(1000, 16384, 0), 4, 132, h100).unwrap();
+        assert!(!l.cached && l.grid == 1000 && l.kernel == names::SELECT_KEYS_32);
+        // A few rows (one an SM or fewer) are cached up to half an SM's shared memory.
+        let l = plan_launch(&plan(4, 32768, 0), 2, 132, h100).unwrap();
+        assert!(l.cached && l.smem_bytes > cta_share(h100, 2), "{l:?}");
         // 512K keys: the two bitmaps (128 KB) fit an H100, not an SM 8.6 GPU (99 KB).
         let long = plan_launch(&plan(1, 1 << 19, 0), 2, 132, h100).unwrap();
         // Its threshold bin listed in the shared memory the bitmaps leave.
