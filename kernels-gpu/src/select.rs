@@ -7,9 +7,9 @@
 //! the row is loaded, one pass over the row then keeps the keys above the threshold bin and lists
 //! those in it (the load step does so already where the CTA's previous row's threshold bin is
 //! this row's, as for most rows of one bias), and the remaining digits are found over that
-//! short list. Ties at the threshold go
-//! to the lowest keys. Rows whose threshold bin holds too many keys (heavily tied biases) take
-//! 8-bit passes over the whole row and an ordered count per warp strip instead. The row's
+//! short list. Ties at the threshold go to the lowest keys. Rows whose threshold bin holds too
+//! many keys (heavily tied biases) take 8-bit passes over the whole row and an ordered count
+//! per warp strip instead. The row's
 //! eligibility and result live in shared bitmaps, and its radix keys too where they fit.
 use crate::arch::*;
 use dmattn_abi::{SELECT_FIRST_DIGIT, SELECT_FIXED_WORDS, SELECT_THREADS, SelectParams, View4};
@@ -192,7 +192,8 @@ fn word_of_bytes(b: u32, lane: u32) -> u32 {
 }
 
 /// Load step: the row's eligibility bitmap (and, for a relu selection, the kept one), the first
-/// digit's histogram (top-k), its radix keys into the cache where it is on. Eight consecutive
+/// digit's histogram (top-k; with a `guess` of the threshold bin, the keys above it kept and
+/// those in it listed), its radix keys into the cache where it is on. Eight consecutive
 /// keys a thread, two groups of them in flight.
 #[inline(always)]
 unsafe fn load_row<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32, guess: Option<u32>) {

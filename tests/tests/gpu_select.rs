@@ -1,7 +1,8 @@
 //! `select_keys` on the GPU against the CPU backend (itself checked against the selection's
 //! definition in `cpu_select`), bit for bit, with poisoned outputs: random biases (bf16, f16,
 //! f32; ties, NaN, ±0, ±inf; broadcasts; strided views), masks, top-k and relu, block smoothing,
-//! `k` beyond the row; rows cached in shared memory and rows too long for it; every output form.
+//! `k` beyond the row; rows cached in shared memory and rows too long for it; CTAs selecting
+//! several rows; every output form.
 //! `DMATTN_GPU_CASES` sets the case counts. Skips, saying why, where there is no CUDA device.
 use dmattn::{DType, Device, Error, Tensor, select_keys};
 use dmattn_tests::select::SelectCase;
@@ -65,6 +66,35 @@ fn long_rows_match_cpu() {
         case.mask = None;
         case.k = case.k.map(|_| [1, 1000, sk / 3, sk][n % 4]);
         check(&case, &gpu, &format!("long case {n}"));
+    }
+}
+
+/// More rows than the grid (16 CTAs an SM), so that each CTA selects several rows and its
+/// load step lists around the previous row's threshold bin: rows of one scale (the guess
+/// holds), of scales varying by row (it misses), of a few levels (ties at the threshold),
+/// within masks; top-k only (relu keeps no guess).
+#[test]
+fn many_rows_per_cta_match_cpu() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = fresh_rng("many_rows_per_cta_match_cpu");
+    use rand::Rng;
+    for n in 0..cases(2000).div_ceil(200) {
+        let mut case = SelectCase::random(&mut rng, 8);
+        let (rows, sk) = (4096, rng.random_range(64..=1500));
+        case.bias_shape = [1, 2, rows, sk];
+        case.strided = false;
+        case.block = None;
+        case.k = Some([1, 16, sk / 10 + 1, sk / 2, sk - 1][n % 5].max(1));
+        let kind = n % 3;
+        case.bias = (0..2 * rows * sk)
+            .map(|i| match kind {
+                0 => rng.random::<f64>() - 0.5,
+                1 => (rng.random::<f64>() - 0.5) * (1 + (i / sk) % 7) as f64 * 3.0,
+                _ => rng.random_range(0..20) as f64,
+            })
+            .collect();
+        case.mask = (n % 2 == 1).then(|| ([1, 2, rows, sk], (0..2 * rows * sk).map(|_| rng.random_bool(0.8)).collect()));
+        check(&case, &gpu, &format!("many-rows case {n} (kind {kind}, sk {sk}, k {:?})", case.k));
     }
 }
 
