@@ -666,10 +666,15 @@ unsafe fn top_k<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32, g
         return None;
     }
     let listed = unsafe { ld_shared_u32(s.misc() + 8) };
-    // Every thread has the count before a classify pass resets it.
-    sync_threads();
-    // The load's list serves where it guessed the threshold bin (and did not overflow).
-    let n = if guess == Some(bin) && listed <= p.cand_cap { listed } else { unsafe { classify::<W>(p, s, row, tid, bin) } };
+    // The load's list serves where it guessed the threshold bin (and did not overflow). Nothing
+    // writes the count before the classify pass resets it, so every thread takes the same
+    // branch; the barrier lets every thread read the count before that reset.
+    let n = if guess == Some(bin) && listed <= p.cand_cap {
+        listed
+    } else {
+        sync_threads();
+        unsafe { classify::<W>(p, s, row, tid, bin) }
+    };
     if n <= p.cand_cap && unsafe { refine::<W>(p, s, row, tid, bin, need, n) } {
         return Some(bin);
     }
