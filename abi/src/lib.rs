@@ -26,6 +26,9 @@ pub mod flags {
     /// heads fastest: every head's last query tile first, the heaviest under a causal band, with
     /// no ordering pass (gather attention, whose tile counts no block map holds).
     pub const HEADS_FIRST: u32 = 4;
+    /// (Forward.) The bias does not vary along the queries (query stride 0): one row of it per
+    /// key tile is copied, and every query row reads that row.
+    pub const BIAS_ROW: u32 = 8;
 }
 
 /// The parametric part of a mask (zero storage): a band of keys around each query's diagonal key
@@ -709,8 +712,9 @@ pub const SELECT_THREADS: u32 = 256;
 /// `__launch_bounds__`: (kernel name, threads per block, CTAs per SM to fit). ptxas then keeps
 /// each thread's registers within what that many CTAs leave; the host launches these kernels
 /// with exactly these threads.
-pub const LAUNCH_BOUNDS: [(&str, u32, u32); 2] =
-    [(names::SELECT_KEYS_16, SELECT_THREADS, select_ctas_per_sm(2)), (names::SELECT_KEYS_32, SELECT_THREADS, select_ctas_per_sm(4))];
+pub const LAUNCH_BOUNDS: [(&str, u32, u32); 4] =
+    [(names::SELECT_KEYS_16, SELECT_THREADS, select_ctas_per_sm(2)), (names::SELECT_KEYS_32, SELECT_THREADS, select_ctas_per_sm(4)),
+    (names::FWD_BF16_D64_GATHER_NARROW, 128, GATHER_NARROW_CTAS_PER_SM), (names::FWD_F16_D64_GATHER_NARROW, 128, GATHER_NARROW_CTAS_PER_SM)];
 
 /// CTAs of the key-selection kernels an SM holds at once (registers bounded to fit them, and
 /// a row's radix keys cached only where the shared memory fits them too): a row's passes are
@@ -792,6 +796,28 @@ pub struct FwdVariants {
     pub plain: Option<FwdTile>,
     /// The variant with score modifiers.
     pub mods: FwdTile,
+    /// A tile of fewer query rows for the gather variant, where the modifier tile's grid would
+    /// leave the GPU under two CTAs per SM ([`gather_tile`]).
+    pub gather_narrow: Option<FwdTile>,
+}
+
+/// CTAs per SM the narrow gather tiles are compiled for (registers bounded to fit them).
+pub const GATHER_NARROW_CTAS_PER_SM: u32 = 3;
+
+/// The gather variant's tile for a grid of `ctas` CTAs (query tiles x heads x batch) with the
+/// modifier tile on a GPU of `sms` SMs: the narrow tile where it has one and that grid is under
+/// two CTAs per SM (the modifier tile's occupancy at d64). A gathered query tile visits few key
+/// tiles, each a chain of dependent steps; half the rows per CTA and three CTAs per SM hide
+/// more of that latency than key splits, which add a combine pass (H100, b1 h2 d64, 16K
+/// queries, 1024 kept keys: 128-row tiles with 2 key splits 0.080-0.088 ms, 64-row tiles
+/// 0.061 ms; at 32K queries, 512 CTAs, the 128-row tile is the faster, 0.083-0.093 against
+/// 0.098-0.100 ms). At d128 a 64-row tile was slower throughout (b1 h16 hk4, 2048 kept keys,
+/// 8K queries: 0.375 against 0.331 ms), as were 8 warps on 128 rows at d64 and d128.
+pub const fn gather_tile(v: &FwdVariants, ctas: u64, sms: u32) -> (FwdTile, bool) {
+    match v.gather_narrow {
+        Some(t) if ctas < 2 * sms as u64 => (t, true),
+        _ => (v.mods, false),
+    }
 }
 
 const fn tile(head_dim: u32, block_m: u32, block_n: u32, warps: u32) -> FwdTile {
@@ -806,12 +832,12 @@ const fn tile(head_dim: u32, block_m: u32, block_n: u32, warps: u32) -> FwdTile 
 /// per-tile bookkeeping per key, ~15 % faster on training shapes, though 28 % slower on
 /// sparse decoding at 512K keys, where each visited tile carries twice the keys.
 pub const FWD_TILES: [FwdVariants; 6] = [
-    FwdVariants { plain: Some(tile(32, 128, 64, 4)), mods: tile(32, 128, 64, 4) },
-    FwdVariants { plain: Some(tile(64, 128, 128, 4)), mods: tile(64, 128, 128, 4) },
-    FwdVariants { plain: Some(tile(96, 128, 64, 4)), mods: tile(96, 128, 64, 4) },
-    FwdVariants { plain: Some(tile(128, 128, 64, 4)), mods: tile(128, 128, 64, 4) },
-    FwdVariants { plain: Some(tile(192, 64, 64, 4)), mods: tile(192, 64, 64, 4) },
-    FwdVariants { plain: Some(tile(256, 128, 64, 8)), mods: tile(256, 128, 64, 8) },
+    FwdVariants { plain: Some(tile(32, 128, 64, 4)), mods: tile(32, 128, 64, 4), gather_narrow: None },
+    FwdVariants { plain: Some(tile(64, 128, 128, 4)), mods: tile(64, 128, 128, 4), gather_narrow: Some(tile(64, 64, 128, 4)) },
+    FwdVariants { plain: Some(tile(96, 128, 64, 4)), mods: tile(96, 128, 64, 4), gather_narrow: None },
+    FwdVariants { plain: Some(tile(128, 128, 64, 4)), mods: tile(128, 128, 64, 4), gather_narrow: None },
+    FwdVariants { plain: Some(tile(192, 64, 64, 4)), mods: tile(192, 64, 64, 4), gather_narrow: None },
+    FwdVariants { plain: Some(tile(256, 128, 64, 8)), mods: tile(256, 128, 64, 8), gather_narrow: None },
 ];
 
 /// The kernels shipped for a head dimension.
@@ -905,6 +931,11 @@ pub mod names {
     /// Appended to a forward kernel's modifier-variant name (`dmattn_fwd_<elem>_d<dim>_mods`)
     /// for its gather-attention variant ([`super::FwdParams::key_ranks`]).
     pub const GATHER_SUFFIX: &str = "_gather";
+    /// Appended to a gather variant's name for its narrow tile ([`super::FwdVariants::gather_narrow`]).
+    pub const NARROW_SUFFIX: &str = "_narrow";
+    /// The narrow gather variants (launch bounds, [`super::LAUNCH_BOUNDS`]).
+    pub const FWD_BF16_D64_GATHER_NARROW: &str = "dmattn_fwd_bf16_d64_mods_gather_narrow";
+    pub const FWD_F16_D64_GATHER_NARROW: &str = "dmattn_fwd_f16_d64_mods_gather_narrow";
     pub const BWD_PRE_PREFIX: &str = "dmattn_bwd_pre_";
     pub const CONVERT_PREFIX: &str = "dmattn_convert_";
     pub const COMBINE_PREFIX: &str = "dmattn_fwd_combine_";

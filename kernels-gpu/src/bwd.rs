@@ -427,7 +427,7 @@ pub unsafe fn backward<
             let (lse_at, delta_at) = (st.lse + 4 * (r0 + g), st.delta + 4 * (r0 + g));
             // Chunk c's first n8 key tile, and its scores' addresses.
             let chunk_nt0 = |c: u32| NS as u32 * wc + NC as u32 * c;
-            let scores = |c: u32| WarpScores::new::<NC>(st.bias, st.mask, (BN / 8) as u32, r0, chunk_nt0(c), lane);
+            let scores = |c: u32| WarpScores::new::<NC>(st.bias, true, st.mask, (BN / 8) as u32, r0, chunk_nt0(c), lane);
             // wgmma: dP is issued right behind S and computes while P is formed, and P stays in
             // registers for dS (one chunk: S and P are live together) where registers allow: not
             // in d128's softcap variant (`ALL`), beside the softcap's derivative and the dbias sum,

@@ -10,7 +10,8 @@ const LOG2E: f32 = core::f32::consts::LOG2_E;
 /// Each query row on a group of lanes (see [`for_each_row`]), rows in the partial O's `[b, sq, h]`
 /// order. The row's lanes share the LSE pass (each a strided share of the splits, then shuffles),
 /// so that many splits (a decode over gathered keys may leave most of them empty) are not one
-/// chain of dependent loads; the O pass reads only the splits that saw a key.
+/// chain of dependent loads; each lane notes which of its splits saw a key (at most 128 splits
+/// over at least 4 lanes: a 32-bit mask each), and the O pass visits only those.
 #[inline(always)]
 pub unsafe fn combine<E: Elem>(p: &CombineParams) {
     let r = &p.rows;
@@ -24,10 +25,11 @@ pub unsafe fn combine<E: Elem>(p: &CombineParams) {
         let lse_at = ((b * r.heads + h) * r.seqlen_q + i) as usize;
         let lse_of = |s: u32| unsafe { *lse_part.add(s as usize * split_lse + lse_at) };
         // This lane's share: running max and sum of 2^(lse - max), merged over the row's lanes.
-        let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);
+        let (mut max, mut sum, mut seen) = (f32::NEG_INFINITY, 0f32, 0u32);
         let mut s = lane;
         while live && s < p.splits {
             let l = lse_of(s);
+            seen |= ((l != f32::NEG_INFINITY) as u32) << (s / lanes);
             if l > max {
                 sum = sum * exp2((max - l) * LOG2E) + 1.0;
                 max = l;
@@ -44,20 +46,19 @@ pub unsafe fn combine<E: Elem>(p: &CombineParams) {
             (max, sum) = (m, scaled(max, sum) + scaled(m2, s2));
             step *= 2;
         }
-        if !live {
-            return;
-        }
-        // A row no split saw anything of keeps O = 0 and LSE = -inf.
+        // A row no split saw anything of keeps O = 0 and LSE = -inf. Rows past the end (no
+        // split seen) still take part in the shuffles.
         let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
-        if 8 * lane < r.head_dim {
-            let mut acc = [0f32; 8];
-            let part = p.o_part + 2 * row as u64 * r.head_dim as u64 + 16 * lane as u64;
-            for s in 0..p.splits {
-                let l = lse_of(s);
-                if l == f32::NEG_INFINITY {
-                    continue;
-                }
-                let w = exp2((l - max) * LOG2E) * inv;
+        // Every lane of the row takes every lane's mask (the shuffles run on all of them).
+        let group = (thread_idx() % 32) - lane;
+        let mut acc = [0f32; 8];
+        let part = p.o_part + 2 * row as u64 * r.head_dim as u64 + 16 * lane as u64;
+        for from in 0..lanes {
+            let mut seen = shfl_idx_u32(seen, group + from);
+            while seen != 0 && 8 * lane < r.head_dim {
+                let s = from + lanes * seen.trailing_zeros();
+                seen &= seen - 1;
+                let w = exp2((lse_of(s) - max) * LOG2E) * inv;
                 let v = unsafe { ld_global_nc_v4(part + s as u64 * split_o) };
                 for j in 0..4 {
                     let (lo, hi) = E::unpack(v[j]);
@@ -65,12 +66,14 @@ pub unsafe fn combine<E: Elem>(p: &CombineParams) {
                     acc[2 * j + 1] += w * hi;
                 }
             }
+        }
+        if live && 8 * lane < r.head_dim {
             let o = &p.o;
             let at = o.ptr + 2 * (b as u64 * o.stride[0] + i as u64 * o.stride[1] + h as u64 * o.stride[2]) + 16 * lane as u64;
             let packed = [E::pack(acc[0], acc[1]), E::pack(acc[2], acc[3]), E::pack(acc[4], acc[5]), E::pack(acc[6], acc[7])];
             unsafe { st_global_v4(at, packed) };
         }
-        if lane == 0 {
+        if live && lane == 0 {
             let lse = if sum > 0.0 { max + log2(sum) * core::f32::consts::LN_2 } else { f32::NEG_INFINITY };
             unsafe { *(p.lse as *mut f32).add(lse_at) = lse };
         }

@@ -81,6 +81,25 @@ unsafe fn load_kv<const D: usize, const BN: usize, const GATHER: bool>(sm: &Smem
     }
 }
 
+/// Gather variant, key-side bias (`flags::BIAS_ROW`): row 0 of the bias tile from the bias row
+/// at `row` (elements `key_stride` apart) at key tile `n`'s original key positions (their slot
+/// has landed), zeros from `keys` on. Plain loads: one 2-byte element at any key is below
+/// `cp.async`'s 4-byte unit; the stores land before the loop's next barrier like the copies.
+#[inline(always)]
+unsafe fn load_bias_at_keys<const BN: usize>(sm: &Smem, row: u64, key_stride: u64, n: u32, keys: u32, tid: u32, threads: u32) {
+    let mut j = tid;
+    while j < BN as u32 {
+        let v = if j < keys {
+            let key = unsafe { ld_shared_u32(sm.key_pos_of::<BN>(n) + 4 * j) };
+            unsafe { ld_global_nc_u16(row + 2 * key as u64 * key_stride) }
+        } else {
+            0
+        };
+        unsafe { st_shared_u16(sm.bias.chunk(0, j / 8) + 2 * (j % 8), v) };
+        j += threads;
+    }
+}
+
 /// Starts the copies of key tile `tile`'s K and the bias and packed-mask tiles that go with it
 /// (no mask copy for a full tile), keys from `keys_end` on zero-filled. All threads call this.
 #[inline(always)]
@@ -100,7 +119,11 @@ unsafe fn load_k_side<const D: usize, const BM: usize, const BN: usize, const GA
     if mods.bias {
         let s = p.bias.stride;
         unsafe {
-            if p.flags & flags::BIAS_VEC != 0 {
+            if GATHER && p.flags & flags::BIAS_ROW != 0 {
+                load_bias_at_keys::<BN>(sm, b.bias(), s[3], tile.n, keys, tid, threads);
+            } else if p.flags & flags::BIAS_ROW != 0 {
+                sm.bias.load_first_row_async(b.bias() + 2 * col0 as u64, 2 * keys, tid);
+            } else if p.flags & flags::BIAS_VEC != 0 {
                 sm.bias.load_async(b.bias() + 2 * col0 as u64, 2 * s[2], b.rows_valid, 2 * keys, tid, threads);
             } else {
                 let src = b.bias() + 2 * col0 as u64 * s[3];
@@ -243,7 +266,7 @@ pub unsafe fn forward<
             } else {
                 b.vis.at_tile(b.row0, col0).shifted(warp_row0 + g, 2 * t).rows_bits::<MT>(check)
             };
-            let warp = WarpScores::new::<NT>(sm.bias, sm.mask, (BN / 8) as u32, warp_row0, 0, lane);
+            let warp = WarpScores::new::<NT>(sm.bias, p.flags & flags::BIAS_ROW == 0, sm.mask, (BN / 8) as u32, warp_row0, 0, lane);
             let mut s = [[[0f32; 4]; NT]; MT];
             warp.init::<E, MT, NT>(&mut s, &mods, &band, check, mods.mask && !tile.full);
 

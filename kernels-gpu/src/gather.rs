@@ -98,16 +98,38 @@ pub unsafe fn key_compact(p: &KeyCompactParams) {
     let bits = if first < sk { unsafe { strip_bits(p, base, first, sk) } } else { 0 };
     let (mine, _) = block_scan::<COMPACT_THREADS>(bits.count_ones(), tid, smem_base());
     let mut at = before + mine;
-    for j in 0..N {
-        let k = first + j;
-        if k < sk {
+    // Slots and ranks in 16-byte stores (a strip is 64-byte aligned: planes are whole 64-key
+    // blocks apart): scalar ones, 64 bytes apart across a warp, make half a million keys a
+    // long stream of L2 transactions.
+    for quad in 0..N / 4 {
+        let (mut slots, mut rank) = ([0u32; 4], [0u32; 4]);
+        for e in 0..4 {
+            let j = 4 * quad + e;
+            // No bit is set past `sk`.
             let kept = (bits >> j) & 1 != 0;
-            unsafe { *slot.add((out + k as u64) as usize) = if kept { at as i32 } else { -1 } };
+            slots[e as usize] = if kept { at } else { u32::MAX };
             if kept {
-                unsafe { *pos.add((out + at as u64) as usize) = k as i32 };
+                unsafe { *pos.add((out + at as u64) as usize) = (first + j) as i32 };
                 at += 1;
             }
-            unsafe { *ranks.add((out + k as u64) as usize) = at as i32 };
+            rank[e as usize] = at;
+        }
+        let k = first + 4 * quad;
+        let at_k = (out + k as u64) as usize;
+        if k + 4 <= sk {
+            unsafe {
+                st_global_v4(slot.add(at_k) as u64, slots);
+                st_global_v4(ranks.add(at_k) as u64, rank);
+            }
+        } else {
+            for e in 0..4 {
+                if k + e < sk {
+                    unsafe {
+                        *slot.add(at_k + e as usize) = slots[e as usize] as i32;
+                        *ranks.add(at_k + e as usize) = rank[e as usize] as i32;
+                    }
+                }
+            }
         }
     }
     // The last chunk also fills the plane's padding.

@@ -183,6 +183,19 @@ fwd_kernels! {
     F16, 256: dmattn_fwd_f16_d256_mods, dmattn_fwd_f16_d256_mods_gather, dmattn_fwd_f16_d256;
 }
 
+/// The narrow gather variants (`FwdVariants::gather_narrow`): `names::FWD_*_GATHER_NARROW`.
+macro_rules! fwd_gather_narrow {
+    ($($elem:ty, $d:literal: $name:ident;)*) => {$(
+        fwd_kernels!(@one $name, $elem, $d, match variants($d).gather_narrow { Some(t) => t, None => panic!() }, true, true);
+    )*};
+}
+
+#[cfg(not(target_feature = "sm_90a"))]
+fwd_gather_narrow! {
+    Bf16, 64: dmattn_fwd_bf16_d64_mods_gather_narrow;
+    F16, 64: dmattn_fwd_f16_d64_mods_gather_narrow;
+}
+
 /// Backward entry points per (element type, head dim): `dmattn_bwd_<elem>_d<dim>[_mods][_det]`
 /// (score modifiers; deterministic accumulation). The `_mods` variants take any band; the plain
 /// ones only bands without a left edge or compression (`Visibility::of_band`).

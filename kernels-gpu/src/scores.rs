@@ -61,6 +61,8 @@ pub struct WarpScores {
     mask_at: u32,
     mask_shift: u32,
     mask_row_bytes: u32,
+    /// Bytes from one bias row to the next in the tile (0: every row reads row 0).
+    bias_row_step: u32,
 }
 
 impl WarpScores {
@@ -68,12 +70,17 @@ impl WarpScores {
     /// (`nt0` a multiple of `NT`, a power of two) of the CTA tile; the packed mask tile has row
     /// `r` at `mask + r * mask_row_bytes`, one 8-byte word per 64 keys.
     #[inline(always)]
-    pub fn new<const NT: usize>(bias: SmemTile, mask: u32, mask_row_bytes: u32, row0: u32, nt0: u32, lane: u32) -> Self {
+    /// `bias_rows` false: the bias tile holds one row (see `flags::BIAS_ROW`), which every row reads.
+    pub fn new<const NT: usize>(bias: SmemTile, bias_rows: bool, mask: u32, mask_row_bytes: u32, row0: u32, nt0: u32, lane: u32) -> Self {
         const { assert!(NT.is_power_of_two()) };
         let (g, t) = (lane / 4, lane % 4);
+        // Rows 8 apart share their swizzle: a row offset is a plain addition (`SmemTile::shift`).
+        let bias_row_step = if bias_rows { bias.shift(0, 1, 0) } else { 0 };
+        let first = if bias_rows { bias.shift(bias.chunk(g, 0) + 4 * t, row0, nt0) } else { bias.shift(bias.chunk(0, 0) + 4 * t, 0, nt0) };
         WarpScores {
             bias,
-            bias_at: bias.shift(bias.chunk(g, 0) + 4 * t, row0, nt0),
+            bias_row_step,
+            bias_at: first,
             mask_at: mask + (row0 + g) * mask_row_bytes + 8 * (nt0 / 8) + 2 * t,
             mask_shift: 2 * (nt0 % 8),
             mask_row_bytes,
@@ -91,7 +98,7 @@ impl WarpScores {
     /// with dS for dbias).
     #[inline(always)]
     pub fn bias_at_pair(&self, dr: u32, nt: u32) -> u32 {
-        self.bias.shift(self.bias_at, dr, nt)
+        self.bias.shift(self.bias_at + dr * self.bias_row_step, 0, nt)
     }
 
     /// Accumulator start values: -inf where the mask or the band and bounds (`band`, read only

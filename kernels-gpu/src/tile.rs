@@ -151,6 +151,28 @@ impl SmemTile {
         }
     }
 
+    /// Starts an asynchronous copy of row 0 alone from `src` (16-byte aligned); bytes at or past
+    /// `bytes_valid` (even) are zero-filled. The other rows are left as they are. All threads
+    /// call this.
+    #[inline(always)]
+    pub unsafe fn load_first_row_async(&self, src: u64, bytes_valid: u32, tid: u32) {
+        let start = 16 * tid;
+        if start < self.row_bytes {
+            let bytes = bytes_valid.saturating_sub(start).min(16);
+            let dst = self.chunk(0, tid);
+            if bytes == 16 || bytes == 0 {
+                // A zero-byte copy reads nothing, but its address must still be valid: the row's.
+                unsafe { cp_async_16(dst, src + if bytes > 0 { start as u64 } else { 0 }, bytes) };
+            } else {
+                // Element by element: memcheck counts a `cp.async` as reading all 16 bytes.
+                for e in 0..8 {
+                    let v = if 2 * e < bytes { unsafe { ld_global_nc_u16(src + (start + 2 * e) as u64) } } else { 0 };
+                    unsafe { st_shared_u16(dst + 2 * e, v) };
+                }
+            }
+        }
+    }
+
     /// Starts an asynchronous copy of whole rows gathered from anywhere: row `r` from byte
     /// address `row_src(r)` (16-byte aligned). Rows at or past `rows_valid` (at least 1) are
     /// zero-filled and never read. All `threads` threads of the CTA call this.

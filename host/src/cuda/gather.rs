@@ -1,11 +1,11 @@
 //! Gather attention: a mask that does not vary along the queries (`[.., .., 1, sk]`) keeps the same
 //! keys for every query of a plane, so the call runs as attention over those keys alone. Preparing
 //! the mask compacts each plane's kept keys into an ascending list, with each key's rank (kept keys
-//! at or before it), reading nothing back. Each forward gathers the bias's key columns along the
-//! lists and runs the forward's gather variant, which reads K and V rows at the listed keys and
-//! finds each query row's run of visible kept keys from two ranks of the band's ends (causal
-//! stays causal on the original positions). The backward reads the lists' lengths back once, then runs the ordinary
-//! kernels over the gathered keys, whose mask is written from the band on the original positions,
+//! at or before it), reading nothing back. Each forward runs the forward's gather variant, which
+//! reads K and V rows and a key-side bias at the listed keys (a bias with a query dimension is
+//! gathered along the lists first), and finds each query row's run of visible kept keys from two
+//! ranks of the band's ends (causal stays causal on the original positions). The backward reads
+//! the lists' lengths back once, then runs the ordinary kernels over the gathered keys, whose mask is written from the band on the original positions,
 //! and scatters dK, dV and dbias back (keys no query sees get zeros). Work and memory are
 //! O(queries x kept keys) instead of O(queries x keys).
 use super::launch::{Launch, launch};
@@ -306,7 +306,8 @@ fn gather_variant_takes(band: &Band) -> bool {
 
 /// A call whose prepared mask holds key lists, on the forward's gather variant: the kernel reads K
 /// and V rows at the listed keys and finds each query tile's tiles and per-score bounds from the
-/// ranks; a bias with a key dimension is gathered into columns as many as the call's keys (each
+/// ranks; it reads a key-side bias (`[.., .., 1, sk]`) at the listed keys, and a bias with both a
+/// query and a key dimension is gathered into columns as many as the call's keys first (each
 /// plane's list fills its first ones; the rest are never read). Nothing is read back. A band with sinks runs the ordinary kernels over the
 /// gathered problem instead (which reads the lists' lengths back).
 pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, lists: &Arc<KeyListsBuf>, into: ForwardBuffers) -> Result<Forward> {
@@ -316,7 +317,11 @@ pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, lists: &Arc<Ke
     let d = p.dims;
     // Element type and bias dtype first: the bias gather copies 16-bit elements.
     let elem = super::check_operands(&p, &saved)?;
-    let (bias, _) = gather_bias(dev, &p, &saved, lists, d.seqlen_k, d.kv_heads, true)?;
+    // The kernel reads a key-side bias at the listed keys itself.
+    let bias = match &saved.bias {
+        Some(b) if super::key_side(b) => Some(b.clone()),
+        _ => gather_bias(dev, &p, &saved, lists, d.seqlen_k, d.kv_heads, true)?.0,
+    };
     let problem = Problem { mask: None, bias: bias.as_ref().map(|b| b.shape().try_into().expect("4 dims")), ..p.clone() };
     let inner = Saved { mask: None, bias, ..saved.clone() };
     let plan = super::fwd_plan(dev.sms(), dev.l2_bytes(), &problem, elem, FwdMask::Gathered)?;

@@ -73,6 +73,13 @@ fn broadcast_operand(d: &Dims, t: &Tensor) -> (View4, u32) {
     (broadcast_view(t), head_div(d, t.shape()[1]))
 }
 
+/// A bias with a key dimension and none along the queries (`[.., .., 1, sk]`): the forward
+/// copies one row of it per key tile (`flags::BIAS_ROW`), at the gathered keys in the gather
+/// variant.
+fn key_side(bias: &Tensor) -> bool {
+    bias.shape()[2] == 1 && bias.shape()[3] > 1
+}
+
 /// The bias can be copied in 16-byte rows (unit key stride, 8-element aligned rows and base).
 fn bias_vectorizable(bias: &Tensor, view: &View4) -> bool {
     bias.shape()[3] > 1 && bias.strides()[3] == 1 && view.ptr.is_multiple_of(16) && view.stride[..3].iter().all(|s| s % 8 == 0)
@@ -155,6 +162,10 @@ fn fwd_params(p: &Problem, saved: &Saved, out: &Tensor, lse: &Tensor) -> Result<
         (params.bias, params.bias_head_div) = broadcast_operand(&d, bias);
         if bias_vectorizable(bias, &params.bias) {
             params.flags |= flags::BIAS_VEC;
+            // A key-side bias: one row per key tile.
+            if key_side(bias) {
+                params.flags |= flags::BIAS_ROW;
+            }
         }
     }
     Ok(params)
@@ -232,10 +243,15 @@ pub(crate) fn fwd_plan(sms: u32, l2_bytes: usize, p: &Problem, elem: DeviceElem,
     let variants = fwd_variants(d.head_dim as u32).ok_or_else(|| unsupported_head_dim(d.head_dim))?;
     // Split-KV runs in the modifier variant only (see `key_splits`); a gathered call's keys are
     // at most its call's.
-    let (splits, split_tiles) = key_splits(sms, &d, variants.mods.block_m, variants.mods.block_n);
     let gathered = mask == FwdMask::Gathered;
+    // The gather variant's tile: narrow where the modifier tile leaves the GPU short of CTAs.
+    let ctas = |t: &FwdTile| (d.seqlen_q.div_ceil(t.block_m as usize) * d.heads * d.batch) as u64;
+    let (gather_tile, narrow) = dmattn_abi::gather_tile(&variants, ctas(&variants.mods), sms);
+    let split_tile = if gathered { gather_tile } else { variants.mods };
+    let (splits, split_tiles) = key_splits(sms, &d, split_tile.block_m, split_tile.block_n);
     // The forward's variants: lean, or every modifier (gathered or not).
     let (tile, mods) = match (gathered || modifiers_of(p) != modifiers::NONE || splits > 1, variants.plain) {
+        _ if gathered => (gather_tile, true),
         (false, Some(plain)) => (plain, false),
         _ => (variants.mods, true),
     };
@@ -243,6 +259,9 @@ pub(crate) fn fwd_plan(sms: u32, l2_bytes: usize, p: &Problem, elem: DeviceElem,
     let mut kernel = kernel_name(dmattn_abi::names::FWD_PREFIX, elem, d.head_dim, if mods { modifiers::ALL } else { modifiers::NONE });
     if gathered {
         kernel += dmattn_abi::names::GATHER_SUFFIX;
+        if narrow {
+            kernel += dmattn_abi::names::NARROW_SUFFIX;
+        }
     }
     let grid = (d.seqlen_q.div_ceil(tile.block_m as usize) as u32, d.heads as u32, d.batch as u32 * splits);
     let ordered = splits == 1 && mask == FwdMask::Prepared && mods && order_pays(sms, l2_bytes, &d, grid);
@@ -271,8 +290,16 @@ fn run_forward(dev: &CudaDevice, plan: &FwdPlan, p: &Problem, saved: &Saved, int
     let out = output(into.out, saved.q.shape(), p.dtype, &device)?;
     let lse = output(into.lse, &lse_shape(p), DType::F32, &device)?;
     let launch_fwd = |params| launch(dev, &Launch::kernel(&plan.kernel, plan.grid, plan.tile.threads(), plan.tile.smem_bytes()), params);
+    let params_for = |out: &Tensor, lse: &Tensor| -> Result<FwdParams> {
+        let mut params = FwdParams { key_ranks, key_pos, ..fwd_params(p, saved, out, lse)? };
+        // The gather variant reads a key-side bias at the listed keys, aligned or not.
+        if gathered.is_some() && saved.bias.as_ref().is_some_and(key_side) {
+            params.flags |= flags::BIAS_ROW;
+        }
+        Ok(params)
+    };
     if plan.splits == 1 {
-        let mut params = FwdParams { key_ranks, key_pos, ..fwd_params(p, saved, &out, &lse)? };
+        let mut params = params_for(&out, &lse)?;
         // Held until the launch is queued; the stream orders its release after the kernel.
         let order = if plan.ordered {
             let name = format!("{}{}", dmattn_abi::names::FWD_ORDER_PREFIX, d.head_dim);
@@ -292,7 +319,7 @@ fn run_forward(dev: &CudaDevice, plan: &FwdPlan, p: &Problem, saved: &Saved, int
         let (b, sq, h, hd) = (d.batch, d.seqlen_q, d.heads, d.head_dim);
         let o_part = Tensor::empty(&[plan.splits as usize * b, sq, h, hd], p.dtype, &device)?;
         let lse_part = Tensor::empty(&[plan.splits as usize * b, h, sq], DType::F32, &device)?;
-        let mut params = FwdParams { key_ranks, key_pos, ..fwd_params(p, saved, &o_part, &lse_part)? };
+        let mut params = params_for(&o_part, &lse_part)?;
         (params.splits, params.split_tiles) = (plan.splits, plan.split_tiles);
         (params.o_split_stride, params.lse_split_stride) = ((b * sq * h * hd) as u64, (b * h * sq) as u64);
         launch_fwd(params)?;
@@ -549,11 +576,17 @@ mod tests {
         let biased = plan(dims(2, 8, 4096, 4096), true, FwdMask::None);
         assert_eq!(biased.kernel, "dmattn_fwd_bf16_d64_mods");
         assert!(plan(dims(2, 8, 4096, 4096), true, FwdMask::Prepared).ordered);
+        // Gathered: the narrow tile below two 128-row CTAs per SM (256 here), unsplit at 512.
         let gathered = plan(dims(1, 2, 16384, 16384), true, FwdMask::Gathered);
-        assert_eq!((gathered.kernel.as_str(), gathered.split_tiles, gathered.ordered), ("dmattn_fwd_bf16_d64_mods_gather", 0, false));
+        assert_eq!((gathered.kernel.as_str(), gathered.split_tiles, gathered.ordered), ("dmattn_fwd_bf16_d64_mods_gather_narrow", 0, false));
+        assert_eq!((gathered.tile.block_m, gathered.splits, gathered.grid), (64, 1, (256, 2, 1)));
+        let wide = plan(dims(1, 2, 32768, 32768), true, FwdMask::Gathered);
+        assert_eq!((wide.kernel.as_str(), wide.tile.block_m, wide.splits), ("dmattn_fwd_bf16_d64_mods_gather", 128, 1));
+        let d128 = Dims { head_dim: 128, ..dims(1, 2, 16384, 16384) };
+        assert_eq!(plan(d128, true, FwdMask::Gathered).kernel, "dmattn_fwd_bf16_d128_mods_gather");
         // More than a wave unsplit: every head's heaviest query tiles first.
         assert!(plan(dims(1, 16, 32768, 32768), true, FwdMask::Gathered).heads_first);
-        assert!(!gathered.heads_first && !plan(dims(1, 16, 32768, 32768), true, FwdMask::Prepared).heads_first);
+        assert!(!plan(dims(1, 16, 32768, 32768), true, FwdMask::Prepared).heads_first);
         // Decoding over gathered keys splits as the call's keys would, sharing its tiles evenly.
         let decode = plan(dims(1, 2, 1, 1 << 19), true, FwdMask::Gathered);
         assert_eq!((decode.splits, decode.split_tiles, decode.grid.2), (128, 0, 128));
