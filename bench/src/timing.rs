@@ -9,7 +9,9 @@ pub struct Timer {
 
 impl Timer {
     /// Median milliseconds of `f(rep)` over `reps` runs after `warmup` untimed ones; `rep`
-    /// lets the caller rotate input buffers.
+    /// lets the caller rotate input buffers. With `DMATTN_BENCH_HOST` set, prints the host's
+    /// time in each timed `f` (enqueueing, no wait): where it reaches the event time, the call
+    /// is bound by the host, not the GPU.
     pub fn median_ms(&self, stream: &Arc<CudaStream>, mut f: impl FnMut(usize) -> dmattn::Result<()>) -> dmattn::Result<f64> {
         let ctx = stream.context();
         for i in 0..self.warmup {
@@ -21,7 +23,11 @@ impl Timer {
         for i in 0..self.reps {
             let (start, end) = (ctx.new_event(flags)?, ctx.new_event(flags)?);
             start.record(stream)?;
+            let t0 = std::time::Instant::now();
             f(self.warmup + i)?;
+            if std::env::var_os("DMATTN_BENCH_HOST").is_some() {
+                eprintln!("host {:.1} us", t0.elapsed().as_secs_f64() * 1e6);
+            }
             end.record(stream)?;
             end.synchronize()?;
             times.push(start.elapsed_ms(&end)? as f64);

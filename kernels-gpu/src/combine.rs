@@ -26,17 +26,27 @@ pub unsafe fn combine<E: Elem>(p: &CombineParams) {
         let lse_of = |s: u32| unsafe { *lse_part.add(s as usize * split_lse + lse_at) };
         // This lane's share: running max and sum of 2^(lse - max), merged over the row's lanes.
         let (mut max, mut sum, mut seen) = (f32::NEG_INFINITY, 0f32, 0u32);
-        let mut s = lane;
-        while live && s < p.splits {
-            let l = lse_of(s);
-            seen |= ((l != f32::NEG_INFINITY) as u32) << (s / lanes);
-            if l > max {
-                sum = sum * exp2((max - l) * LOG2E) + 1.0;
-                max = l;
-            } else if l != f32::NEG_INFINITY {
-                sum += exp2((l - max) * LOG2E);
+        let mut s0 = lane;
+        while live && s0 < p.splits {
+            // Eight loads in flight before the first is used.
+            let mut l = [f32::NEG_INFINITY; 8];
+            for k in 0..8 {
+                let s = s0 + k as u32 * lanes;
+                if s < p.splits {
+                    l[k] = lse_of(s);
+                }
             }
-            s += lanes;
+            for k in 0..8 {
+                let (s, l) = (s0 + k as u32 * lanes, l[k]);
+                seen |= ((l != f32::NEG_INFINITY) as u32) << (s / lanes);
+                if l > max {
+                    sum = sum * exp2((max - l) * LOG2E) + 1.0;
+                    max = l;
+                } else if l != f32::NEG_INFINITY {
+                    sum += exp2((l - max) * LOG2E);
+                }
+            }
+            s0 += 8 * lanes;
         }
         let mut step = 1;
         while step < lanes {
@@ -56,14 +66,28 @@ pub unsafe fn combine<E: Elem>(p: &CombineParams) {
         for from in 0..lanes {
             let mut seen = shfl_idx_u32(seen, group + from);
             while seen != 0 && 8 * lane < r.head_dim {
-                let s = from + lanes * seen.trailing_zeros();
-                seen &= seen - 1;
-                let w = exp2((lse_of(s) - max) * LOG2E) * inv;
-                let v = unsafe { ld_global_nc_v4(part + s as u64 * split_o) };
-                for j in 0..4 {
-                    let (lo, hi) = E::unpack(v[j]);
-                    acc[2 * j] += w * lo;
-                    acc[2 * j + 1] += w * hi;
+                // Four splits' loads in flight before the first is used.
+                let mut at = [u32::MAX; 4];
+                for a in &mut at {
+                    if seen != 0 {
+                        *a = from + lanes * seen.trailing_zeros();
+                        seen &= seen - 1;
+                    }
+                }
+                let (mut l, mut v) = ([f32::NEG_INFINITY; 4], [[0u32; 4]; 4]);
+                for k in 0..4 {
+                    if at[k] != u32::MAX {
+                        l[k] = lse_of(at[k]);
+                        v[k] = unsafe { ld_global_nc_v4(part + at[k] as u64 * split_o) };
+                    }
+                }
+                for k in 0..4 {
+                    let w = if at[k] != u32::MAX { exp2((l[k] - max) * LOG2E) * inv } else { 0.0 };
+                    for j in 0..4 {
+                        let (lo, hi) = E::unpack(v[k][j]);
+                        acc[2 * j] += w * lo;
+                        acc[2 * j + 1] += w * hi;
+                    }
                 }
             }
         }

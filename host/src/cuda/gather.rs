@@ -32,14 +32,16 @@ pub(crate) struct KeyListsBuf {
     /// `[mb, mh]`.
     pub planes: [usize; 2],
     pub seqlen_k: usize,
+    /// One allocation (one call's worth of allocator work) holding the four arrays below.
+    buf: DeviceBuffer,
     /// i32 `[planes, sk]`: each plane's kept keys ascending, then -1.
-    pos: DeviceBuffer,
+    pos: u64,
     /// i32 `[planes, sk]`: each key's place in its plane's list, -1 where hidden.
-    slot: DeviceBuffer,
+    slot: u64,
     /// i32 `[planes, sk]`: kept keys at or before each key.
-    ranks: DeviceBuffer,
+    ranks: u64,
     /// u32 `[planes]`: the lists' lengths (then the compaction's chunk counts).
-    counts: DeviceBuffer,
+    counts: u64,
     /// The mask compacted, for the dense-tile form (see [`KeyListsBuf::dense_tiles`]).
     mask: Tensor,
     packed: bool,
@@ -51,7 +53,7 @@ pub(crate) struct KeyListsBuf {
 
 impl KeyListsBuf {
     pub fn memory_bytes(&self) -> usize {
-        self.pos.bytes() + self.slot.bytes() + self.ranks.bytes() + self.counts.bytes()
+        self.buf.bytes()
     }
 
     /// Elements between planes of the lists, slots and ranks (`KeyCompactParams::plane_stride`).
@@ -66,7 +68,7 @@ impl KeyListsBuf {
             return Ok(n);
         }
         let [mb, mh] = self.planes;
-        let host = self.counts.to_host(0, 4 * mb * mh)?;
+        let host = self.buf.to_host((self.counts - self.buf.ptr()) as usize, 4 * mb * mh)?;
         let n = host.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")) as usize).max().unwrap_or(0);
         Ok(*self.longest.get_or_init(|| n))
     }
@@ -95,16 +97,16 @@ impl KeyListsBuf {
         Ok(self.dense.get_or_init(|| m).clone())
     }
 
-    /// `buf`'s lists as read by an operand whose `(batch, head)` plane is `(x, y)`, `y` counting
-    /// `heads` heads of a problem with `dims`.
-    fn lists(&self, buf: &DeviceBuffer, heads: usize, dims: &Dims) -> KeyLists {
+    /// The lists at `at` (one of `pos`, `slot`, `ranks`) as read by an operand whose `(batch,
+    /// head)` plane is `(x, y)`, `y` counting `heads` heads of a problem with `dims`.
+    fn lists(&self, at: u64, heads: usize, dims: &Dims) -> KeyLists {
         let [mb, mh] = self.planes;
         let sk = self.plane_stride() as u64;
         // The mask's heads are 1, kv_heads or heads; an operand with query heads reads a kv-head
         // mask's plane through the group.
         let head_div = source_head_div(dims, mh, heads);
         KeyLists {
-            ptr: buf.ptr(),
+            ptr: at,
             batch: if mb > 1 { mh as u64 * sk } else { 0 },
             head: if mh > 1 { sk } else { 0 },
             head_div,
@@ -151,18 +153,18 @@ pub(crate) fn compact(dev: &CudaDevice, mask: &Tensor, packed: bool, sq: usize, 
     }
     let stream = dev.stream();
     let stride = stride_for(sk);
-    let pos = DeviceBuffer::uninit(stream, 4 * planes * stride)?;
-    let slot = DeviceBuffer::uninit(stream, 4 * planes * stride)?;
-    let ranks = DeviceBuffer::uninit(stream, 4 * planes * stride)?;
     let chunks = sk.div_ceil((COMPACT_THREADS * COMPACT_KEYS_PER_THREAD) as usize);
-    let counts = DeviceBuffer::uninit(stream, 4 * planes * (1 + chunks))?;
+    // pos, slot, ranks (whole 64-key blocks per plane: 256-byte aligned), then the counts.
+    let array = (4 * planes * stride) as u64;
+    let buf = DeviceBuffer::uninit(stream, 3 * array as usize + 4 * planes * (1 + chunks))?;
+    let (pos, slot, ranks, counts) = (buf.ptr(), buf.ptr() + array, buf.ptr() + 2 * array, buf.ptr() + 3 * array);
     let params = KeyCompactParams {
         mask: super::broadcast_view(mask),
-        pos: pos.ptr(),
-        slot: slot.ptr(),
-        ranks: ranks.ptr(),
-        counts: counts.ptr(),
-        chunk_counts: counts.ptr() + 4 * planes as u64,
+        pos,
+        slot,
+        ranks,
+        counts,
+        chunk_counts: counts + 4 * planes as u64,
         dims: [mb as u32, mh as u32, sk as u32],
         packed: packed as u32,
         plane_stride: stride as u32,
@@ -174,6 +176,7 @@ pub(crate) fn compact(dev: &CudaDevice, mask: &Tensor, packed: bool, sq: usize, 
     Ok(Some(KeyListsBuf {
         planes: [mb, mh],
         seqlen_k: sk,
+        buf,
         pos,
         slot,
         ranks,
@@ -256,7 +259,7 @@ fn gather_kv(dev: &CudaDevice, p: &Problem, saved: &Saved, lists: &KeyListsBuf, 
             unit: 16,
             src_head_div: source_head_div(&d, d.kv_heads, kv_heads),
             skip_missing: 0,
-            lists: lists.lists(&lists.pos, kv_heads, &d),
+            lists: lists.lists(lists.pos, kv_heads, &d),
         })?;
         kv.push(out);
     }
@@ -282,7 +285,7 @@ fn gather_bias(dev: &CudaDevice, p: &Problem, saved: &Saved, lists: &KeyListsBuf
     let (gb, gh, gk) = if bk > 1 { (if bb > 1 || mb > 1 { d.batch } else { 1 }, gathered_heads(&d, bh, mh), rows) } else { (bb, d.heads, 1) };
     let dims = [gb, gh, bq, gk];
     let out = Tensor::empty(&dims, b.dtype(), &saved.q.device())?;
-    let with_lists = if bk > 1 { Some(lists.lists(&lists.pos, gh, &d)) } else { None };
+    let with_lists = if bk > 1 { Some(lists.lists(lists.pos, gh, &d)) } else { None };
     gather_launch(dev, GatherParams {
         src: b.device_ptr().expect("CUDA tensor"),
         src_stride: byte_strides(b, [0, 1, 2, 3]),
@@ -325,7 +328,7 @@ pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, lists: &Arc<Ke
     let problem = Problem { mask: None, bias: bias.as_ref().map(|b| b.shape().try_into().expect("4 dims")), ..p.clone() };
     let inner = Saved { mask: None, bias, ..saved.clone() };
     let plan = super::fwd_plan(dev.sms(), dev.l2_bytes(), &problem, elem, FwdMask::Gathered)?;
-    let keys = (lists.lists(&lists.ranks, d.heads, &d), lists.pos.ptr());
+    let keys = (lists.lists(lists.ranks, d.heads, &d), lists.pos);
     let (out, lse) = super::run_forward(dev, &plan, &problem, &inner, into, Some(keys))?;
     Ok(Forward { out, lse, problem: p, saved })
 }
@@ -366,7 +369,7 @@ fn gathered(dev: &CudaDevice, p: &Problem, saved: &Saved, lists: &Arc<KeyListsBu
     let bits_bytes = 8 * planes * sq * k_blocks + super::prepare::PAD;
     let buf = DeviceBuffer::uninit(dev.stream(), bits_bytes + planes * q_blocks * k_blocks + super::prepare::PAD)?;
     let params = GatherMaskParams {
-        pos: lists.pos.ptr(),
+        pos: lists.pos,
         pos_plane: lists.plane_stride() as u64,
         classes: buf.ptr() + bits_bytes as u64,
         bits: buf.ptr(),
@@ -516,7 +519,7 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, lists: &Arc<KeyListsBuf>
             ratio: [chunks as u32, (kv_heads / d.kv_heads) as u32],
             row_elems: d.head_dim as u32,
             unit: 8,
-            slots: lists.lists(&lists.slot, kv_heads, &d),
+            slots: lists.lists(lists.slot, kv_heads, &d),
         })?;
         out.push(dst);
     }
@@ -535,7 +538,7 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, lists: &Arc<KeyListsBuf>
                 ratio: [(gs[0] / bb) as u32, (gs[1] / bh) as u32],
                 row_elems: 1,
                 unit: 1,
-                slots: if along_keys { lists.lists(&lists.slot, gs[1], &d) } else { KeyLists::default() },
+                slots: if along_keys { lists.lists(lists.slot, gs[1], &d) } else { KeyLists::default() },
             })?;
             Some(dst)
         }
