@@ -226,7 +226,7 @@ unsafe fn load_stage<const D: usize, const BM: usize, const BN: usize>(
 /// This CTA's (key tile, kv head, batch). Where `placed` (`modifiers::bwd_placed`): where the
 /// work order sends it (`fwd.order`), else its block index, the grid's x and y swapped where
 /// `kv_heads_first`; then also stored at shared address `slot` for [`KeyBlock::reread`] (every
-/// thread stores the same value, so each may read its own back without a barrier). Elsewhere
+/// thread stores the same value; a barrier follows before the loop reads it back). Elsewhere
 /// the block index: held across the main loop, a stored copy costs registers (ptxas reads the
 /// block index's special registers again at will) that the kernels at the limit do not have.
 #[inline(always)]
@@ -340,6 +340,11 @@ pub unsafe fn backward<
     let slot = smem_base() + params_at + BWD_PARAMS_BYTES;
     let placed = modifiers::bwd_placed(MODS);
     let kb = KeyBlock::at::<BAND>(p, BN as u32, position(p, placed, slot));
+    if placed {
+        // The loop rereads the stored position before its first barrier: every thread stored
+        // the same value, but racecheck rightly asks for the order.
+        sync_threads();
+    }
     let m_tiles = f.seqlen_q.div_ceil(BM as u32);
     if let Some((lock, turn)) = dbias_turn::<BN, DET>(&kb, &mods) {
         unsafe { wait_turn(lock, turn, tid) };
