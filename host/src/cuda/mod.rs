@@ -593,6 +593,17 @@ mod tests {
         assert_eq!(plan(dims(1, 2, 1, 1 << 19), true, FwdMask::Prepared).split_tiles, 32);
     }
 
+    /// Every kernel with launch bounds is in the portable module.
+    #[test]
+    fn launch_bounds_name_shipped_kernels() {
+        // The link step writes a bound only where it finds the entry: a misspelt name would
+        // leave its kernel unbounded without a word.
+        let shipped = crate::device::shipped_kernels(false);
+        for (name, _, _) in dmattn_abi::LAUNCH_BOUNDS {
+            assert!(shipped.iter().any(|k| k == name), "{name} is not in the portable module");
+        }
+    }
+
     /// Every forward kernel a plan can name is in the portable module.
     #[test]
     fn every_forward_plan_names_a_shipped_kernel() {
