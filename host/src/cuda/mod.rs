@@ -241,18 +241,19 @@ pub(crate) struct FwdPlan {
 pub(crate) fn fwd_plan(sms: u32, l2_bytes: usize, p: &Problem, elem: DeviceElem, mask: FwdMask) -> Result<FwdPlan> {
     let d = p.dims;
     let variants = fwd_variants(d.head_dim as u32).ok_or_else(|| unsupported_head_dim(d.head_dim))?;
-    // Split-KV runs in the modifier variant only (see `key_splits`); a gathered call's keys are
-    // at most its call's.
     let gathered = mask == FwdMask::Gathered;
-    // The gather variant's tile: narrow where the modifier tile leaves the GPU short of CTAs.
-    let ctas = |t: &FwdTile| (d.seqlen_q.div_ceil(t.block_m as usize) * d.heads * d.batch) as u64;
-    let (gather_tile, narrow) = dmattn_abi::gather_tile(&variants, ctas(&variants.mods), sms);
+    // The gather variant's tile: narrow where the modifier tile's grid leaves the GPU short of
+    // CTAs.
+    let mods_ctas = (d.seqlen_q.div_ceil(variants.mods.block_m as usize) * d.heads * d.batch) as u64;
+    let (gather_tile, narrow) = dmattn_abi::gather_tile(&variants, mods_ctas, sms);
+    // Split-KV runs in the modifier variants only (see `key_splits`); a gathered call's keys are
+    // at most its call's.
     let split_tile = if gathered { gather_tile } else { variants.mods };
     let (splits, split_tiles) = key_splits(sms, &d, split_tile.block_m, split_tile.block_n);
-    // The forward's variants: lean, or every modifier (gathered or not).
-    let (tile, mods) = match (gathered || modifiers_of(p) != modifiers::NONE || splits > 1, variants.plain) {
+    // The forward's variants: the gather variant, lean, or every modifier.
+    let (tile, mods) = match variants.plain {
         _ if gathered => (gather_tile, true),
-        (false, Some(plain)) => (plain, false),
+        Some(plain) if modifiers_of(p) == modifiers::NONE && splits == 1 => (plain, false),
         _ => (variants.mods, true),
     };
     check_limits(&d, tile.block_m)?;
