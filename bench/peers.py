@@ -263,7 +263,43 @@ def make_mask(case, bias, device):
         return topk_mask(shape, case.mask["keep"], bias, device)
     if kind == "key_topk":
         return key_topk_inputs(case, torch.float32, device)[1]
+    if kind == "index_lists":
+        return index_lists_visible(case, device)
     raise ValueError(f"unknown mask kind {kind!r}")
+
+
+def list_hash(plane, row, slot):
+    """cases.rs's list_hash: 32-bit mixing of (plane, row, slot), in int64 (every product stays
+    below 2^63, every value non-negative)."""
+    m = 0xFFFFFFFF
+    h = (plane * 0x9E37 + row * 0x2C1B3C6D + slot * 0x297A2D39 + 0x12345678) & m
+    h = h ^ (h >> 16)
+    h = (h * 0x7FEB352D) & m
+    h = h ^ (h >> 15)
+    h = (h * 0x2C1B3C6D) & m
+    return h ^ (h >> 16)
+
+
+def index_lists_visible(case, device, chunk=4096):
+    """[b, mask_heads, sq, sk] bool: the keys an index_lists case's rows list, as dmattn-bench
+    draws them (cases.rs's index_lists): row i sees keys 0..hi (hi = i + sk - sq + 1 under causal,
+    clamped to 0..sk) and lists at slot k list_hash(plane, i, k) % hi (random) or hi - 1 - k
+    (window), none where that is below 0."""
+    keep, layout = case.mask["keep"], case.mask["layout"]
+    sq, sk, planes = case.seqlen_q, case.seqlen_k, case.batch * case.mask_heads
+    visible = torch.zeros((planes, sq, sk), dtype=torch.bool, device=device)
+    slots = torch.arange(keep, device=device, dtype=torch.int64)[None, :]
+    for p in range(planes):
+        for r0 in range(0, sq, chunk):
+            rows = torch.arange(r0, min(r0 + chunk, sq), device=device, dtype=torch.int64)[:, None]
+            hi = (rows + (sk - sq) + 1).clamp(0, sk) if case.causal else torch.full_like(rows, sk)
+            if layout == "random":
+                keys = torch.where(hi > 0, list_hash(p, rows, slots) % hi.clamp(min=1), -1)
+            else:
+                keys = hi - 1 - slots
+            at = (keys >= 0).nonzero(as_tuple=True)
+            visible[p, rows.expand_as(keys)[at], keys[at]] = True
+    return visible.view(case.batch, case.mask_heads, sq, sk)
 
 
 def topk_mask(shape, keep, bias, device):

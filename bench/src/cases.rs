@@ -1,5 +1,6 @@
 //! The benchmark grid: Flash-DMA's README grid and LLM shapes, as `cases.json` describes them.
 use crate::results::Pass;
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 /// Which scores a case hides (see SCHEMA.md for how each is drawn). `topk`, `blocks` and
@@ -36,6 +37,12 @@ pub enum Mask {
     /// the timed forward prepares it, which for a query-broadcast mask keeping at most half the
     /// keys compacts the kept keys and runs attention over them alone ("gather attention").
     KeyTopk { keep: usize },
+    /// Per-query index lists (`attn_indices`): each row lists `keep` keys among those the case's
+    /// causal lets it see ([`index_lists`]): `random` ones (a repeat means the key once) or the
+    /// `window` of the last `keep` (listed descending), -1 past a row's visible keys. Given to
+    /// dmattn as `SparseMask::indices`, or with `dense` as the same pattern in a dense bool mask
+    /// (`SparseMask::dense`): the dense-mask path the lists are compared with. Both prepared once.
+    IndexLists { keep: usize, layout: ListLayout, dense: bool },
     /// Not attention: the `select` group times the key selection alone
     /// (`dmattn::select_keys(&bias).top_k(keep)`, Flash-DMA's `create_mask`) on a bf16 N(0, 1)
     /// bias `[batch, mask_heads, 1 or seqlen_q, seqlen_k]` ([`SelectRows`]), with `within_causal`
@@ -44,6 +51,14 @@ pub enum Mask {
     /// `output` form. Such cases have `head_dim` 0, `heads = kv_heads = mask_heads`, `bias`
     /// true and `causal` and `backward` false; their rows are `[batch, mask_heads, seqlen_q]`.
     Select { keep: usize, rows: SelectRows, within_causal: bool, output: SelectOutput },
+}
+
+/// How an `index_lists` case's lists are drawn ([`index_lists`]).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ListLayout {
+    Random,
+    Window,
 }
 
 /// The bias rows of a `select` case.
@@ -129,6 +144,40 @@ pub fn top_keys(scores: &[f64], seqlen_k: usize, keep: usize) -> Vec<Vec<u32>> {
             idx
         })
         .collect()
+}
+
+/// 32-bit mixing of (plane, row, slot) for [`index_lists`]: every product stays below 2^63, so
+/// that `peers.py` computes the same values in torch's int64.
+fn list_hash(plane: u64, row: u64, slot: u64) -> u64 {
+    const M: u64 = 0xffff_ffff;
+    let mut h = (plane * 0x9E37 + row * 0x2C1B_3C6D + slot * 0x297A_2D39 + 0x1234_5678) & M;
+    h ^= h >> 16;
+    h = (h * 0x7FEB_352D) & M;
+    h ^= h >> 15;
+    h = (h * 0x2C1B_3C6D) & M;
+    h ^ (h >> 16)
+}
+
+/// An `index_lists` case's lists, `[batch, mask_heads, seqlen_q, keep]` row-major: row `i` of
+/// plane `p` sees keys `0..hi` ([`Case::row_keys`]: `hi = i + sk - sq + 1` under causal, clamped
+/// to `0..=sk`) and lists at slot `k` the key `list_hash(p, i, k) % hi` (`random`) or `hi - 1 - k`
+/// (`window`), -1 where there is none.
+pub fn index_lists(c: &Case, keep: usize, layout: ListLayout) -> Vec<i32> {
+    let sq = c.seqlen_q;
+    let mut lists = vec![-1i32; c.batch * c.mask_heads * sq * keep];
+    lists.par_chunks_mut(keep).enumerate().for_each(|(r, row)| {
+        let (plane, i) = (r / sq, r % sq);
+        let hi = c.row_keys(i).end as i64;
+        for (k, entry) in row.iter_mut().enumerate() {
+            let key = match layout {
+                ListLayout::Random if hi > 0 => (list_hash(plane as u64, i as u64, k as u64) % hi as u64) as i64,
+                ListLayout::Random => -1,
+                ListLayout::Window => hi - 1 - k as i64,
+            };
+            *entry = key.max(-1) as i32;
+        }
+    });
+    lists
 }
 
 /// The standard normal quantile `Φ⁻¹(p)`, `0 < p < 1` (Acklam's rational approximation, relative
@@ -252,8 +301,20 @@ impl Case {
     /// band leave ([`Case::row_keys`]) and, for `bcsr` and `bitset`, inside the kept blocks, for
     /// `key_topk` among the kept keys (averaged over the mask's planes). The data masks given
     /// densely (`topk`, `blocks`) are not subtracted (the convention of the earlier results);
-    /// `compress_dense` counts as `compress`.
+    /// `compress_dense` counts as `compress`. `index_lists` (either form) counts the listed keys:
+    /// a window's exactly, random lists' distinct keys in expectation (`hi (1 - (1 - 1/hi)^keep)`
+    /// of a row's `hi` visible keys).
     pub fn pairs(&self) -> f64 {
+        if let Some(Mask::IndexLists { keep, layout, .. }) = self.mask {
+            return (0..self.seqlen_q)
+                .map(|i| self.row_keys(i).end as f64)
+                .filter(|&hi| hi > 0.0)
+                .map(|hi| match layout {
+                    ListLayout::Window => hi.min(keep as f64),
+                    ListLayout::Random => hi * (1.0 - (1.0 - 1.0 / hi).powi(keep as i32)),
+                })
+                .sum();
+        }
         if let Some(planes) = self.kept_keys() {
             let per_plane = |kept: &Vec<u32>| {
                 // before[j]: kept keys below j.
@@ -348,6 +409,8 @@ impl Case {
         let mask = match self.mask {
             None | Some(Mask::Window { .. } | Mask::Compress { .. }) => 0,
             Some(Mask::Topk { .. } | Mask::Blocks { .. } | Mask::CompressDense { .. } | Mask::KeyTopk { .. } | Mask::Select { .. }) => scores,
+            Some(Mask::IndexLists { dense: true, .. }) => scores,
+            Some(Mask::IndexLists { keep, dense: false, .. }) => 4 * self.batch * self.mask_heads * self.seqlen_q * keep,
             // The kept flags (BCSR's indices are as many words, near enough).
             Some(Mask::Bitset { block, .. } | Mask::Bcsr { block, .. }) => scores / (block * block),
         };
@@ -386,6 +449,13 @@ impl Case {
             Some(Mask::Bcsr { block, density }) => parts.push(format!("bcsr{block}x{:.0}%", density * 100.0)),
             Some(Mask::Bitset { block, density }) => parts.push(format!("bitset{block}x{:.0}%", density * 100.0)),
             Some(Mask::KeyTopk { keep }) => parts.push(format!("keytopk{keep}")),
+            Some(Mask::IndexLists { keep, layout, dense }) => {
+                let layout = match layout {
+                    ListLayout::Random => "random",
+                    ListLayout::Window => "window",
+                };
+                parts.push(format!("lists{keep}-{layout}{}", if dense { "-dense" } else { "" }));
+            }
             Some(Mask::Select { .. }) => unreachable!("select cases are labelled above"),
             None => {}
         }
@@ -537,6 +607,37 @@ fn gather(quick: bool) -> Vec<Case> {
         .collect()
 }
 
+/// The `indices` group: per-query index lists (`attn_indices`), Flash-DMA's shape (batch 1, 2
+/// heads, 1 kv head, dim 64), 32K queries and keys, 1024 keys a row, causal, no bias: random
+/// lists and window-shaped ones, each also as the same pattern in a dense bool mask (dmattn's
+/// dense-mask path), forward and backward. `quick`: the random lists and their dense form.
+fn indices(quick: bool) -> Vec<Case> {
+    let layouts: &[ListLayout] = if quick { &[ListLayout::Random] } else { &[ListLayout::Random, ListLayout::Window] };
+    layouts
+        .iter()
+        .flat_map(|&layout| [false, true].map(|dense| Mask::IndexLists { keep: 1024, layout, dense }))
+        .map(|mask| {
+            let mut c = Case {
+                id: String::new(),
+                group: "indices".into(),
+                batch: 1,
+                heads: 2,
+                kv_heads: 1,
+                seqlen_q: 32768,
+                seqlen_k: 32768,
+                head_dim: 64,
+                causal: true,
+                mask: Some(mask),
+                bias: false,
+                mask_heads: 1,
+                backward: true,
+            };
+            c.id = format!("indices/d64/q32768/k32768/{}", c.variant());
+            c
+        })
+        .collect()
+}
+
 /// The `select` group: `dmattn::select_keys` alone (Flash-DMA's `create_mask`, no attention),
 /// top-1024 over a bf16 bias, batch 1: a per-query bias `[1, 2, 32768, 32768]` into index lists
 /// and into a bool mask; a key-side bias `[1, 1, 1, 32768]` within a causal mask `[1, 1, 32768,
@@ -579,7 +680,7 @@ fn select(quick: bool) -> Vec<Case> {
 }
 
 /// The groups of the grid, in run order.
-pub const GROUPS: [&str; 9] = ["llm", "llm-d64", "dma-train", "dma-window", "dma-infer", "dma-infer-window", "sparse", "gather", "select"];
+pub const GROUPS: [&str; 10] = ["llm", "llm-d64", "dma-train", "dma-window", "dma-infer", "dma-infer-window", "sparse", "gather", "indices", "select"];
 
 /// The grid for `groups` (all when empty); `quick` keeps a few sizes of each for a run of about
 /// two minutes.
@@ -609,6 +710,7 @@ pub fn grid(quick: bool, groups: &[String]) -> Vec<Case> {
             ),
             "sparse" => cases.extend(sparse(quick)),
             "gather" => cases.extend(gather(quick)),
+            "indices" => cases.extend(indices(quick)),
             "select" => cases.extend(select(quick)),
             _ => unreachable!(),
         }
@@ -722,6 +824,43 @@ mod tests {
         for kind in [r#"{"kind":"window","left":1024}"#, r#"{"kind":"compress","cf":4}"#, r#"{"kind":"compress_dense","cf":64}"#, r#"{"kind":"bcsr","block":128,"density":0.5}"#] {
             assert!(text.contains(kind), "{kind} not in {text}");
         }
+    }
+
+    /// The lists follow their rule, and the hash is the one `peers.py` computes (values from
+    /// its `list_hash`).
+    #[test]
+    fn index_lists_follow_their_rule() {
+        assert_eq!([list_hash(0, 0, 0), list_hash(0, 5, 3), list_hash(1, 32767, 1023)], [793287871, 441288810, 1651451268]);
+        let mut c = grid(false, &["indices".into()]).remove(0);
+        (c.seqlen_q, c.seqlen_k) = (40, 30);
+        for layout in [ListLayout::Random, ListLayout::Window] {
+            let lists = index_lists(&c, 8, layout);
+            for (i, row) in lists.chunks(8).enumerate() {
+                // Causal, bottom-right: row i sees keys 0..i - 9, none before row 10.
+                let hi = (i as i64 - 9).max(0);
+                for (k, &key) in row.iter().enumerate() {
+                    match layout {
+                        ListLayout::Random if hi > 0 => assert!((0..hi).contains(&(key as i64)), "row {i}: {key}"),
+                        ListLayout::Random => assert_eq!(key, -1),
+                        ListLayout::Window => assert_eq!(key as i64, (hi - 1 - k as i64).max(-1)),
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn indices_group_pairs_each_layout_with_its_dense_form() {
+        let ids: Vec<String> = grid(false, &["indices".into()]).into_iter().map(|c| c.id).collect();
+        assert_eq!(
+            ids,
+            [
+                "indices/d64/q32768/k32768/causal+lists1024-random",
+                "indices/d64/q32768/k32768/causal+lists1024-random-dense",
+                "indices/d64/q32768/k32768/causal+lists1024-window",
+                "indices/d64/q32768/k32768/causal+lists1024-window-dense",
+            ]
+        );
     }
 
     #[test]

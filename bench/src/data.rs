@@ -2,7 +2,7 @@
 //! row, or key-side and query-broadcast), random blocks or the sparse group's masks (a
 //! `SparseMask`, prepared once), generated in parallel on the host and copied to the GPU once.
 use dmattn::{Device, PreparedMask, SparseMask, Tensor};
-use dmattn_bench::cases::{Case, Mask, block_pattern, key_scores, normal_quantile, top_keys};
+use dmattn_bench::cases::{Case, Mask, block_pattern, index_lists, key_scores, normal_quantile, top_keys};
 use half::bf16;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use rand_distr::StandardNormal;
@@ -62,6 +62,11 @@ fn visibility(c: &Case, mask: Mask, scores: &[f32]) -> Option<Vec<bool>> {
         // The band of every row (`Case::row_keys` reads the compression factor).
         Mask::CompressDense { .. } => vis.par_chunks_mut(sk).enumerate().for_each(|(r, row)| row[c.row_keys(r % sq)].fill(true)),
         Mask::Window { .. } | Mask::Compress { .. } | Mask::Bcsr { .. } | Mask::Bitset { .. } => return None,
+        // The listed keys of every row (its own causal range: see `index_lists`).
+        Mask::IndexLists { keep, layout, .. } => {
+            let lists = index_lists(c, keep, layout);
+            vis.par_chunks_mut(sk).zip(lists.par_chunks(keep)).for_each(|(row, l)| l.iter().filter(|&&k| k >= 0).for_each(|&k| row[k as usize] = true));
+        }
         Mask::KeyTopk { .. } => unreachable!("key_topk is query-broadcast: see key_topk"),
         Mask::Select { .. } => unreachable!("select cases run no attention: see select.rs"),
     }
@@ -141,7 +146,7 @@ fn computed_fraction(c: &Case, vis: Option<&[bool]>) -> f64 {
 }
 
 /// A case's [`SparseMask`] (for the sparse mask kinds): its tensors made on `dev` from the same
-/// draw as the dense forms; `vis` is the dense mask of `compress_dense`.
+/// draw as the dense forms; `vis` is the dense mask of `compress_dense` and `index_lists`.
 fn sparse_mask(c: &Case, mask: Mask, vis: Option<Vec<bool>>, dev: &Device) -> dmattn::Result<SparseMask> {
     let (b, h) = (c.batch, c.mask_heads);
     let structural = match mask {
@@ -152,6 +157,11 @@ fn sparse_mask(c: &Case, mask: Mask, vis: Option<Vec<bool>>, dev: &Device) -> dm
             let vis = vis.expect("compress_dense has a dense mask");
             return Ok(SparseMask::dense(&Tensor::from_vec(vis, &[b, h, c.seqlen_q, c.seqlen_k], dev)?));
         }
+        Mask::IndexLists { dense: true, .. } => {
+            let vis = vis.expect("index lists have a dense mask");
+            SparseMask::dense(&Tensor::from_vec(vis, &[b, h, c.seqlen_q, c.seqlen_k], dev)?)
+        }
+        Mask::IndexLists { keep, layout, dense: false } => SparseMask::indices(&Tensor::from_vec(index_lists(c, keep, layout), &[b, h, c.seqlen_q, keep], dev)?),
         Mask::Bitset { block, .. } => {
             let (_, kept) = c.kept_blocks().expect("bitset has kept blocks");
             SparseMask::block_bitset(&Tensor::from_vec(kept, &[b, h, c.seqlen_q.div_ceil(block), c.seqlen_k.div_ceil(block)], dev)?, block)

@@ -408,7 +408,7 @@ pub fn markdown(run: &Run, plot_file: Option<&str>) -> String {
     }
     out += "\nCells hold milliseconds and, in parentheses, that implementation's time ÷ dmattn's: above 1 dmattn is faster. \
 TF/s dense-eq counts every pair causal masking, windows, compression and block masks (BCSR, bitset) leave (FlashAttention's convention; \
-backward = 2.5× forward; top-k and random-block masks given densely are not subtracted; a key-side top-k counts the kept keys each query sees); \
+backward = 2.5× forward; top-k and random-block masks given densely are not subtracted; a key-side top-k counts the kept keys each query sees, index lists their listed keys, distinct ones in expectation for random lists); \
 computed counts every score of the 64×64 score tiles holding a visible score (what a block-sparse kernel must do; for a key-side top-k, \
 the tiles of the kept keys compacted, which gather attention computes). \
 Sparse masks are prepared once per case outside the timed calls (as layers of a model reuse one), and flex's BlockMask is built once likewise; \
