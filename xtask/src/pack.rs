@@ -43,9 +43,11 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
 fi
 if [ "$what" = sanitize ]; then
   # A few small property cases each: every gather kernel (compaction, gathers, gathered mask,
-  # scatter, index lists) and the attention kernels they feed, forward and backward.
+  # scatter, index lists) and the attention kernels they feed, forward and backward; long keys
+  # for the compaction's several chunks, the key-side bias read at the listed keys and the split
+  # combine.
   for tool in memcheck racecheck; do
-    for t in "gpu_gather gather_backward_matches index_lists out_of_range" "gpu_sparse sparse_backward_matches" "gpu_select gpu_selection long_rows many_rows"; do
+    for t in "gpu_gather gather_backward_matches index_lists out_of_range long_keys" "gpu_sparse sparse_backward_matches" "gpu_select gpu_selection long_rows many_rows"; do
       set -- $t; bin=$1; shift
       DMATTN_GPU_CASES=${DMATTN_SANITIZE_CASES:-4} timeout "${DMATTN_TEST_TIMEOUT:-400}" compute-sanitizer --tool $tool --print-limit 10 \
         "$here/bin/test-tests-$bin" "$@" --test-threads=1 > "$logs/sanitize-$tool-$bin.log" 2>&1; rc=$?
