@@ -68,9 +68,9 @@ pub struct WarpScores {
 impl WarpScores {
     /// The warp's scores are rows `row0..` (a multiple of 8) and n8 key tiles `nt0..nt0 + NT`
     /// (`nt0` a multiple of `NT`, a power of two) of the CTA tile; the packed mask tile has row
-    /// `r` at `mask + r * mask_row_bytes`, one 8-byte word per 64 keys.
+    /// `r` at `mask + r * mask_row_bytes`, one 8-byte word per 64 keys. With `bias_rows` false
+    /// the bias tile holds one row (`flags::BIAS_ROW`), which every row reads.
     #[inline(always)]
-    /// `bias_rows` false: the bias tile holds one row (see `flags::BIAS_ROW`), which every row reads.
     pub fn new<const NT: usize>(bias: SmemTile, bias_rows: bool, mask: u32, mask_row_bytes: u32, row0: u32, nt0: u32, lane: u32) -> Self {
         const { assert!(NT.is_power_of_two()) };
         let (g, t) = (lane / 4, lane % 4);
