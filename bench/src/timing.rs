@@ -19,16 +19,18 @@ impl Timer {
         }
         stream.synchronize()?;
         let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let print_host = std::env::var_os("DMATTN_BENCH_HOST").is_some();
         let mut times = Vec::with_capacity(self.reps);
         for i in 0..self.reps {
             let (start, end) = (ctx.new_event(flags)?, ctx.new_event(flags)?);
             start.record(stream)?;
             let t0 = std::time::Instant::now();
             f(self.warmup + i)?;
-            if std::env::var_os("DMATTN_BENCH_HOST").is_some() {
-                eprintln!("host {:.1} us", t0.elapsed().as_secs_f64() * 1e6);
-            }
+            let host = t0.elapsed();
             end.record(stream)?;
+            if print_host {
+                eprintln!("host {:.1} us", host.as_secs_f64() * 1e6);
+            }
             end.synchronize()?;
             times.push(start.elapsed_ms(&end)? as f64);
         }

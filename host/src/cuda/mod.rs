@@ -132,8 +132,10 @@ fn device_mask(saved: &Saved) -> Option<&PreparedMask> {
     }
 }
 
-/// The forward kernel's parameters for `saved`'s operands (the backward reads the same).
-fn fwd_params(p: &Problem, saved: &Saved, out: &Tensor, lse: &Tensor) -> Result<FwdParams> {
+/// The forward kernel's parameters for `saved`'s operands (the backward reads the same);
+/// `gathered`: for the gather variant, which reads a key-side bias at the listed keys, aligned
+/// or not.
+fn fwd_params(p: &Problem, saved: &Saved, out: &Tensor, lse: &Tensor, gathered: bool) -> Result<FwdParams> {
     let d = p.dims;
     let mut params = FwdParams {
         q: qkv_view(&saved.q, "q")?,
@@ -160,12 +162,13 @@ fn fwd_params(p: &Problem, saved: &Saved, out: &Tensor, lse: &Tensor) -> Result<
     }
     if let Some(bias) = &saved.bias {
         (params.bias, params.bias_head_div) = broadcast_operand(&d, bias);
-        if bias_vectorizable(bias, &params.bias) {
+        let vectorizable = bias_vectorizable(bias, &params.bias);
+        if vectorizable {
             params.flags |= flags::BIAS_VEC;
-            // A key-side bias: one row per key tile.
-            if key_side(bias) {
-                params.flags |= flags::BIAS_ROW;
-            }
+        }
+        // A key-side bias: one row per key tile.
+        if key_side(bias) && (vectorizable || gathered) {
+            params.flags |= flags::BIAS_ROW;
         }
     }
     Ok(params)
@@ -291,14 +294,7 @@ fn run_forward(dev: &CudaDevice, plan: &FwdPlan, p: &Problem, saved: &Saved, int
     let out = output(into.out, saved.q.shape(), p.dtype, &device)?;
     let lse = output(into.lse, &lse_shape(p), DType::F32, &device)?;
     let launch_fwd = |params| launch(dev, &Launch::kernel(&plan.kernel, plan.grid, plan.tile.threads(), plan.tile.smem_bytes()), params);
-    let params_for = |out: &Tensor, lse: &Tensor| -> Result<FwdParams> {
-        let mut params = FwdParams { key_ranks, key_pos, ..fwd_params(p, saved, out, lse)? };
-        // The gather variant reads a key-side bias at the listed keys, aligned or not.
-        if gathered.is_some() && saved.bias.as_ref().is_some_and(key_side) {
-            params.flags |= flags::BIAS_ROW;
-        }
-        Ok(params)
-    };
+    let params_for = |out: &Tensor, lse: &Tensor| -> Result<FwdParams> { Ok(FwdParams { key_ranks, key_pos, ..fwd_params(p, saved, out, lse, gathered.is_some())? }) };
     if plan.splits == 1 {
         let mut params = params_for(&out, &lse)?;
         // Held until the launch is queued; the stream orders its release after the kernel.
@@ -474,7 +470,7 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, into: Gra
     let dv = output(into.dv, saved.v.shape(), p.dtype, &device)?;
 
     let prepared = device_mask(saved).is_some();
-    let fwd_p = fwd_params(p, saved, &fwd.out, &fwd.lse)?;
+    let fwd_p = fwd_params(p, saved, &fwd.out, &fwd.lse, false)?;
     let contiguous = |shape: [usize; 4]| {
         let mut stride = [0u64; 4];
         let mut acc = 1u64;
