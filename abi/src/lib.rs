@@ -712,9 +712,33 @@ pub const SELECT_THREADS: u32 = 256;
 /// `__launch_bounds__`: (kernel name, threads per block, CTAs per SM to fit). ptxas then keeps
 /// each thread's registers within what that many CTAs leave; the host launches these kernels
 /// with exactly these threads.
-pub const LAUNCH_BOUNDS: [(&str, u32, u32); 4] =
-    [(names::SELECT_KEYS_16, SELECT_THREADS, select_ctas_per_sm(2)), (names::SELECT_KEYS_32, SELECT_THREADS, select_ctas_per_sm(4)),
-    (names::FWD_BF16_D64_GATHER_NARROW, 128, GATHER_NARROW_CTAS_PER_SM), (names::FWD_F16_D64_GATHER_NARROW, 128, GATHER_NARROW_CTAS_PER_SM)];
+pub const LAUNCH_BOUNDS: [(&str, u32, u32); 18] = [
+    (names::SELECT_KEYS_16, SELECT_THREADS, select_ctas_per_sm(2)),
+    (names::SELECT_KEYS_32, SELECT_THREADS, select_ctas_per_sm(4)),
+    (names::FWD_BF16_D64_GATHER_NARROW, 128, GATHER_NARROW_CTAS_PER_SM),
+    (names::FWD_F16_D64_GATHER_NARROW, 128, GATHER_NARROW_CTAS_PER_SM),
+    (names::FWD_SM90_BF16_D64_GATHER_NARROW, 128, GATHER_NARROW_CTAS_PER_SM),
+    (names::FWD_SM90_F16_D64_GATHER_NARROW, 128, GATHER_NARROW_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_bf16_d64", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_bf16_d64_mods", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_bf16_d64_mods_gather", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_f16_d64", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_f16_d64_mods", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_f16_d64_mods_gather", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_bf16_d128", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_bf16_d128_mods", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_bf16_d128_mods_gather", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_f16_d128", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_f16_d128_mods", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_f16_d128_mods_gather", 256, FWD_SM90_CTAS_PER_SM),
+];
+
+/// CTAs per SM the Hopper forward's 128-row tiles are compiled for. Each CTA's two warpgroups
+/// meet at the same barriers and so reach their products and softmaxes together; a second CTA
+/// on the SM, on its own schedule, keeps the tensor cores busy through one CTA's softmax (one
+/// CTA per SM, at 166-188 registers, was slower than `mma.sync`: H100, b2 h32 hk8 8K, d64
+/// dense 4.54 ms against 3.55).
+pub const FWD_SM90_CTAS_PER_SM: u32 = 2;
 
 /// CTAs of the key-selection kernels an SM holds at once (registers bounded to fit them, and
 /// a row's radix keys cached only where the shared memory fits them too): a row's passes are
@@ -755,6 +779,9 @@ pub struct FwdTile {
     /// Keys per pipeline stage.
     pub block_n: u32,
     pub warps: u32,
+    /// Hopper variant (sm_90a module, [`FWD_TILES_SM90`]): S = QKᵀ and O += PV are warpgroup
+    /// `wgmma`s (Q, K and V read from shared memory, P from registers), one warp per 16 query rows.
+    pub wgmma: bool,
 }
 
 impl FwdTile {
@@ -821,7 +848,13 @@ pub const fn gather_tile(v: &FwdVariants, ctas: u64, sms: u32) -> (FwdTile, bool
 }
 
 const fn tile(head_dim: u32, block_m: u32, block_n: u32, warps: u32) -> FwdTile {
-    FwdTile { head_dim, block_m, block_n, warps }
+    FwdTile { head_dim, block_m, block_n, warps, wgmma: false }
+}
+
+/// A Hopper forward tile: a warpgroup per 64 query rows, so that each warp's 16 rows are its
+/// share of the warpgroup's m64 products.
+const fn wgmma_tile(head_dim: u32, block_m: u32, block_n: u32) -> FwdTile {
+    FwdTile { head_dim, block_m, block_n, warps: block_m / 16, wgmma: true }
 }
 
 /// The shipped forward tiles. Shapes are chosen per head dim so that no variant spills under
@@ -840,7 +873,30 @@ pub const FWD_TILES: [FwdVariants; 6] = [
     FwdVariants { plain: Some(tile(256, 128, 64, 8)), mods: tile(256, 128, 64, 8), gather_narrow: None },
 ];
 
-/// The kernels shipped for a head dimension.
+/// The Hopper forward tiles (sm_90a module, `names::FWD_WGMMA_PREFIX`): the portable tiles'
+/// shapes, so that the work orders, key splits and gather tile choice are theirs, with a warp per
+/// 16 query rows.
+pub const FWD_TILES_SM90: [FwdVariants; 2] = [
+    FwdVariants { plain: Some(wgmma_tile(64, 128, 128)), mods: wgmma_tile(64, 128, 128), gather_narrow: Some(wgmma_tile(64, 64, 128)) },
+    FwdVariants { plain: Some(wgmma_tile(128, 128, 64)), mods: wgmma_tile(128, 128, 64), gather_narrow: None },
+];
+
+/// The forward kernels for a head dimension: the Hopper module's where `wgmma` (the GPU runs
+/// it) and it has that head dim, else the portable ones.
+pub const fn fwd_variants_for(head_dim: u32, wgmma: bool) -> Option<FwdVariants> {
+    if wgmma {
+        let mut i = 0;
+        while i < FWD_TILES_SM90.len() {
+            if FWD_TILES_SM90[i].mods.head_dim == head_dim {
+                return Some(FWD_TILES_SM90[i]);
+            }
+            i += 1;
+        }
+    }
+    fwd_variants(head_dim)
+}
+
+/// The portable kernels shipped for a head dimension.
 pub const fn fwd_variants(head_dim: u32) -> Option<FwdVariants> {
     let mut i = 0;
     while i < FWD_TILES.len() {
@@ -936,10 +992,15 @@ pub mod names {
     /// The narrow gather variants (launch bounds, [`super::LAUNCH_BOUNDS`]).
     pub const FWD_BF16_D64_GATHER_NARROW: &str = "dmattn_fwd_bf16_d64_mods_gather_narrow";
     pub const FWD_F16_D64_GATHER_NARROW: &str = "dmattn_fwd_f16_d64_mods_gather_narrow";
+    pub const FWD_SM90_BF16_D64_GATHER_NARROW: &str = "dmattn_fwd_sm90_bf16_d64_mods_gather_narrow";
+    pub const FWD_SM90_F16_D64_GATHER_NARROW: &str = "dmattn_fwd_sm90_f16_d64_mods_gather_narrow";
     pub const BWD_PRE_PREFIX: &str = "dmattn_bwd_pre_";
     pub const CONVERT_PREFIX: &str = "dmattn_convert_";
     pub const COMBINE_PREFIX: &str = "dmattn_fwd_combine_";
     pub const FWD_PREFIX: &str = "dmattn_fwd_";
+    /// `dmattn_fwd_sm90_<elem>_d<dim>[_mods[_gather[_narrow]]]`: the Hopper forward
+    /// ([`super::FWD_TILES_SM90`]).
+    pub const FWD_WGMMA_PREFIX: &str = "dmattn_fwd_sm90_";
     /// `dmattn_fwd_order_d<dim>`: the work order of that head dim's modifier variant.
     pub const FWD_ORDER_PREFIX: &str = "dmattn_fwd_order_d";
     /// `dmattn_bwd_order_n<block_n>`: the work order of a backward with that key tile.
@@ -951,6 +1012,25 @@ pub mod names {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The Hopper forward tiles have the portable ones' shapes (the work-order kernels, built
+    /// once per head dim, count tiles of that shape), a warpgroup per 64 rows, and fit the
+    /// shared memory the portable tiles take.
+    #[test]
+    fn hopper_forward_tiles_match_the_portable_shapes() {
+        for v in FWD_TILES_SM90 {
+            let p = fwd_variants(v.mods.head_dim).unwrap();
+            for (h, t) in [(v.mods, p.mods), (v.plain.unwrap(), p.plain.unwrap())].into_iter().chain(v.gather_narrow.zip(p.gather_narrow)) {
+                assert!(h.wgmma && !t.wgmma);
+                assert_eq!((h.head_dim, h.block_m, h.block_n), (t.head_dim, t.block_m, t.block_n));
+                assert_eq!((h.m_tiles_per_warp(), h.block_m % 64), (1, 0));
+                assert!(h.smem_bytes() <= 227 * 1024);
+            }
+            assert_eq!(fwd_variants_for(v.mods.head_dim, true), Some(v));
+            assert_eq!(fwd_variants_for(v.mods.head_dim, false), Some(p));
+        }
+        assert_eq!(fwd_variants_for(96, true), fwd_variants(96));
+    }
 
     #[test]
     fn block_class_of_any_and_all() {

@@ -301,6 +301,11 @@ impl CudaDevice {
         Ok(self.0.blas.get_or_init(|| blas))
     }
 
+    /// What launch plans are computed from.
+    pub(crate) fn gpu(&self) -> crate::cuda::Gpu {
+        crate::cuda::Gpu { sms: self.sms(), l2_bytes: self.l2_bytes(), wgmma: self.has_wgmma() }
+    }
+
     /// Streaming multiprocessors.
     pub(crate) fn sms(&self) -> u32 {
         self.0.kernels.sms

@@ -12,6 +12,11 @@ pub trait Elem: Copy {
     /// m16n8 accumulator layout. [`crate::arch::wgmma_fence`] precedes a product's first step;
     /// `acc` may be read after the group is committed and [`wgmma_wait`] has waited for it.
     fn wgmma<const NT: usize, const TA: u32, const TB: u32>(acc: &mut [[f32; 4]; NT], a: u64, b: u64);
+    /// As [`Elem::wgmma`] with A from registers: `a` is the warp's 16 rows x 16 k in the
+    /// m16n8k16 A-fragment layout. The registers are read asynchronously; the compiler's
+    /// virtual registers are never rewritten, and ptxas keeps them live until the group is
+    /// waited for.
+    fn wgmma_ra<const NT: usize, const TB: u32>(acc: &mut [[f32; 4]; NT], a: &[u32; 4], b: u64);
     /// Two f32 rounded to nearest into one register, `lo` in the low half.
     fn pack(lo: f32, hi: f32) -> u32;
     /// The inverse of [`Elem::pack`].
@@ -68,6 +73,20 @@ macro_rules! wgmma_asm {
     }};
 }
 
+/// One register-A `wgmma` (m64n`$n`k16; see [`Elem::wgmma_ra`]).
+macro_rules! wgmma_ra_asm {
+    ($ty:literal, $acc:ident, $a:ident, $b:ident, $tb:ident, $n:literal, [$r0:literal $(, $r:literal)*]) => {{
+        let acc: &mut [f32; $n / 2] = $acc.as_flattened_mut().try_into().unwrap();
+        unsafe {
+            asm!(concat!("{{ .reg .pred p; setp.ne.b32 p, {one}, 0; wgmma.mma_async.sync.aligned.m64n", $n, "k16.f32.", $ty, ".", $ty,
+                    " {{{", $r0, "}" $(, ", {", $r, "}")*, "}}, {{{a0}, {a1}, {a2}, {a3}}}, {b}, p, 1, 1, {tb}; }}"),
+                inout(reg32) acc[$r0], $(inout(reg32) acc[$r],)*
+                one = in(reg32) 1u32, a0 = in(reg32) $a[0], a1 = in(reg32) $a[1], a2 = in(reg32) $a[2], a3 = in(reg32) $a[3],
+                b = in(reg64) $b, tb = const $tb, options(nostack))
+        }
+    }};
+}
+
 /// `wgmma.wait_group` naming the accumulator registers it waits for (in a comment), so that the
 /// compiler reads them only after it.
 macro_rules! wait_asm {
@@ -97,6 +116,10 @@ impl Elem for Bf16 {
         for_acc_shape!(NT, wgmma_asm!("bf16", acc, a, b, TA, TB))
     }
     #[inline(always)]
+    fn wgmma_ra<const NT: usize, const TB: u32>(acc: &mut [[f32; 4]; NT], a: &[u32; 4], b: u64) {
+        for_acc_shape!(NT, wgmma_ra_asm!("bf16", acc, a, b, TB))
+    }
+    #[inline(always)]
     fn pack(lo: f32, hi: f32) -> u32 {
         let r: u32;
         unsafe {
@@ -119,6 +142,10 @@ impl Elem for F16 {
     #[inline(always)]
     fn wgmma<const NT: usize, const TA: u32, const TB: u32>(acc: &mut [[f32; 4]; NT], a: u64, b: u64) {
         for_acc_shape!(NT, wgmma_asm!("f16", acc, a, b, TA, TB))
+    }
+    #[inline(always)]
+    fn wgmma_ra<const NT: usize, const TB: u32>(acc: &mut [[f32; 4]; NT], a: &[u32; 4], b: u64) {
+        for_acc_shape!(NT, wgmma_ra_asm!("f16", acc, a, b, TB))
     }
     #[inline(always)]
     fn pack(lo: f32, hi: f32) -> u32 {

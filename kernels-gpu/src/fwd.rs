@@ -5,7 +5,7 @@
 //! plane's kept keys alone (see `mask::GatheredRows`).
 use crate::arch::*;
 use crate::block_info::{BlockInfo, position, reread_position};
-use crate::elem::Elem;
+use crate::elem::{Elem, wgmma_wait};
 use crate::mask::{GatheredRows, MapRows, Tile, TileCursor, TileLine, load_mask_tile};
 use crate::scores::{Mods, WarpScores};
 use crate::softmax::OnlineSoftmax;
@@ -171,12 +171,99 @@ fn key_bound<const GATHER: bool>(b: &BlockInfo, rows: &GatheredRows) -> u32 {
     if GATHER { rows.keys_end() } else { b.p.seqlen_k }
 }
 
+/// `s += Q Kᵀ` for this warp's rows (from `warp_row0`) over the current K tile; `s` holds the
+/// scores' start values. On tensor cores: per warp `mma.sync` from `ldmatrix` fragments, or
+/// (`WGMMA`, one m16 row tile per warp) one `wgmma` per k16 step of the warp's warpgroup, Q and K
+/// read from shared memory through descriptors, waited for before returning.
+#[inline(always)]
+unsafe fn scores_product<E: Elem, const MT: usize, const NT: usize, const KT: usize, const WGMMA: bool>(
+    s: &mut [[[f32; 4]; NT]; MT],
+    sm: &Smem,
+    q_frag: Fragments,
+    k_frag: Fragments,
+    warp_row0: u32,
+) {
+    if WGMMA {
+        // The warpgroup's 64 rows; each of its warps holds its own 16 of them.
+        let rows = warp_row0 & !63;
+        wgmma_fence();
+        for ks in 0..KT as u32 {
+            E::wgmma::<NT, 0, 0>(&mut s[0], sm.q.wgmma_k_major(rows, ks), sm.k.wgmma_k_major(0, ks));
+        }
+        wgmma_commit();
+        wgmma_wait::<0, NT>(&mut s[0]);
+        return;
+    }
+    for ks in 0..KT as u32 {
+        let mut a = [[0u32; 4]; MT];
+        for mt in 0..MT {
+            a[mt] = unsafe { q_frag.a(warp_row0 + 16 * mt as u32, ks) };
+        }
+        for np in 0..NT / 2 {
+            let bk = unsafe { k_frag.b(16 * np as u32, ks) };
+            for mt in 0..MT {
+                E::mma(&mut s[mt][2 * np], &a[mt], bk[0], bk[1]);
+                E::mma(&mut s[mt][2 * np + 1], &a[mt], bk[2], bk[3]);
+            }
+        }
+    }
+}
+
+/// `o += P V` over the current V tile, P the softmax's probabilities in the S accumulators (their
+/// layout is the A-fragment layout, so P never leaves registers): per warp `mma.sync`, or
+/// (`WGMMA`) register-A `wgmma`s with V read from shared memory, waited for before returning.
+#[inline(always)]
+unsafe fn pv_product<E: Elem, const MT: usize, const NT: usize, const DT: usize, const WGMMA: bool>(
+    o: &mut [[[f32; 4]; DT]; MT],
+    s: &[[[f32; 4]; NT]; MT],
+    sm: &Smem,
+    v_frag: Fragments,
+) {
+    let p_frag = |mt: usize, kk: usize| {
+        let (lo, hi) = (&s[mt][2 * kk], &s[mt][2 * kk + 1]);
+        [E::pack(lo[0], lo[1]), E::pack(lo[2], lo[3]), E::pack(hi[0], hi[1]), E::pack(hi[2], hi[3])]
+    };
+    if WGMMA {
+        wgmma_fence();
+        for kk in 0..NT / 2 {
+            E::wgmma_ra::<DT, 1>(&mut o[0], &p_frag(0, kk), sm.v.wgmma_mn_major(kk as u32, 0));
+        }
+        wgmma_commit();
+        wgmma_wait::<0, DT>(&mut o[0]);
+        return;
+    }
+    for kk in 0..NT / 2 {
+        let mut a = [[0u32; 4]; MT];
+        for mt in 0..MT {
+            a[mt] = p_frag(mt, kk);
+        }
+        for dp in 0..DT / 2 {
+            let bv = unsafe { v_frag.b_trans(16 * kk as u32, 2 * dp as u32) };
+            for mt in 0..MT {
+                E::mma(&mut o[mt][2 * dp], &a[mt], bv[0], bv[1]);
+                E::mma(&mut o[mt][2 * dp + 1], &a[mt], bv[2], bv[3]);
+            }
+        }
+    }
+}
+
+/// Waits for this thread's copies; with `WGMMA` also orders them before the `wgmma`s' reads
+/// (the async proxy). A barrier must follow.
+#[inline(always)]
+fn copies_landed<const WGMMA: bool>() {
+    cp_async_wait_all();
+    if WGMMA {
+        fence_proxy_async();
+    }
+}
+
 /// Const parameters: head dim `D`, tile `BM x BN`, `THREADS` per CTA, and the per-warp fragment
 /// counts derived from them (`MT = BM / (16 * warps)` row tiles, `NT = BN / 8` key n-tiles,
 /// `KT = D / 16` k-steps, `DT = D / 8` output n-tiles), spelled out because arrays cannot be
 /// sized by const-generic arithmetic. `MODS` selects the variant with every modifier and split-KV
 /// (`modifiers::ALL`; see [`Mods`]) over the lean one (`NONE`); `GATHER` (with `MODS`) the gather
 /// variant, whose keys are gathered rows and whose mask is their ranks (no mask tiles).
+/// `WGMMA` (sm_90a, `FwdTile::wgmma`): the products are warpgroup `wgmma`s (`MT` = 1).
 #[inline(always)]
 pub unsafe fn forward<
     E: Elem,
@@ -190,10 +277,12 @@ pub unsafe fn forward<
     const DT: usize,
     const MODS: bool,
     const GATHER: bool,
+    const WGMMA: bool,
 >(
     p: &FwdParams,
 ) {
     const {
+        assert!(!WGMMA || (MT == 1 && matches!(NT, 4 | 8 | 16) && matches!(DT, 4 | 8 | 16)));
         assert!(MT * 16 * (THREADS / 32) == BM && NT * 8 == BN && KT * 16 == D && DT * 8 == D);
         assert!(NT % 2 == 0 && DT % 2 == 0 && BM % 64 == 0 && BN % 64 == 0);
         assert!(MODS || !GATHER);
@@ -250,7 +339,7 @@ pub unsafe fn forward<
                 (Fragments::new(sm.q, lane), Fragments::new(sm.k, lane), Fragments::new(sm.v, lane));
 
             // K (and bias/mask) of this tile have landed; everyone is done with the last V.
-            cp_async_wait_all();
+            copies_landed::<WGMMA>();
             sync_threads();
             let col0 = tile.n * BN as u32;
             let keys_end = key_bound::<GATHER>(&b, &rows);
@@ -270,19 +359,7 @@ pub unsafe fn forward<
             let mut s = [[[0f32; 4]; NT]; MT];
             warp.init::<E, MT, NT>(&mut s, &mods, &band, check, mods.mask && !tile.full);
 
-            for ks in 0..KT as u32 {
-                let mut a = [[0u32; 4]; MT];
-                for mt in 0..MT {
-                    a[mt] = unsafe { q_frag.a(warp_row0 + 16 * mt as u32, ks) };
-                }
-                for np in 0..NT / 2 {
-                    let bk = unsafe { k_frag.b(16 * np as u32, ks) };
-                    for mt in 0..MT {
-                        E::mma(&mut s[mt][2 * np], &a[mt], bk[0], bk[1]);
-                        E::mma(&mut s[mt][2 * np + 1], &a[mt], bk[2], bk[3]);
-                    }
-                }
-            }
+            unsafe { scores_product::<E, MT, NT, KT, WGMMA>(&mut s, &sm, q_frag, k_frag, warp_row0) };
 
             // Base-2 logits are `scale * s`: the scale folds into the softmax's exponent, except
             // under a softcap, which needs the logits first.
@@ -294,7 +371,7 @@ pub unsafe fn forward<
             };
 
             // V has landed; everyone is done with this K/bias/mask: fetch the next tile's.
-            cp_async_wait_all();
+            copies_landed::<WGMMA>();
             sync_threads();
             let next = next_tile::<BM, BN, MODS, GATHER>(&b, &rows, &mut cursor, tile.n + 1, lane);
             // The gather variant holds it across the softmax and PV as one word (the d64 tile is
@@ -322,21 +399,7 @@ pub unsafe fn forward<
                 }
             }
 
-            // O += P V, P taken from the S accumulators (their layout is the A-fragment layout).
-            for kk in 0..NT / 2 {
-                let mut a = [[0u32; 4]; MT];
-                for mt in 0..MT {
-                    let (lo, hi) = (&s[mt][2 * kk], &s[mt][2 * kk + 1]);
-                    a[mt] = [E::pack(lo[0], lo[1]), E::pack(lo[2], lo[3]), E::pack(hi[0], hi[1]), E::pack(hi[2], hi[3])];
-                }
-                for dp in 0..DT / 2 {
-                    let bv = unsafe { v_frag.b_trans(16 * kk as u32, 2 * dp as u32) };
-                    for mt in 0..MT {
-                        E::mma(&mut o[mt][2 * dp], &a[mt], bv[0], bv[1]);
-                        E::mma(&mut o[mt][2 * dp + 1], &a[mt], bv[2], bv[3]);
-                    }
-                }
-            }
+            unsafe { pv_product::<E, MT, NT, DT, WGMMA>(&mut o, &s, &sm, v_frag) };
             let next = if GATHER { (next_word != u32::MAX).then(|| Tile { n: next_word & !(1 << 31), full: next_word >> 31 != 0 }) } else { next };
             match next {
                 Some(next) => tile = next,

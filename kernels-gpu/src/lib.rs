@@ -5,10 +5,10 @@
 //! `bwd`, `bwd_pre`, `mask_pack` and `block_mask` (mask preparation), `gather` (gather attention), `select` (masks made from a bias), `schedule` for the forward's work order, `combine` for
 //! split-KV, and `softmax_rows` for the unfused path). Entry points are instantiated here from
 //! the tile table in `dmattn-abi`. The crate builds twice: for sm_80 (every kernel but the
-//! Hopper backward; it runs on Hopper too) and for sm_90a (only the `wgmma` backward).
+//! Hopper ones; it runs on Hopper too) and for sm_90a (only the `wgmma` forward and backward).
 #![no_std]
 #![feature(abi_ptx, stdarch_nvptx, asm_experimental_arch)]
-// The sm_90a build instantiates only the Hopper backward: the other kernels' code goes unused.
+// The sm_90a build instantiates only the Hopper kernels: the other kernels' code goes unused.
 #![cfg_attr(target_feature = "sm_90a", allow(dead_code, unused_imports))]
 // Each module expands only its own kernels' macros.
 #![allow(unused_macros)]
@@ -33,7 +33,7 @@ mod tile;
 
 use dmattn_abi::{
     BlockMaskParams, BwdParams, GatherMaskParams, GatherParams, IndicesParams, KeyCompactParams, ScatterParams, SelectParams, BwdPreParams, BwdTile, CombineParams, ConvertParams, FwdParams, FwdTile, OrderParams, FwdVariants, MaskPackParams,
-    SoftmaxRowsParams, bwd_tile, fwd_variants, modifiers,
+    SoftmaxRowsParams, bwd_tile, fwd_variants, fwd_variants_for, modifiers,
 };
 use elem::{Bf16, F16};
 
@@ -135,6 +135,14 @@ fwd_order_kernels! {
     256: dmattn_fwd_order_d256;
 }
 
+/// The Hopper module's forward tiles (`dmattn_abi::FWD_TILES_SM90`).
+const fn sm90_variants(head_dim: u32) -> FwdVariants {
+    match fwd_variants_for(head_dim, true) {
+        Some(v) if v.mods.wgmma => v,
+        _ => panic!("no Hopper tile shape for this head dim"),
+    }
+}
+
 const fn variants(head_dim: u32) -> FwdVariants {
     match fwd_variants(head_dim) {
         Some(v) => v,
@@ -159,7 +167,7 @@ macro_rules! fwd_kernels {
             unsafe {
                 fwd::forward::<$elem, $d, { T.block_m as usize }, { T.block_n as usize },
                     { T.threads() as usize }, { T.m_tiles_per_warp() as usize },
-                    { T.block_n as usize / 8 }, { $d / 16 }, { $d / 8 }, $with_mods, $gather>(&p)
+                    { T.block_n as usize / 8 }, { $d / 16 }, { $d / 8 }, $with_mods, $gather, { T.wgmma }>(&p)
             }
         }
     };
@@ -183,17 +191,36 @@ fwd_kernels! {
     F16, 256: dmattn_fwd_f16_d256_mods, dmattn_fwd_f16_d256_mods_gather, dmattn_fwd_f16_d256;
 }
 
-/// The narrow gather variants (`FwdVariants::gather_narrow`): `names::FWD_*_GATHER_NARROW`.
+/// The narrow gather variants (`FwdVariants::gather_narrow`) of a tile table: `names::FWD_*_GATHER_NARROW`.
 macro_rules! fwd_gather_narrow {
-    ($($elem:ty, $d:literal: $name:ident;)*) => {$(
-        fwd_kernels!(@one $name, $elem, $d, match variants($d).gather_narrow { Some(t) => t, None => panic!() }, true, true);
+    ($variants:ident: $($elem:ty, $d:literal: $name:ident;)*) => {$(
+        fwd_kernels!(@one $name, $elem, $d, match $variants($d).gather_narrow { Some(t) => t, None => panic!() }, true, true);
     )*};
 }
 
 #[cfg(not(target_feature = "sm_90a"))]
-fwd_gather_narrow! {
+fwd_gather_narrow! { variants:
     Bf16, 64: dmattn_fwd_bf16_d64_mods_gather_narrow;
     F16, 64: dmattn_fwd_f16_d64_mods_gather_narrow;
+}
+
+/// The Hopper forward (`dmattn_fwd_sm90_<elem>_d<dim>[_mods[_gather[_narrow]]]`,
+/// `names::FWD_WGMMA_PREFIX`): the portable forward's variants on `wgmma` products.
+macro_rules! fwd_wgmma_kernels {
+    ($($elem:ty, $d:literal: $plain:ident, $mods:ident, $gather:ident $(, $narrow:ident)?;)*) => {$(
+        fwd_kernels!(@one $plain, $elem, $d, match sm90_variants($d).plain { Some(t) => t, None => panic!() }, false, false);
+        fwd_kernels!(@one $mods, $elem, $d, sm90_variants($d).mods, true, false);
+        fwd_kernels!(@one $gather, $elem, $d, sm90_variants($d).mods, true, true);
+        $(fwd_gather_narrow! { sm90_variants: $elem, $d: $narrow; })?
+    )*};
+}
+
+#[cfg(target_feature = "sm_90a")]
+fwd_wgmma_kernels! {
+    Bf16, 64: dmattn_fwd_sm90_bf16_d64, dmattn_fwd_sm90_bf16_d64_mods, dmattn_fwd_sm90_bf16_d64_mods_gather, dmattn_fwd_sm90_bf16_d64_mods_gather_narrow;
+    F16, 64: dmattn_fwd_sm90_f16_d64, dmattn_fwd_sm90_f16_d64_mods, dmattn_fwd_sm90_f16_d64_mods_gather, dmattn_fwd_sm90_f16_d64_mods_gather_narrow;
+    Bf16, 128: dmattn_fwd_sm90_bf16_d128, dmattn_fwd_sm90_bf16_d128_mods, dmattn_fwd_sm90_bf16_d128_mods_gather;
+    F16, 128: dmattn_fwd_sm90_f16_d128, dmattn_fwd_sm90_f16_d128_mods, dmattn_fwd_sm90_f16_d128_mods_gather;
 }
 
 /// Backward entry points per (element type, head dim): `dmattn_bwd_<elem>_d<dim>[_mods][_det]`

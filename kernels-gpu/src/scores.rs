@@ -1,7 +1,7 @@
 //! Scores of one warp's accumulator tile, shared by forward and backward: the start values that
 //! fold the mask and the bias into the QKᵀ accumulators, and the step to base-2 logits (scale,
 //! softcap, and the bias when a softcap keeps it out of the accumulators).
-use crate::arch::{exp2, ld_shared_u16, ld_shared_u32, rcp};
+use crate::arch::{exp2, ld_shared_u16, ld_shared_u32, rcp, sync_warp};
 use crate::elem::Elem;
 use crate::mask::RowBits;
 use crate::tile::SmemTile;
@@ -177,6 +177,11 @@ impl WarpScores {
         for mt in 0..MT {
             for h in 0..2 {
                 for nt in 0..NT {
+                    // Four bias pairs in flight at a time: all of a tile's at once (as ptxas
+                    // schedules them) spill the Hopper forward (128 registers).
+                    if nt % 4 == 0 {
+                        sync_warp();
+                    }
                     let v = &mut s[mt][nt];
                     let (x, _) = self.logits::<E>([v[2 * h], v[2 * h + 1]], 16 * mt as u32 + 8 * h as u32, nt as u32, mods);
                     (v[2 * h], v[2 * h + 1]) = (x[0], x[1]);

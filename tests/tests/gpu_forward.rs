@@ -11,6 +11,27 @@ fn forward_matches_reference() {
     gpu_property(2000, 300, |(case, seed)| check_gpu_forward(&case, ForwardPath::Fused, &gpu, &case.inputs(&mut seeded_rng(seed))));
 }
 
+/// A small case of each forward kernel the call can pick (every head dim and element type; the
+/// lean variant, the modifier variant with a mask, a bias, causal and a softcap, its gather
+/// variant, and split-KV decoding), for the sanitizer run (`run.sh sanitize`) as much as for itself: on Hopper, d64
+/// and d128 run the `wgmma` forward.
+#[test]
+fn each_forward_kernel() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = fresh_rng("each_forward_kernel");
+    for head_dim in [32, 64, 96, 128, 192, 256] {
+        for dtype in [DType::BF16, DType::F16] {
+            let plain = Case { dtype, causal: true, ..Case::new(1, 150, 170, 4, 2, head_dim) };
+            let mods = Case { mask: Some([1, 2, 150, 170]), bias: Some([1, 4, 150, 170]), softcap: 20.0, ..plain.clone() };
+            let gathered = Case { mask: Some([1, 2, 1, 170]), mask_pattern: MaskPattern::Random(0.3), bias: Some([1, 2, 1, 170]), ..plain.clone() };
+            let decode = Case { dtype, bias: Some([1, 2, 1, 3000]), ..Case::new(1, 1, 3000, 4, 2, head_dim) };
+            for case in [plain, mods, gathered, decode] {
+                check_gpu_forward(&case, ForwardPath::Fused, &gpu, &case.inputs(&mut rng)).unwrap_or_else(|e| panic!("{case:?}: {e}"));
+            }
+        }
+    }
+}
+
 /// q, k, v as views into one packed `[b, s, 3, h, d]` buffer (a fused QKV projection's output):
 /// non-contiguous sequence and head strides, read in place by both forward paths.
 #[test]

@@ -15,6 +15,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 logs=$here/logs; mkdir -p "$logs"
 results=${OUT:-$here/results}; mkdir -p "$results"
 what=${1:-tests}; shift || true
+# The binaries travel stripped and xz-compressed (each embeds the PTX as text).
+if [ -f "$here/bin.tar.xz" ] && [ ! -d "$here/bin" ]; then tar -xJf "$here/bin.tar.xz" -C "$here"; fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader || true
 status=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
@@ -42,12 +44,12 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   fi
 fi
 if [ "$what" = sanitize ]; then
-  # A few small property cases each: every gather kernel (compaction, gathers, gathered mask,
+  # Each forward kernel once; a few small property cases each: every gather kernel (compaction, gathers, gathered mask,
   # scatter, index lists) and the attention kernels they feed, forward and backward; long keys
   # for the compaction's several chunks, the key-side bias read at the listed keys and the split
   # combine.
   for tool in memcheck racecheck; do
-    for t in "gpu_gather gather_backward_matches index_lists out_of_range long_keys" "gpu_sparse sparse_backward_matches" "gpu_select gpu_selection long_rows many_rows"; do
+    for t in "gpu_forward each_forward_kernel" "gpu_gather gather_backward_matches index_lists out_of_range long_keys" "gpu_sparse sparse_backward_matches" "gpu_select gpu_selection long_rows many_rows"; do
       set -- $t; bin=$1; shift
       DMATTN_GPU_CASES=${DMATTN_SANITIZE_CASES:-4} timeout "${DMATTN_TEST_TIMEOUT:-400}" compute-sanitizer --tool $tool --print-limit 10 \
         "$here/bin/test-tests-$bin" "$@" --test-threads=1 > "$logs/sanitize-$tool-$bin.log" 2>&1; rc=$?
@@ -88,6 +90,13 @@ pub fn run(out: &Path, candle: bool) -> Result<(), String> {
     }
     crate::run(cargo().args(["build", "--release", "-p", "dmattn-bench"]))?;
     std::fs::copy(root().join("target/release/dmattn-bench"), bin.join("dmattn-bench")).map_err(|e| e.to_string())?;
+    // Each binary embeds the PTX as text (26 MB): stripped and compressed, the pack travels
+    // within the device tool's 64 MiB.
+    for entry in std::fs::read_dir(&bin).map_err(|e| e.to_string())? {
+        crate::run(std::process::Command::new("strip").arg(entry.map_err(|e| e.to_string())?.path()))?;
+    }
+    crate::run(std::process::Command::new("tar").env("XZ_OPT", "-3 -T0").arg("-cJf").arg(out.join("bin.tar.xz")).arg("-C").arg(&out).arg("bin"))?;
+    std::fs::remove_dir_all(&bin).map_err(|e| e.to_string())?;
     // The PTX text, for ptxas or cuobjdump there; gzipped (18 MB of text) so that the pack
     // travels within the device tool's 64 MiB.
     for module in dmattn_ptx_builder::MODULES {
@@ -97,7 +106,7 @@ pub fn run(out: &Path, candle: bool) -> Result<(), String> {
     }
     std::fs::copy(root().join("bench/peers.py"), out.join("peers.py")).map_err(|e| format!("bench/peers.py: {e}"))?;
     std::fs::write(out.join("run.sh"), RUN_SH).map_err(|e| e.to_string())?;
-    println!("packed {tests} test binaries{}, dmattn-bench and peers.py into {}: run `bash {}/run.sh [tests|bench|all]` on a GPU machine", if candle { " (and the candle feature's)" } else { "" }, out.display(), out.display());
+    println!("packed {tests} test binaries{}, dmattn-bench (in bin.tar.xz) and peers.py into {}: run `bash {}/run.sh [tests|bench|all]` on a GPU machine", if candle { " (and the candle feature's)" } else { "" }, out.display(), out.display());
     Ok(())
 }
 

@@ -327,7 +327,7 @@ pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, lists: &Arc<Ke
     };
     let problem = Problem { mask: None, bias: bias.as_ref().map(|b| b.shape().try_into().expect("4 dims")), ..p.clone() };
     let inner = Saved { mask: None, bias, ..saved.clone() };
-    let plan = super::fwd_plan(dev.sms(), dev.l2_bytes(), &problem, elem, FwdMask::Gathered)?;
+    let plan = super::fwd_plan(dev.gpu(), &problem, elem, FwdMask::Gathered)?;
     let keys = (lists.lists(lists.ranks, d.heads, &d), lists.pos);
     let (out, lse) = super::run_forward(dev, &plan, &problem, &inner, into, Some(keys))?;
     Ok(Forward { out, lse, problem: p, saved })

@@ -22,7 +22,7 @@ use crate::sparse::MaskData;
 use std::sync::Arc;
 use dmattn_abi::{
     BwdParams, BwdTile, BwdPreParams, CombineParams, ConvertParams, DeviceElem, FwdParams, FwdTile, KeyLists, ORDER_SMEM_BYTES, ORDER_WARPS, OrderParams,
-    PRE_THREADS, QueryRows, View4, bwd_tile, flags, fwd_variants, modifiers,
+    PRE_THREADS, QueryRows, View4, bwd_tile, flags, fwd_variants_for, modifiers,
 };
 use launch::{Launch, launch};
 
@@ -240,10 +240,20 @@ pub(crate) struct FwdPlan {
     pub heads_first: bool,
 }
 
-/// The forward's plan on a GPU of `sms` SMs and `l2_bytes` of L2.
-pub(crate) fn fwd_plan(sms: u32, l2_bytes: usize, p: &Problem, elem: DeviceElem, mask: FwdMask) -> Result<FwdPlan> {
+/// The facts about a GPU that launch plans are computed from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Gpu {
+    pub sms: u32,
+    pub l2_bytes: usize,
+    /// The Hopper (sm_90a) module is loaded.
+    pub wgmma: bool,
+}
+
+/// The forward's plan for `p` on `gpu`.
+pub(crate) fn fwd_plan(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: FwdMask) -> Result<FwdPlan> {
     let d = p.dims;
-    let variants = fwd_variants(d.head_dim as u32).ok_or_else(|| unsupported_head_dim(d.head_dim))?;
+    let Gpu { sms, l2_bytes, wgmma } = gpu;
+    let variants = fwd_variants_for(d.head_dim as u32, wgmma).ok_or_else(|| unsupported_head_dim(d.head_dim))?;
     let gathered = mask == FwdMask::Gathered;
     // The gather variant's tile: narrow where the modifier tile's grid leaves the GPU short of
     // CTAs.
@@ -260,7 +270,8 @@ pub(crate) fn fwd_plan(sms: u32, l2_bytes: usize, p: &Problem, elem: DeviceElem,
         _ => (variants.mods, true),
     };
     check_limits(&d, tile.block_m)?;
-    let mut kernel = kernel_name(dmattn_abi::names::FWD_PREFIX, elem, d.head_dim, if mods { modifiers::ALL } else { modifiers::NONE });
+    let prefix = if tile.wgmma { dmattn_abi::names::FWD_WGMMA_PREFIX } else { dmattn_abi::names::FWD_PREFIX };
+    let mut kernel = kernel_name(prefix, elem, d.head_dim, if mods { modifiers::ALL } else { modifiers::NONE });
     if gathered {
         kernel += dmattn_abi::names::GATHER_SUFFIX;
         if narrow {
@@ -279,7 +290,7 @@ pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, into: ForwardB
     }
     let elem = check_operands(&p, &saved)?;
     let mask = if device_mask(&saved).is_some() { FwdMask::Prepared } else { FwdMask::None };
-    let plan = fwd_plan(dev.sms(), dev.l2_bytes(), &p, elem, mask)?;
+    let plan = fwd_plan(dev.gpu(), &p, elem, mask)?;
     let (out, lse) = run_forward(dev, &plan, &p, &saved, into, None)?;
     Ok(Forward { out, lse, problem: p, saved })
 }
@@ -556,6 +567,10 @@ mod tests {
         assert!(splits > 1 && splits * tiles >= 64, "{splits} x {tiles}");
     }
 
+    /// An H100's size with only the portable module, and an H100.
+    const A100_LIKE: Gpu = Gpu { sms: 132, l2_bytes: 50 << 20, wgmma: false };
+    const H100: Gpu = Gpu { wgmma: true, ..A100_LIKE };
+
     fn problem(d: Dims, band: dmattn_abi::Band, bias: bool) -> Problem {
         let bias = bias.then_some([1, 1, 1, d.seqlen_k]);
         Problem { dims: d, dtype: DType::BF16, mask: None, bias, band, scale: 0.125, softcap: 0.0, deterministic: false }
@@ -567,7 +582,7 @@ mod tests {
     #[test]
     fn forward_plans() {
         let causal = dmattn_abi::Band::CAUSAL;
-        let plan = |d, bias, mask| fwd_plan(132, 50 << 20, &problem(d, causal, bias), DeviceElem::Bf16, mask).unwrap();
+        let plan = |d, bias, mask| fwd_plan(A100_LIKE, &problem(d, causal, bias), DeviceElem::Bf16, mask).unwrap();
         let lean = plan(dims(2, 8, 4096, 4096), false, FwdMask::None);
         assert_eq!((lean.kernel.as_str(), lean.splits, lean.ordered), ("dmattn_fwd_bf16_d64", 1, false));
         let biased = plan(dims(2, 8, 4096, 4096), true, FwdMask::None);
@@ -590,28 +605,47 @@ mod tests {
         assert_eq!(plan(dims(1, 2, 1, 1 << 19), true, FwdMask::Prepared).split_tiles, 32);
     }
 
-    /// Every kernel with launch bounds is in the portable module.
+    /// With the Hopper module, d64 and d128 run its forward, on the portable tiles' shapes (so the
+    /// same splits, narrow gather tile and work order); other head dims the portable one.
+    #[test]
+    fn hopper_forward_plans() {
+        let causal = dmattn_abi::Band::CAUSAL;
+        for (d, bias, mask) in [(dims(2, 8, 4096, 4096), false, FwdMask::None), (dims(1, 2, 16384, 16384), true, FwdMask::Gathered), (dims(1, 2, 1, 1 << 19), true, FwdMask::Prepared)] {
+            for head_dim in [32, 64, 128, 256] {
+                let p = problem(Dims { head_dim, ..d }, causal, bias);
+                let (portable, hopper) = (fwd_plan(A100_LIKE, &p, DeviceElem::Bf16, mask).unwrap(), fwd_plan(H100, &p, DeviceElem::Bf16, mask).unwrap());
+                let wgmma = matches!(head_dim, 64 | 128);
+                assert_eq!(hopper.tile.wgmma, wgmma);
+                let expected = if wgmma { portable.kernel.replace("dmattn_fwd_", "dmattn_fwd_sm90_") } else { portable.kernel.clone() };
+                assert_eq!(hopper.kernel, expected);
+                assert_eq!((hopper.tile.block_m, hopper.tile.block_n, hopper.grid, hopper.splits, hopper.ordered), (portable.tile.block_m, portable.tile.block_n, portable.grid, portable.splits, portable.ordered));
+            }
+        }
+    }
+
+    /// Every kernel with launch bounds is in one of the modules.
     #[test]
     fn launch_bounds_name_shipped_kernels() {
         // The link step writes a bound only where it finds the entry: a misspelt name would
         // leave its kernel unbounded without a word.
-        let shipped = crate::device::shipped_kernels(false);
+        let shipped = [crate::device::shipped_kernels(false), crate::device::shipped_kernels(true)].concat();
         for (name, _, _) in dmattn_abi::LAUNCH_BOUNDS {
-            assert!(shipped.iter().any(|k| k == name), "{name} is not in the portable module");
+            assert!(shipped.iter().any(|k| k == name), "{name} is in neither module");
         }
     }
 
-    /// Every forward kernel a plan can name is in the portable module.
+    /// Every forward kernel a plan can name is in the module it is loaded from: the Hopper one
+    /// for its tiles, else the portable one.
     #[test]
     fn every_forward_plan_names_a_shipped_kernel() {
-        let shipped = crate::device::shipped_kernels(false);
+        let shipped = [crate::device::shipped_kernels(false), crate::device::shipped_kernels(true)];
         for head_dim in [32, 64, 96, 128, 192, 256] {
-            for elem in [DeviceElem::Bf16, DeviceElem::F16] {
+            for (elem, gpu) in [DeviceElem::Bf16, DeviceElem::F16].into_iter().flat_map(|e| [(e, A100_LIKE), (e, H100)]) {
                 for (bias, mask) in [(false, FwdMask::None), (true, FwdMask::None), (false, FwdMask::Prepared), (true, FwdMask::Gathered), (false, FwdMask::Gathered)] {
-                    for sq in [1, 4096] {
-                        let d = Dims { head_dim, ..dims(1, 4, sq, 8192) };
-                        let plan = fwd_plan(132, 50 << 20, &problem(d, dmattn_abi::Band::ALL, bias), elem, mask).unwrap();
-                        assert!(shipped.contains(&plan.kernel), "{} is not in the portable module", plan.kernel);
+                    for (sq, heads) in [(1, 4), (4096, 4), (16384, 2)] {
+                        let d = Dims { head_dim, ..dims(1, heads, sq, 8192) };
+                        let plan = fwd_plan(gpu, &problem(d, dmattn_abi::Band::ALL, bias), elem, mask).unwrap();
+                        assert!(shipped[plan.tile.wgmma as usize].contains(&plan.kernel), "{} is not in the module the host loads it from", plan.kernel);
                     }
                 }
             }
