@@ -166,6 +166,33 @@ impl Tensor {
         Ok(Tensor { storage, dtype, layout })
     }
 
+    /// Output buffers as [`Tensor::empty`] makes them, in one allocation (one allocator call
+    /// instead of one per tensor: a decoding call's host time is mostly such calls), each part
+    /// 256-byte aligned. The memory is freed when the last of them is dropped.
+    pub(crate) fn empty_together(parts: &[(&[usize], DType)], device: &Device) -> Result<Vec<Tensor>> {
+        let Device::Cuda(dev) = device else {
+            return parts.iter().map(|(shape, dtype)| Tensor::empty(shape, *dtype, device)).collect();
+        };
+        let mut offsets = Vec::with_capacity(parts.len());
+        let mut bytes = 0;
+        for (shape, dtype) in parts {
+            offsets.push(bytes);
+            bytes += (Layout::contiguous(shape).numel() * dtype.size_in_bytes()).next_multiple_of(256);
+        }
+        let poison = POISON.load(Ordering::Relaxed);
+        let buf = if poison { DeviceBuffer::filled(dev.stream(), bytes, 0xFF)? } else { DeviceBuffer::uninit(dev.stream(), bytes)? };
+        let memory = Arc::new(DeviceMemory::Owned(buf));
+        Ok(parts
+            .iter()
+            .zip(offsets)
+            .map(|((shape, dtype), at)| Tensor {
+                storage: Storage::Cuda(memory.clone(), dev.clone()),
+                dtype: *dtype,
+                layout: Layout { offset: at / dtype.size_in_bytes(), ..Layout::contiguous(shape) },
+            })
+            .collect())
+    }
+
     /// A tensor of `layout` over dmattn's own device buffer (which it keeps alive).
     pub(crate) fn from_device_buffer(buf: DeviceBuffer, dtype: DType, layout: Layout, dev: &CudaDevice) -> Tensor {
         Tensor { storage: Storage::Cuda(Arc::new(DeviceMemory::Owned(buf)), dev.clone()), dtype, layout }

@@ -302,8 +302,13 @@ fn run_forward(dev: &CudaDevice, plan: &FwdPlan, p: &Problem, saved: &Saved, int
     let (key_ranks, key_pos) = gathered.unwrap_or_default();
     let d = p.dims;
     let device = saved.q.device();
-    let out = output(into.out, saved.q.shape(), p.dtype, &device)?;
-    let lse = output(into.lse, &lse_shape(p), DType::F32, &device)?;
+    let (out, lse) = match (into.out, into.lse) {
+        (None, None) => {
+            let mut t = Tensor::empty_together(&[(saved.q.shape(), p.dtype), (&lse_shape(p), DType::F32)], &device)?;
+            (t.remove(0), t.remove(0))
+        }
+        (out, lse) => (output(out, saved.q.shape(), p.dtype, &device)?, output(lse, &lse_shape(p), DType::F32, &device)?),
+    };
     let launch_fwd = |params| launch(dev, &Launch::kernel(&plan.kernel, plan.grid, plan.tile.threads(), plan.tile.smem_bytes()), params);
     let params_for = |out: &Tensor, lse: &Tensor| -> Result<FwdParams> { Ok(FwdParams { key_ranks, key_pos, ..fwd_params(p, saved, out, lse, gathered.is_some())? }) };
     if plan.splits == 1 {
@@ -325,8 +330,9 @@ fn run_forward(dev: &CudaDevice, plan: &FwdPlan, p: &Problem, saved: &Saved, int
     } else {
         // Each split writes a normalised partial O and LSE; the combine pass merges them.
         let (b, sq, h, hd) = (d.batch, d.seqlen_q, d.heads, d.head_dim);
-        let o_part = Tensor::empty(&[plan.splits as usize * b, sq, h, hd], p.dtype, &device)?;
-        let lse_part = Tensor::empty(&[plan.splits as usize * b, h, sq], DType::F32, &device)?;
+        let splits = plan.splits as usize;
+        let mut parts = Tensor::empty_together(&[(&[splits * b, sq, h, hd], p.dtype), (&[splits * b, h, sq], DType::F32)], &device)?;
+        let (o_part, lse_part) = (parts.remove(0), parts.remove(0));
         let mut params = params_for(&o_part, &lse_part)?;
         (params.splits, params.split_tiles) = (plan.splits, plan.split_tiles);
         (params.o_split_stride, params.lse_split_stride) = ((b * sq * h * hd) as u64, (b * h * sq) as u64);
