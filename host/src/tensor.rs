@@ -105,6 +105,12 @@ pub struct Tensor {
     pub(crate) layout: Layout,
 }
 
+/// The device memory of output tensors: every element is written before it is read, by the
+/// kernel producing the output, or (`poison`) shows as NaN.
+fn output_buffer(dev: &CudaDevice, bytes: usize, poison: bool) -> Result<DeviceBuffer> {
+    if poison { DeviceBuffer::filled(dev.stream(), bytes, 0xFF) } else { DeviceBuffer::uninit(dev.stream(), bytes) }
+}
+
 impl Tensor {
     /// A contiguous tensor of `shape` holding `data` (row-major), on `device`.
     pub fn from_vec<T: Element>(data: Vec<T>, shape: &[usize], device: &Device) -> Result<Tensor> {
@@ -156,12 +162,7 @@ impl Tensor {
         let poison = POISON.load(Ordering::Relaxed);
         let storage = match device {
             Device::Cpu => Storage::Cpu(Arc::new(vec![if poison { 0xFF } else { 0 }; bytes])),
-            Device::Cuda(dev) => {
-                // Every element is written before it is read, by the kernel producing this
-                // output, or shows as NaN.
-                let buf = if poison { DeviceBuffer::filled(dev.stream(), bytes, 0xFF)? } else { DeviceBuffer::uninit(dev.stream(), bytes)? };
-                Storage::Cuda(Arc::new(DeviceMemory::Owned(buf)), dev.clone())
-            }
+            Device::Cuda(dev) => Storage::Cuda(Arc::new(DeviceMemory::Owned(output_buffer(dev, bytes, poison)?)), dev.clone()),
         };
         Ok(Tensor { storage, dtype, layout })
     }
@@ -179,9 +180,7 @@ impl Tensor {
             offsets.push(bytes);
             bytes += (Layout::contiguous(shape).numel() * dtype.size_in_bytes()).next_multiple_of(256);
         }
-        let poison = POISON.load(Ordering::Relaxed);
-        let buf = if poison { DeviceBuffer::filled(dev.stream(), bytes, 0xFF)? } else { DeviceBuffer::uninit(dev.stream(), bytes)? };
-        let memory = Arc::new(DeviceMemory::Owned(buf));
+        let memory = Arc::new(DeviceMemory::Owned(output_buffer(dev, bytes, POISON.load(Ordering::Relaxed))?));
         Ok(parts
             .iter()
             .zip(offsets)

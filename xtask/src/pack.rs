@@ -92,11 +92,7 @@ pub fn run(out: &Path, candle: bool) -> Result<(), String> {
     std::fs::copy(root().join("target/release/dmattn-bench"), bin.join("dmattn-bench")).map_err(|e| e.to_string())?;
     // Each binary embeds the PTX as text (26 MB): stripped and compressed, the pack travels
     // within the device tool's 64 MiB.
-    for entry in std::fs::read_dir(&bin).map_err(|e| e.to_string())? {
-        crate::run(std::process::Command::new("strip").arg(entry.map_err(|e| e.to_string())?.path()))?;
-    }
-    crate::run(std::process::Command::new("tar").env("XZ_OPT", "-3 -T0").arg("-cJf").arg(out.join("bin.tar.xz")).arg("-C").arg(&out).arg("bin"))?;
-    std::fs::remove_dir_all(&bin).map_err(|e| e.to_string())?;
+    strip_and_compress(&out, "bin")?;
     // The PTX text, for ptxas or cuobjdump there; gzipped (18 MB of text) so that the pack
     // travels within the device tool's 64 MiB.
     for module in dmattn_ptx_builder::MODULES {
@@ -146,8 +142,18 @@ fn pack_candle(out: &Path) -> Result<(), String> {
     files.push(("example-candle_train".into(), root().join("target/release/examples/candle_train").display().to_string()));
     for (name, exe) in files {
         std::fs::copy(&exe, dir.join(&name)).map_err(|e| format!("{exe}: {e}"))?;
-        crate::run(std::process::Command::new("strip").arg(dir.join(&name)))?;
     }
-    crate::run(std::process::Command::new("tar").arg("-cJf").arg(out.join("candle.tar.xz")).arg("-C").arg(out).arg("candle"))?;
-    std::fs::remove_dir_all(&dir).map_err(|e| e.to_string())
+    strip_and_compress(out, "candle")
+}
+
+/// Strips every binary in `out/<dir>` and replaces the folder with `out/<dir>.tar.xz`, which
+/// `run.sh` unpacks.
+fn strip_and_compress(out: &Path, dir: &str) -> Result<(), String> {
+    let path = out.join(dir);
+    for entry in std::fs::read_dir(&path).map_err(|e| e.to_string())? {
+        crate::run(std::process::Command::new("strip").arg(entry.map_err(|e| e.to_string())?.path()))?;
+    }
+    let archive = out.join(format!("{dir}.tar.xz"));
+    crate::run(std::process::Command::new("tar").env("XZ_OPT", "-3 -T0").arg("-cJf").arg(archive).arg("-C").arg(out).arg(dir))?;
+    std::fs::remove_dir_all(&path).map_err(|e| e.to_string())
 }
