@@ -121,6 +121,27 @@ pub struct FwdParams {
     /// contiguous run of the list whose ends are two ranks. The band has no sinks.
     pub key_ranks: KeyLists,
     pub key_pos: u64,
+    /// Packed variable-length batches ([`Seqs`]); all zero for a fixed-length call.
+    pub seqs: Seqs,
+}
+
+/// Where a sequence's rows are, for packed variable-length batches (`cu_seqlens`): q/o/dO/dQ
+/// `[total_q, h, d]` and k/v/dK/dV `[total_k, hk, d]` seen as batch 1 (`View4::stride[0]` 0),
+/// sequence `b` (grid z) at rows `cu_q[b]..cu_q[b + 1]` and keys `cu_k[b]..cu_k[b + 1]`
+/// (int32 prefix sums, validated on the host). `FwdParams::seqlen_q`/`seqlen_k` are then the
+/// longest sequence's lengths (the grid's extent), and LSE/delta are `[h, total_q]`. The
+/// kernels ask `Seq` (kernels-gpu's `seq`) for a sequence's bounds and first rows.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Seqs {
+    /// Device addresses of `cu_seqlens_q` and `cu_seqlens_k`; 0: fixed-length call.
+    pub cu_q: u64,
+    pub cu_k: u64,
+    /// LSE (and delta) index of (batch `b`, head `h`, row `i`) is `(b * heads + h) * lse_rows
+    /// + i`: `seqlen_q` for fixed lengths; `total_q` packed, where `b` is 0 and `i` counts from
+    /// the packed tensor's first row.
+    pub lse_rows: u32,
+    pub _pad: u32,
 }
 
 /// Orders a masked grid heaviest first (`FwdParams::order`, which the backward's copy of the

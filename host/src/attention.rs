@@ -1,11 +1,12 @@
 //! The public entry point: a builder that validates one attention call and runs it on the
 //! inputs' device.
 use crate::buffers::{self, Expected};
-use crate::cpu::lse_dtype;
+use crate::cpu::{lse_dtype, lse_shape};
 use crate::cuda;
 use crate::device::{CudaDevice, Device};
 use crate::error::{Error, Result};
 use crate::problem::{Inputs, Problem};
+use crate::seqlens::SeqLens;
 use crate::sparse::{PreparedMask, SparseMask};
 use crate::tensor::Tensor;
 use crate::cpu;
@@ -27,7 +28,7 @@ use crate::cpu;
 /// ```
 pub fn attention<'a>(q: &'a Tensor, k: &'a Tensor, v: &'a Tensor) -> Attention<'a> {
     Attention {
-        inputs: Inputs { q, k, v, mask: None, indices: None, sparse: None, bias: None, causal: false, scale: None, softcap: 0.0, deterministic: false },
+        inputs: Inputs { q, k, v, mask: None, indices: None, sparse: None, bias: None, causal: false, scale: None, softcap: 0.0, deterministic: false, seqs: None },
         into: ForwardBuffers::default(),
     }
 }
@@ -92,6 +93,17 @@ impl<'a> Attention<'a> {
     /// Additive bias with the mask's broadcast shapes, added after scale and softcap.
     pub fn bias(mut self, bias: &'a Tensor) -> Self {
         self.inputs.bias = Some(bias);
+        self
+    }
+
+    /// A packed variable-length batch: q is `[total_q, heads, head_dim]` and k, v
+    /// `[total_k, kv_heads, head_dim]`, sequence `b` owning the rows `seqs` gives it, each
+    /// sequence attending only to its own keys. Every option applies to each sequence as to a
+    /// fixed-length call of its lengths (causal and windows aligned to its own bottom-right
+    /// corner); O has q's shape and LSE is `[heads, total_q]`. Masks, index lists, a bias and
+    /// sparse masks with data are not taken yet (a typed error); parametric sparse masks are.
+    pub fn seqlens(mut self, seqs: &'a SeqLens) -> Self {
+        self.inputs.seqs = Some(seqs);
         self
     }
 
@@ -172,7 +184,7 @@ impl<'a> Attention<'a> {
         let problem = Problem::new(&self.inputs)?;
         let i = &self.inputs;
         let d = problem.dims;
-        let lse_shape = [d.batch, d.heads, d.seqlen_q];
+        let lse_shape = lse_shape(&problem);
         let dests: Vec<_> = [
             self.into.out.map(|t| ("out", t, Expected { shape: i.q.shape(), dtype: problem.dtype, contiguous: false })),
             self.into.lse.map(|t| ("lse", t, Expected { shape: &lse_shape, dtype: lse_dtype(problem.dtype), contiguous: true })),

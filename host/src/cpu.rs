@@ -3,7 +3,9 @@ use crate::attention::{Gradients, Saved};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::problem::Problem;
+use crate::problem::{Dims, Problem};
+use crate::seqlens::SeqLens;
+use std::ops::Range;
 use crate::reference::{self, Operands};
 use crate::sparse::{DenseMask, MaskData, Part, bcsr_to_bitset, check_block, check_part_shape, combine_planes, indices_keep};
 use crate::tensor::Tensor;
@@ -119,17 +121,78 @@ fn tensor(values: &[f64], shape: &[usize], dtype: DType) -> Result<Tensor> {
 }
 
 pub(crate) fn forward(p: &Problem, s: &Saved) -> Result<(Tensor, Tensor)> {
-    let (out, lse) = reference::forward(p, &operands(s)?);
+    let ops = operands(s)?;
+    let (out, lse) = match &p.seqs {
+        None => reference::forward(p, &ops),
+        Some(seqs) => packed_forward(p, seqs, &ops),
+    };
     Ok((tensor(&out, s.q.shape(), p.dtype)?, tensor(&lse, &lse_shape(p), lse_dtype(p.dtype))?))
 }
 
-pub(crate) fn lse_shape(p: &Problem) -> [usize; 3] {
-    [p.dims.batch, p.dims.heads, p.dims.seqlen_q]
+/// A packed batch's sequences, each as a fixed-length call of batch 1: `(problem, query rows,
+/// key rows)` for every sequence with queries.
+fn sequences(p: &Problem, seqs: &SeqLens) -> impl Iterator<Item = (Problem, Range<usize>, Range<usize>)> {
+    (0..seqs.batch()).map(|b| seqs.rows(b)).filter(|(q, _)| !q.is_empty()).map(|(q, k)| {
+        let dims = Dims { batch: 1, seqlen_q: q.len(), seqlen_k: k.len(), ..p.dims };
+        (Problem { dims, seqs: None, ..p.clone() }, q, k)
+    })
+}
+
+/// `rows` of a `[total, heads, head_dim]` operand with rows of `width` values.
+fn rows_of(v: &[f64], rows: &Range<usize>, width: usize) -> Vec<f64> {
+    v[rows.start * width..rows.end * width].to_vec()
+}
+
+/// The reference forward of a packed batch: O `[total_q, h, d]`, LSE `[h, total_q]`.
+fn packed_forward(p: &Problem, seqs: &SeqLens, ops: &Operands) -> (Vec<f64>, Vec<f64>) {
+    let d = p.dims;
+    let (q_width, k_width, total) = (d.heads * d.head_dim, d.kv_heads * d.head_dim, seqs.total_q());
+    let mut out = vec![0.0; total * q_width];
+    let mut lse = vec![f64::NEG_INFINITY; d.heads * total];
+    for (sp, q, k) in sequences(p, seqs) {
+        let seq_ops = Operands { q: rows_of(&ops.q, &q, q_width), k: rows_of(&ops.k, &k, k_width), v: rows_of(&ops.v, &k, k_width), mask: None, bias: None };
+        let (o, l) = reference::forward(&sp, &seq_ops);
+        out[q.start * q_width..q.end * q_width].copy_from_slice(&o);
+        for h in 0..d.heads {
+            lse[h * total + q.start..][..q.len()].copy_from_slice(&l[h * q.len()..][..q.len()]);
+        }
+    }
+    (out, lse)
+}
+
+/// The reference backward of a packed batch: each sequence's dQ, dK and dV rows.
+fn packed_backward(p: &Problem, seqs: &SeqLens, ops: &Operands, out: &[f64], lse: &[f64], dout: &[f64]) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let d = p.dims;
+    let (q_width, k_width, total) = (d.heads * d.head_dim, d.kv_heads * d.head_dim, seqs.total_q());
+    let (mut dq, mut dk, mut dv) = (vec![0.0; ops.q.len()], vec![0.0; ops.k.len()], vec![0.0; ops.v.len()]);
+    for (sp, q, k) in sequences(p, seqs) {
+        let seq_ops = Operands { q: rows_of(&ops.q, &q, q_width), k: rows_of(&ops.k, &k, k_width), v: rows_of(&ops.v, &k, k_width), mask: None, bias: None };
+        let seq_lse: Vec<f64> = (0..d.heads).flat_map(|h| lse[h * total + q.start..][..q.len()].iter().copied()).collect();
+        let (sq, sk, sv, _) = reference::backward(&sp, &seq_ops, &rows_of(out, &q, q_width), &seq_lse, &rows_of(dout, &q, q_width));
+        dq[q.start * q_width..q.end * q_width].copy_from_slice(&sq);
+        dk[k.start * k_width..k.end * k_width].copy_from_slice(&sk);
+        dv[k.start * k_width..k.end * k_width].copy_from_slice(&sv);
+    }
+    (dq, dk, dv)
+}
+
+/// LSE's shape: `[batch, heads, seqlen_q]`, or `[heads, total_q]` for a packed batch.
+pub(crate) fn lse_shape(p: &Problem) -> Vec<usize> {
+    match &p.seqs {
+        None => vec![p.dims.batch, p.dims.heads, p.dims.seqlen_q],
+        Some(s) => vec![p.dims.heads, s.total_q()],
+    }
 }
 
 pub(crate) fn backward(p: &Problem, s: &Saved, out: &Tensor, lse: &Tensor, dout: &Tensor) -> Result<Gradients> {
-    let (dq, dk, dv, dbias) =
-        reference::backward(p, &operands(s)?, &out.to_f64_vec()?, &lse.to_f64_vec()?, &dout.to_f64_vec()?);
+    let (ops, out, lse, dout) = (operands(s)?, out.to_f64_vec()?, lse.to_f64_vec()?, dout.to_f64_vec()?);
+    let (dq, dk, dv, dbias) = match &p.seqs {
+        None => reference::backward(p, &ops, &out, &lse, &dout),
+        Some(seqs) => {
+            let (dq, dk, dv) = packed_backward(p, seqs, &ops, &out, &lse, &dout);
+            (dq, dk, dv, None)
+        }
+    };
     Ok(Gradients {
         dq: tensor(&dq, s.q.shape(), p.dtype)?,
         dk: tensor(&dk, s.k.shape(), p.dtype)?,

@@ -68,6 +68,7 @@ mod memory;
 mod problem;
 mod reference;
 mod select;
+mod seqlens;
 mod sparse;
 mod tensor;
 
@@ -79,5 +80,6 @@ pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use problem::Dims;
 pub use select::{SelectKeys, select_keys};
+pub use seqlens::SeqLens;
 pub use sparse::{PreparedMask, SparseMask};
 pub use tensor::{Layout, Tensor, set_output_poisoning};

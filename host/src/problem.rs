@@ -2,12 +2,14 @@
 //! attention call, checked once into a [`Problem`].
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::seqlens::SeqLens;
 use crate::sparse::PreparedMask;
 use crate::tensor::Tensor;
 use dmattn_abi::Band;
 
 /// Sizes of one attention call: q `[batch, seqlen_q, heads, head_dim]`,
-/// k/v `[batch, seqlen_k, kv_heads, head_dim]`.
+/// k/v `[batch, seqlen_k, kv_heads, head_dim]`; for a packed batch ([`SeqLens`]) the number of
+/// sequences and the longest sequence's lengths.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Dims {
     pub batch: usize,
@@ -52,6 +54,8 @@ pub struct Problem {
     pub softcap: f64,
     /// Backward in a fixed order (bit-identical runs).
     pub deterministic: bool,
+    /// A packed variable-length batch: q/k/v are `[total, heads, head_dim]`.
+    pub seqs: Option<SeqLens>,
 }
 
 fn shape4(t: &Tensor, arg: &'static str, expected: &str) -> Result<[usize; 4]> {
@@ -84,23 +88,51 @@ pub struct Inputs<'a> {
     pub scale: Option<f64>,
     pub softcap: f64,
     pub deterministic: bool,
+    pub seqs: Option<&'a SeqLens>,
+}
+
+/// q and k as `[batch, seqlen, heads, head_dim]`: their shapes, or for a packed batch
+/// (`[total, heads, head_dim]`, checked against `seqs`) the sequences and the longest lengths.
+fn qk_shapes(inp: &Inputs) -> Result<([usize; 4], [usize; 4])> {
+    let Some(seqs) = inp.seqs else {
+        let q = shape4(inp.q, "q", "[batch, seqlen_q, heads, head_dim]")?;
+        let kv_expected = format!("[{}, seqlen_k, kv_heads, {}] (batch and head_dim of q)", q[0], q[3]);
+        let k = shape4(inp.k, "k", &kv_expected)?;
+        if k[0] != q[0] || k[3] != q[3] {
+            return Err(Error::Shape { arg: "k", expected: kv_expected, got: k.to_vec() });
+        }
+        return Ok((q, k));
+    };
+    let packed = |t: &Tensor, arg: &'static str, total: usize, head_dim: Option<usize>| -> Result<[usize; 3]> {
+        let expected = match head_dim {
+            None => format!("[{total}, heads, head_dim] (total rows = the last entry of cu_seqlens_q)"),
+            Some(d) => format!("[{total}, kv_heads, {d}] (total rows = the last entry of cu_seqlens_k; head_dim of q)"),
+        };
+        match <[usize; 3]>::try_from(t.shape()) {
+            Ok(s) if s[0] == total && head_dim.is_none_or(|d| s[2] == d) => Ok(s),
+            _ => Err(Error::Shape { arg, expected, got: t.shape().to_vec() }),
+        }
+    };
+    let q = packed(inp.q, "q", seqs.total_q(), None)?;
+    let k = packed(inp.k, "k", seqs.total_k(), Some(q[2]))?;
+    if inp.seqs.is_some() && !seqs.device().same(&inp.q.device()) {
+        return Err(Error::Device { arg: "seqlens", expected: format!("{} (the device of q)", inp.q.device()), got: seqs.device().to_string() });
+    }
+    let b = seqs.batch();
+    Ok(([b, seqs.max_seqlen_q(), q[1], q[2]], [b, seqs.max_seqlen_k(), k[1], k[2]]))
 }
 
 impl Problem {
     pub fn new(inp: &Inputs) -> Result<Problem> {
-        let q = shape4(inp.q, "q", "[batch, seqlen_q, heads, head_dim]")?;
+        let (q, k) = qk_shapes(inp)?;
         let [batch, seqlen_q, heads, head_dim] = q;
-        let kv_expected = format!("[{batch}, seqlen_k, kv_heads, {head_dim}] (batch and head_dim of q)");
-        let k = shape4(inp.k, "k", &kv_expected)?;
-        if k[0] != batch || k[3] != head_dim {
-            return Err(Error::Shape { arg: "k", expected: kv_expected, got: k.to_vec() });
-        }
-        let v = shape4(inp.v, "v", &format!("{k:?} (the shape of k)"))?;
-        if v != k {
-            return Err(Error::Shape { arg: "v", expected: format!("{k:?} (the shape of k)"), got: v.to_vec() });
+        if inp.v.shape() != inp.k.shape() {
+            return Err(Error::Shape { arg: "v", expected: format!("{:?} (the shape of k)", inp.k.shape()), got: inp.v.shape().to_vec() });
         }
         let [_, seqlen_k, kv_heads, _] = k;
-        if q.iter().chain(&k).any(|&n| n == 0) {
+        // A packed batch's sequences may be empty; heads and head_dim may not.
+        let empty = if inp.seqs.is_some() { q[2] == 0 || q[3] == 0 || k[2] == 0 } else { q.iter().chain(&k).any(|&n| n == 0) };
+        if empty {
             let (arg, got) = if q.contains(&0) { ("q", q) } else { ("k", k) };
             return Err(Error::Shape { arg, expected: "every dimension at least 1".into(), got: got.to_vec() });
         }
@@ -150,6 +182,10 @@ impl Problem {
                 Some([s[0], s[1]])
             }
         };
+        if inp.seqs.is_some() && (mask.is_some() || inp.bias.is_some() || inp.sparse.is_some_and(|sp| sp.data.is_some())) {
+            let what = "a mask, index lists, a bias or a sparse mask with data (parametric ones are taken) with a packed batch".into();
+            return Err(Error::Unsupported { what, backend: "CPU or CUDA" });
+        }
         let mut band = Band::ALL;
         let mask = match inp.sparse {
             None => mask,
@@ -160,7 +196,8 @@ impl Problem {
                 });
             }
             Some(sp) => {
-                if (sp.seqlen_q, sp.seqlen_k) != (seqlen_q, seqlen_k) {
+                // A parametric mask's rule applies to each sequence of a packed batch.
+                if (sp.seqlen_q, sp.seqlen_k) != (seqlen_q, seqlen_k) && inp.seqs.is_none() {
                     return Err(Error::Shape {
                         arg: "sparse_mask",
                         expected: format!("prepared for seqlen_q {seqlen_q} and seqlen_k {seqlen_k}"),
@@ -213,6 +250,6 @@ impl Problem {
         if !(inp.softcap.is_finite() && inp.softcap >= 0.0) {
             return Err(Error::Param { arg: "softcap", reason: format!("{} is not finite and >= 0", inp.softcap) });
         }
-        Ok(Problem { dims, dtype, mask, bias, band, scale, softcap: inp.softcap, deterministic: inp.deterministic })
+        Ok(Problem { dims, dtype, mask, bias, band, scale, softcap: inp.softcap, deterministic: inp.deterministic, seqs: inp.seqs.cloned() })
     }
 }

@@ -56,13 +56,15 @@ pub fn smem_base() -> u32 {
     r
 }
 
-/// Copies the kernel parameters `p` to shared memory at `dst` (8-byte aligned, room for a `T`)
-/// and returns the copy (collective: every thread calls it; it ends with a barrier). Loads from
-/// the copy stay where the code reads them: LLVM hoists loads of the parameters themselves, and
-/// the arithmetic on them, out of a kernel's main loop and holds dozens of registers across it,
-/// but cannot move a load past the loop's barriers and shared-memory stores.
+/// Copies the kernel parameters `p` to shared memory at `dst` (8-byte aligned, room for a `T`),
+/// lets thread 0 `adjust` the copy (given the parameters and the copy's address: it rewrites
+/// fields with shared-memory stores, after the copy's), and returns it (collective: every thread calls it; it ends
+/// with a barrier). Loads from the copy stay where the code reads them: LLVM hoists loads of the
+/// parameters themselves, and the arithmetic on them, out of a kernel's main loop and holds
+/// dozens of registers across it, but cannot move a load past the loop's barriers and
+/// shared-memory stores.
 #[inline(always)]
-pub unsafe fn params_in_smem<T: Copy>(p: &T, dst: u32, tid: u32) -> &'static T {
+pub unsafe fn params_in_smem<T: Copy>(p: &T, dst: u32, tid: u32, adjust: impl FnOnce(&T, u32)) -> &'static T {
     const { assert!(size_of::<T>() % 8 == 0 && align_of::<T>() <= 8) };
     if tid == 0 {
         let src = p as *const T as *const u64;
@@ -71,6 +73,7 @@ pub unsafe fn params_in_smem<T: Copy>(p: &T, dst: u32, tid: u32) -> &'static T {
         for i in 0..size_of::<T>() / 8 {
             unsafe { asm!("st.shared.b64 [{0}], {1};", in(reg32) dst + 8 * i as u32, in(reg64) src.add(i).read(), options(nostack)) };
         }
+        adjust(p, dst);
     }
     sync_threads();
     unsafe { smem_ref(dst) }
@@ -200,6 +203,11 @@ pub unsafe fn st_shared_v4(addr: u32, v: [u32; 4]) {
 }
 
 #[inline(always)]
+pub unsafe fn st_shared_u64(addr: u32, v: u64) {
+    unsafe { asm!("st.shared.u64 [{0}], {1};", in(reg32) addr, in(reg64) v, options(nostack)) };
+}
+
+#[inline(always)]
 pub unsafe fn st_shared_v2(addr: u32, v: [u32; 2]) {
     unsafe { asm!("st.shared.v2.b32 [{0}], {{{1}, {2}}};", in(reg32) addr, in(reg32) v[0], in(reg32) v[1], options(nostack)) };
 }
@@ -282,6 +290,13 @@ pub unsafe fn ld_global_nc_v4(addr: u64) -> [u32; 4] {
             options(pure, readonly, nostack))
     };
     [a, b, c, d]
+}
+
+#[inline(always)]
+pub unsafe fn ld_global_nc_u32(addr: u64) -> u32 {
+    let v: u32;
+    unsafe { asm!("ld.global.nc.u32 {0}, [{1}];", out(reg32) v, in(reg64) addr, options(pure, readonly, nostack)) };
+    v
 }
 
 #[inline(always)]

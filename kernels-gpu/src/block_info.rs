@@ -7,12 +7,13 @@
 //! few integer multiply-adds per iteration.
 use crate::arch::{block_idx, div, grid_dim_x, ld_global_nc_u64, ld_shared_u32, opaque, st_shared_v2};
 use crate::mask::Visibility;
+use crate::seq::Seq;
 use dmattn_abi::{FwdParams, flags, packed_position, unpacked_position};
 
 #[derive(Clone, Copy)]
 pub struct BlockInfo<'a> {
     pub p: &'a FwdParams,
-    batch: u64,
+    seq: Seq,
     head: u32,
     /// Splits of the key sequence (0 or 1: none, or not compiled in) and this CTA's.
     splits: u32,
@@ -20,7 +21,7 @@ pub struct BlockInfo<'a> {
     pub m_block: u32,
     /// First query row of the tile.
     pub row0: u32,
-    /// Rows of the tile inside the sequence.
+    /// Rows of the tile inside the sequence (see [`Self::has_rows`]).
     pub rows_valid: u32,
     pub vis: Visibility,
 }
@@ -40,17 +41,33 @@ impl<'a> BlockInfo<'a> {
         let m_block = grid_x - 1 - bx;
         let row0 = m_block * block_m;
         let (batch, split) = if MODS && p.splits > 1 { (z / p.splits, z % p.splits) } else { (z, 0) };
+        // Packed batches run in the modifier variant (the lean one has no registers to spare).
+        let seq = Seq::of::<MODS>(p, batch);
         Self {
             p,
-            batch: batch as u64,
+            seq,
             head,
             splits: if MODS { p.splits } else { 0 },
             split,
             m_block,
             row0,
-            rows_valid: p.seqlen_q - row0,
-            vis: Visibility::of(p),
+            rows_valid: seq.len_q.wrapping_sub(row0),
+            vis: Visibility::new(seq.len_q, seq.len_k, p.band),
         }
+    }
+
+    /// Whether the tile has rows in its sequence: always in a fixed-length call; in a packed
+    /// batch, the grid spans the longest sequence and a shorter one's tiles past its end have
+    /// none (the CTA returns at once).
+    #[inline(always)]
+    pub fn has_rows(&self) -> bool {
+        self.row0 < self.seq.len_q
+    }
+
+    /// Key rows in the sequence.
+    #[inline(always)]
+    pub fn keys(&self) -> u32 {
+        self.seq.len_k
     }
 
     /// Whether this CTA is one split of its row tile's keys.
@@ -73,7 +90,7 @@ impl<'a> BlockInfo<'a> {
     #[inline(always)]
     pub fn q(&self) -> u64 {
         let q = &self.p.q;
-        q.ptr + 2 * (self.batch * q.stride[0] + self.head as u64 * q.stride[2] + self.row0 as u64 * q.stride[1])
+        q.ptr + 2 * (self.seq.q_offset(&q.stride, self.row0) + self.head as u64 * q.stride[2])
     }
 
     /// Byte address of row 0 of the query tile in o.
@@ -81,7 +98,7 @@ impl<'a> BlockInfo<'a> {
     pub fn o(&self) -> u64 {
         let o = &self.p.o;
         let split = self.split as u64 * self.p.o_split_stride;
-        o.ptr + 2 * (split + self.batch * o.stride[0] + self.head as u64 * o.stride[2] + self.row0 as u64 * o.stride[1])
+        o.ptr + 2 * (split + self.seq.q_offset(&o.stride, self.row0) + self.head as u64 * o.stride[2])
     }
 
     /// The key tiles this CTA covers of its row tile's `begin..end`: all of them, or its split's
@@ -102,7 +119,7 @@ impl<'a> BlockInfo<'a> {
     #[inline(always)]
     fn key_plane(&self) -> u64 {
         let r = &self.p.key_ranks;
-        4 * (self.batch * r.batch + div(self.head, r.head_div) as u64 * r.head)
+        4 * (self.seq.batch * r.batch + div(self.head, r.head_div) as u64 * r.head)
     }
 
     /// Byte address of this (batch, head)'s key ranks (gather attention).
@@ -121,13 +138,13 @@ impl<'a> BlockInfo<'a> {
     #[inline(always)]
     pub fn k(&self) -> u64 {
         let k = &self.p.k;
-        k.ptr + 2 * (self.batch * k.stride[0] + self.kv_head() * k.stride[2])
+        k.ptr + 2 * (self.seq.k_offset(&k.stride, 0) + self.kv_head() * k.stride[2])
     }
 
     #[inline(always)]
     pub fn v(&self) -> u64 {
         let v = &self.p.v;
-        v.ptr + 2 * (self.batch * v.stride[0] + self.kv_head() * v.stride[2])
+        v.ptr + 2 * (self.seq.k_offset(&v.stride, 0) + self.kv_head() * v.stride[2])
     }
 
     /// Byte address of the bias at (row0, key 0).
@@ -135,28 +152,28 @@ impl<'a> BlockInfo<'a> {
     pub fn bias(&self) -> u64 {
         let b = &self.p.bias;
         let head = div(self.head, self.p.bias_head_div) as u64;
-        b.ptr + 2 * (self.batch * b.stride[0] + head * b.stride[1] + self.row0 as u64 * b.stride[2])
+        b.ptr + 2 * (self.seq.batch * b.stride[0] + head * b.stride[1] + self.row0 as u64 * b.stride[2])
     }
 
     /// Byte address of the packed mask word of (row0, key 0).
     #[inline(always)]
     pub fn mask_bits(&self) -> u64 {
         let m = &self.p.mask_bits;
-        m.ptr + 8 * (self.batch * m.stride[0] + self.mask_head() * m.stride[1] + self.row0 as u64 * m.stride[2])
+        m.ptr + 8 * (self.seq.batch * m.stride[0] + self.mask_head() * m.stride[1] + self.row0 as u64 * m.stride[2])
     }
 
     /// Byte address of this (batch, head)'s block-map plane.
     #[inline(always)]
     pub fn block_map(&self) -> u64 {
         let m = &self.p.block_map;
-        m.ptr + self.batch * m.stride[0] + self.mask_head() * m.stride[1]
+        m.ptr + self.seq.batch * m.stride[0] + self.mask_head() * m.stride[1]
     }
 
     /// Index of the LSE of the tile's row `r`.
     #[inline(always)]
     pub fn lse_index(&self, r: u32) -> u64 {
         let split = self.split as u64 * self.p.lse_split_stride;
-        split + (self.batch * self.p.heads as u64 + self.head as u64) * self.p.seqlen_q as u64 + (self.row0 + r) as u64
+        split + self.seq.lse_index(self.p, self.head, self.row0 + r)
     }
 }
 

@@ -21,6 +21,7 @@ use crate::arch::*;
 use crate::elem::{Elem, wgmma_wait};
 use crate::mask::{MapCols, TileCursor, Visibility, block_map_plane, load_mask_tile, map_planes};
 use crate::scores::{LOG2E, Mods, WarpScores};
+use crate::seq::localize;
 use crate::tile::{Fragments, SmemTile};
 use dmattn_abi::{
     BWD_DQ_STAGE_BYTES, BWD_DQ_STAGE_TILES, BWD_PARAMS_BYTES, BwdParams, bwd_stage_bytes, flags, mask_tile_bytes, modifiers,
@@ -154,10 +155,11 @@ impl<'a> KeyBlock<'a> {
         t.ptr + elem * (self.batch as u64 * t.stride[0] + h as u64 * t.stride[2] + row0 as u64 * t.stride[1])
     }
 
-    /// Index of `[b, h, sq]` row `row` (lse and delta).
+    /// Index of row `row` of head `h` in lse and delta (`dmattn_abi::Seqs::lse_rows`; a packed
+    /// sequence's bases are moved to its rows, see `seq::localize`).
     #[inline(always)]
     fn row_index(&self, h: u32, row: u32) -> u64 {
-        (self.batch as u64 * self.p.fwd.heads as u64 + h as u64) * self.p.fwd.seqlen_q as u64 + row as u64
+        (self.batch as u64 * self.p.fwd.heads as u64 + h as u64) * self.p.fwd.seqs.lse_rows as u64 + row as u64
     }
 
     /// Element address of (head `h`, query `row`, key column `col0 + c`) in a broadcast
@@ -332,7 +334,8 @@ pub unsafe fn backward<
     // The Hopper `BIAS` variant has no registers for reading block classes (`modifiers::BIAS`).
     let by_class = !(WGMMA && MODS == modifiers::BIAS);
     let tid = thread_idx();
-    let p = unsafe { params_in_smem(params, smem_base() + params_at, tid) };
+    // A packed sequence's CTA sees its sequence as a fixed-length problem (`seq::localize`).
+    let p = unsafe { params_in_smem(params, smem_base() + params_at, tid, |_, dst| localize(dst, block_idx(), BM as u32, BN as u32)) };
     let f = &p.fwd;
     let threads = 32 * W as u32;
     let sm = Smem::new(D, BM, BN, STAGES, BIAS_TILE);

@@ -168,7 +168,7 @@ fn next_tile<const BM: usize, const BN: usize, const MODS: bool, const GATHER: b
 /// gathered keys the rows see.
 #[inline(always)]
 fn key_bound<const GATHER: bool>(b: &BlockInfo, rows: &GatheredRows) -> u32 {
-    if GATHER { rows.keys_end() } else { b.p.seqlen_k }
+    if GATHER { rows.keys_end() } else { b.keys() }
 }
 
 /// `s += Q Kᵀ` for this warp's rows (from `warp_row0`) over the current K tile; `s` holds the
@@ -301,6 +301,9 @@ pub unsafe fn forward<
     let tid = thread_idx();
 
     let b = BlockInfo::new::<MODS>(p, BM as u32, position::<MODS>(p, sm.position));
+    if !b.has_rows() {
+        return;
+    }
     let rows = GatheredRows::new(sm.mask, b.rows_valid, BM as u32);
     if GATHER {
         unsafe { rows.store(&b.vis, b.key_ranks(), b.row0, BM as u32, tid, threads) };

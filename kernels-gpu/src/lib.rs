@@ -27,6 +27,7 @@ mod mask_pack;
 mod schedule;
 mod scores;
 mod select;
+mod seq;
 mod softmax;
 mod softmax_rows;
 mod tile;

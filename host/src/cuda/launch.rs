@@ -48,13 +48,17 @@ impl Launch {
     }
 }
 
-/// Launches `l` with `params`. The caller guarantees `params` describes live device buffers of
+/// Launches `l` with `params` (nothing where its grid is empty). The caller guarantees `params` describes live device buffers of
 /// the sizes the kernel indexes (the backends build them from validated problems).
 pub(crate) fn launch<T: Copy>(dev: &CudaDevice, l: &Launch, params: T) -> Result<()>
 where
     ByValue<T>: DeviceRepr,
 {
     let f = dev.function(&l.name, l.smem_bytes)?;
+    if l.grid.0 == 0 || l.grid.1 == 0 || l.grid.2 == 0 {
+        // No CTA, nothing to do (a packed batch whose sequences are all empty on one side).
+        return Ok(());
+    }
     let cfg = LaunchConfig { grid_dim: l.grid, block_dim: (l.threads, 1, 1), shared_mem_bytes: l.smem_bytes };
     let arg = ByValue(params);
     let mut builder = dev.stream().launch_builder(&f);

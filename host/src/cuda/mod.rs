@@ -22,7 +22,7 @@ use crate::sparse::MaskData;
 use std::sync::Arc;
 use dmattn_abi::{
     BwdParams, BwdTile, BwdPreParams, CombineParams, ConvertParams, DeviceElem, FwdParams, FwdTile, KeyLists, ORDER_SMEM_BYTES, ORDER_WARPS, OrderParams,
-    PRE_THREADS, QueryRows, View4, bwd_tile, flags, fwd_variants_for, modifiers,
+    PRE_THREADS, QueryRows, Seqs, View4, bwd_tile, flags, fwd_variants_for, modifiers,
 };
 use launch::{Launch, launch};
 
@@ -36,16 +36,20 @@ fn device_elem(arg: &'static str, dtype: DType) -> Result<DeviceElem> {
     }
 }
 
-/// `[b, s, h, d]` q/k/v/o: unit stride on d, 16-byte aligned rows, so tiles load with `cp.async`.
+/// `[b, s, h, d]` q/k/v/o, or a packed batch's `[total, h, d]` as batch 1: unit stride on d,
+/// 16-byte aligned rows, so tiles load with `cp.async`.
 fn qkv_view(t: &Tensor, arg: &'static str) -> Result<View4> {
-    let s = t.strides();
+    let (shape, s) = match (t.shape(), t.strides()) {
+        (&[n, h, d], &[sn, sh, sd]) => ([1, n, h, d], [0, sn, sh, sd]),
+        (sh, st) => (<[usize; 4]>::try_from(sh).expect("validated"), <[usize; 4]>::try_from(st).expect("validated")),
+    };
     let layout_err = |reason: String| Error::Layout { arg, backend: BACKEND, reason };
-    if t.shape()[3] > 1 && s[3] != 1 {
+    if shape[3] > 1 && s[3] != 1 {
         return Err(layout_err(format!("head_dim stride is {}, must be 1", s[3])));
     }
     // Size-1 dimensions are never stepped over, so their strides do not matter.
     for (dim, name) in [(0, "batch"), (1, "sequence"), (2, "head")] {
-        if t.shape()[dim] > 1 && !s[dim].is_multiple_of(8) {
+        if shape[dim] > 1 && !s[dim].is_multiple_of(8) {
             return Err(layout_err(format!("{name} stride {} is not a multiple of 8 elements (16 bytes)", s[dim])));
         }
     }
@@ -53,7 +57,7 @@ fn qkv_view(t: &Tensor, arg: &'static str) -> Result<View4> {
     if !ptr.is_multiple_of(16) {
         return Err(layout_err("the first element is not 16-byte aligned".into()));
     }
-    let stride = |d: usize| if t.shape()[d] == 1 { 0 } else { s[d] as u64 };
+    let stride = |d: usize| if shape[d] == 1 { 0 } else { s[d] as u64 };
     Ok(View4 { ptr, stride: [stride(0), stride(1), stride(2), 1] })
 }
 
@@ -153,6 +157,7 @@ fn fwd_params(p: &Problem, saved: &Saved, out: &Tensor, lse: &Tensor, gathered: 
         scale_log2: (p.scale * std::f64::consts::LOG2_E) as f32,
         softcap: p.softcap as f32,
         band: p.band,
+        seqs: seqs_params(p),
         ..FwdParams::default()
     };
     if let Some(m) = device_mask(saved) {
@@ -174,6 +179,18 @@ fn fwd_params(p: &Problem, saved: &Saved, out: &Tensor, lse: &Tensor, gathered: 
     Ok(params)
 }
 
+/// Where a packed batch's sequences are, and the LSE's rows (see [`Seqs`]).
+fn seqs_params(p: &Problem) -> Seqs {
+    match &p.seqs {
+        None => Seqs { lse_rows: p.dims.seqlen_q as u32, ..Seqs::default() },
+        Some(s) => {
+            let (q, k) = s.device_tensors();
+            let ptr = |t: &Tensor| t.device_ptr().expect("a CUDA call's sequence lengths are on its device");
+            Seqs { cu_q: ptr(q), cu_k: ptr(k), lse_rows: s.total_q() as u32, _pad: 0 }
+        }
+    }
+}
+
 /// Key splits for a forward whose grid would leave the GPU mostly idle (few query tiles, long
 /// keys: decoding): enough splits for two CTAs per SM, at least two key tiles each. Returns
 /// (splits, key tiles per split); (1, _) is no split.
@@ -188,15 +205,17 @@ fn key_splits(sms: u32, d: &Dims, block_m: u32, block_n: u32) -> (u32, u32) {
     (k_tiles.div_ceil(per_split) as u32, per_split as u32)
 }
 
-fn query_rows(d: &Dims) -> QueryRows {
-    QueryRows { batch: d.batch as u32, heads: d.heads as u32, seqlen_q: d.seqlen_q as u32, head_dim: d.head_dim as u32 }
+/// The query rows a row pass walks: `[batch, seqlen_q]`, or a packed batch's `[1, total_q]`.
+fn query_rows(p: &Problem) -> QueryRows {
+    let d = &p.dims;
+    let (batch, seqlen_q) = p.seqs.as_ref().map_or((d.batch, d.seqlen_q), |s| (1, s.total_q()));
+    QueryRows { batch: batch as u32, heads: d.heads as u32, seqlen_q: seqlen_q as u32, head_dim: d.head_dim as u32 }
 }
 
-/// Blocks of a row pass over the query rows (`bwd_pre::for_each_row`; grid-stride beyond 4096).
-fn row_blocks(d: &Dims) -> u32 {
-    let rows = query_rows(d);
-    let per_block = (PRE_THREADS / 32 * (32 / rows.lanes())) as usize;
-    (d.batch * d.heads * d.seqlen_q).div_ceil(per_block).clamp(1, 4096) as u32
+/// Blocks of a row pass over `rows` (`bwd_pre::for_each_row`; grid-stride beyond 4096).
+fn row_blocks(rows: &QueryRows) -> u32 {
+    let per_block = PRE_THREADS / 32 * (32 / rows.lanes());
+    rows.count().div_ceil(per_block).clamp(1, 4096)
 }
 
 /// The caller's buffer where given, else a new one.
@@ -264,9 +283,10 @@ pub(crate) fn fwd_plan(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: FwdMask) -
     let split_tile = if gathered { gather_tile } else { variants.mods };
     let (splits, split_tiles) = key_splits(sms, &d, split_tile.block_m, split_tile.block_n);
     // The forward's variants: the gather variant, lean, or every modifier.
+    // Packed batches run in the modifier variants too (`Seq::of`).
     let (tile, mods) = match variants.plain {
         _ if gathered => (gather_tile, true),
-        Some(plain) if modifiers_of(p) == modifiers::NONE && splits == 1 => (plain, false),
+        Some(plain) if modifiers_of(p) == modifiers::NONE && splits == 1 && p.seqs.is_none() => (plain, false),
         _ => (variants.mods, true),
     };
     check_limits(&d, tile.block_m)?;
@@ -329,7 +349,8 @@ fn run_forward(dev: &CudaDevice, plan: &FwdPlan, p: &Problem, saved: &Saved, int
         launch_fwd(params)?;
     } else {
         // Each split writes a normalised partial O and LSE; the combine pass merges them.
-        let (b, sq, h, hd) = (d.batch, d.seqlen_q, d.heads, d.head_dim);
+        let rows = query_rows(p);
+        let (b, sq, h, hd) = (rows.batch as usize, rows.seqlen_q as usize, d.heads, d.head_dim);
         let splits = plan.splits as usize;
         let mut parts = Tensor::empty_together(&[(&[splits * b, sq, h, hd], p.dtype), (&[splits * b, h, sq], DType::F32)], &device)?;
         let (o_part, lse_part) = (parts.remove(0), parts.remove(0));
@@ -343,9 +364,9 @@ fn run_forward(dev: &CudaDevice, plan: &FwdPlan, p: &Problem, saved: &Saved, int
             o: qkv_view(&out, "out")?,
             lse: lse.device_ptr().expect("CUDA tensor"),
             splits: plan.splits,
-            rows: query_rows(&d),
+            rows,
         };
-        let blocks = row_blocks(&d);
+        let blocks = row_blocks(&rows);
         let name = format!("{}{}", dmattn_abi::names::COMBINE_PREFIX, plan.elem.name());
         launch(dev, &Launch::kernel(&name, (blocks, 1, 1), PRE_THREADS, 0), combine)?;
     }
@@ -438,6 +459,9 @@ fn bwd_kernel_name(tile: &BwdTile, elem: DeviceElem, head_dim: usize, modifiers:
 
 /// The unfused forward (`materialized`), over gathered keys where the mask says so.
 pub(crate) fn forward_materialized(dev: &CudaDevice, p: Problem, saved: Saved) -> Result<Forward> {
+    if p.seqs.is_some() {
+        return Err(Error::Unsupported { what: "forward_materialized of a packed batch".into(), backend: BACKEND });
+    }
     match key_lists(&saved) {
         Some(lists) => gather::forward_materialized(dev, p, saved, &lists),
         None => materialized::forward(dev, p, saved),
@@ -465,20 +489,22 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, into: Gra
     let dout_view = qkv_view(dout, "dout")?;
 
     // delta = rowsum(dO * O).
-    let (_delta, delta) = zeroed(dev, d.batch * d.heads * d.seqlen_q)?;
+    let rows = query_rows(p);
+    let (_delta, delta) = zeroed(dev, rows.count() as usize)?;
     let pre = BwdPreParams {
         o: qkv_view(&fwd.out, "out")?,
         dout: dout_view,
         delta,
-        rows: query_rows(&d),
+        rows,
     };
-    let blocks = row_blocks(&d);
+    let blocks = row_blocks(&rows);
     let pre_name = format!("{}{}", dmattn_abi::names::BWD_PRE_PREFIX, elem.name());
     launch(dev, &Launch::kernel(&pre_name, (blocks, 1, 1), PRE_THREADS, 0), pre)?;
 
     // Accumulators, outputs and (deterministic mode) turn counters.
     let (m_tiles, n_blocks) = (d.seqlen_q.div_ceil(tile.block_m as usize), d.seqlen_k.div_ceil(tile.block_n as usize));
-    let (_dq_acc, dq_acc) = zeroed(dev, d.batch * d.seqlen_q * d.heads * d.head_dim)?;
+    let q_shape = [rows.batch as usize, rows.seqlen_q as usize, d.heads, d.head_dim];
+    let (_dq_acc, dq_acc) = zeroed(dev, q_shape.iter().product())?;
     let bias_len = p.bias.map_or(0, |s| s.iter().product::<usize>());
     let (_dbias_acc, dbias_acc) = zeroed(dev, bias_len)?;
     let (_dq_turns, dq_turns) = zeroed(dev, if deterministic { d.batch * d.heads * m_tiles } else { 0 })?;
@@ -497,7 +523,6 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, into: Gra
         }
         stride
     };
-    let q_shape = [d.batch, d.seqlen_q, d.heads, d.head_dim];
     // CTAs run in grid order, x fastest: one kv head's key tiles side by side, so that their dQ
     // additions to a query tile meet in L2 and they share its Q and dO. A placed variant may run
     // otherwise where there is more than one wave (a single wave has neither a tail to balance

@@ -1,0 +1,104 @@
+//! One sequence's bounds and where its rows start: a fixed-length call's batch entry or a packed
+//! variable-length batch's sequence (`dmattn_abi::Seqs`) alike. Every kernel that walks a
+//! sequence asks this for its lengths and first rows, and nothing else reads `cu_seqlens`.
+use crate::arch::{ld_global_nc_u32, opaque, smem_ref, st_shared_u64};
+use core::mem::offset_of;
+use dmattn_abi::{BwdParams, FwdParams, View4};
+
+#[derive(Clone, Copy)]
+pub struct Seq {
+    /// Batch index into the 4-D operands: the sequence's, or 0 in a packed batch (whose
+    /// operands are one batch entry of `total` rows).
+    pub batch: u64,
+    /// The sequence's first query row and first key row in the operands.
+    pub q0: u32,
+    pub k0: u32,
+    pub len_q: u32,
+    pub len_k: u32,
+}
+
+impl Seq {
+    /// Sequence `b` (grid z) of the call: in a kernel compiled with `PACKED`, four cached loads
+    /// of the validated prefix sums where the call is packed (kernels call this again wherever
+    /// they rebuild their addresses rather than hold it); a kernel without it serves only
+    /// fixed-length calls (the host's choice).
+    #[inline(always)]
+    pub fn of<const PACKED: bool>(p: &FwdParams, b: u32) -> Self {
+        let s = &p.seqs;
+        if !PACKED || s.cu_q == 0 {
+            return Seq { batch: b as u64, q0: 0, k0: 0, len_q: p.seqlen_q, len_k: p.seqlen_k };
+        }
+        let at = 4 * b as u64;
+        let (q0, q1, k0, k1) = unsafe {
+            (ld_global_nc_u32(s.cu_q + at), ld_global_nc_u32(s.cu_q + at + 4), ld_global_nc_u32(s.cu_k + at), ld_global_nc_u32(s.cu_k + at + 4))
+        };
+        Seq { batch: 0, q0, k0, len_q: q1 - q0, len_k: k1 - k0 }
+    }
+
+    /// Element offset of the sequence's query row `i` in a `[b, s, h, d]` operand with strides
+    /// `stride`, before the head's.
+    #[inline(always)]
+    pub fn q_offset(&self, stride: &[u64; 4], i: u32) -> u64 {
+        self.batch * stride[0] + (self.q0 + i) as u64 * stride[1]
+    }
+
+    /// The same for key row `j` of a `[b, s, hk, d]` operand.
+    #[inline(always)]
+    pub fn k_offset(&self, stride: &[u64; 4], j: u32) -> u64 {
+        self.batch * stride[0] + (self.k0 + j) as u64 * stride[1]
+    }
+
+    /// Index of (head `h`, query row `i`) in LSE and delta: `(batch * heads + h) * lse_rows`
+    /// plus the row in the operands (see `dmattn_abi::Seqs::lse_rows`).
+    #[inline(always)]
+    pub fn lse_index(&self, p: &FwdParams, h: u32, i: u32) -> u64 {
+        (self.batch * p.heads as u64 + h as u64) * p.seqs.lse_rows as u64 + (self.q0 + i) as u64
+    }
+}
+
+/// Makes a backward's shared-memory copy of its parameters (at `dst`) the fixed-length
+/// problem of its packed sequence, for the CTA at grid position `(n_block, kv_head, b)` (packed
+/// calls have no work order and no bias, so the grid is never reordered), so that the kernel's
+/// walks need no per-step loads or registers for it: its lengths as the problem's (a key tile
+/// past a shorter sequence's end gets no queries and no keys: it loads and writes nothing), and
+/// the bases of operands (batch stride 0, from the host), LSE, delta and the dQ turn counters
+/// moved so that the fixed-length indexing with batch `b` lands on its rows. The fields are
+/// rewritten with shared-memory stores: writes LLVM could see through a reference reorder the
+/// kernels' code into spills.
+#[inline(always)]
+pub unsafe fn localize(dst: u32, (n_block, _, b): (u32, u32, u32), block_m: u32, block_n: u32) {
+    // Read from the copy, not the parameters (the kernels' code stays as it is: reading the
+    // parameters here reordered it into spills).
+    let p: &BwdParams = unsafe { smem_ref(opaque(dst)) };
+    let f = &p.fwd;
+    if f.seqs.cu_q == 0 {
+        return;
+    }
+    let seq = Seq::of::<true>(f, b);
+    let (q0, k0) = (seq.q0 as u64, seq.k0 as u64);
+    let store = |offset: usize, v: u64| unsafe { st_shared_u64(dst + offset as u32, v) };
+    let to_row = |offset: usize, v: &View4, row: u64, elem: u64| store(offset, v.ptr + elem * row * v.stride[1]);
+    to_row(offset_of!(BwdParams, fwd.q), &f.q, q0, 2);
+    to_row(offset_of!(BwdParams, fwd.o), &f.o, q0, 2);
+    to_row(offset_of!(BwdParams, dout), &p.dout, q0, 2);
+    to_row(offset_of!(BwdParams, dq_accum), &p.dq_accum, q0, 4);
+    to_row(offset_of!(BwdParams, fwd.k), &f.k, k0, 2);
+    to_row(offset_of!(BwdParams, fwd.v), &f.v, k0, 2);
+    to_row(offset_of!(BwdParams, dk), &p.dk, k0, 2);
+    to_row(offset_of!(BwdParams, dv), &p.dv, k0, 2);
+    // LSE/delta `(b * h + head) * lse_rows + row` must land on `head * lse_rows + q0 + row`:
+    // the base moves by `q0 - b * h * lse_rows` rows (wrapping; the sum is in bounds).
+    let rows_back = (b as u64 * f.heads as u64 * f.seqs.lse_rows as u64).wrapping_sub(q0);
+    store(offset_of!(BwdParams, fwd.lse), f.lse.wrapping_sub(4 * rows_back));
+    store(offset_of!(BwdParams, delta), p.delta.wrapping_sub(4 * rows_back));
+    // dQ turns, `[b, h, q_tiles]` over the longest sequence's tiles, are indexed
+    // `(b * h + head) * q_tiles + tile` with the sequence's own tile count afterwards: the base
+    // moves so that sequence `b`'s still start at `b * h * q_tiles_max`.
+    let tiles = |rows: u32| rows.div_ceil(block_m) as u64;
+    store(offset_of!(BwdParams, dq_turns), p.dq_turns + 4 * b as u64 * f.heads as u64 * (tiles(f.seqlen_q) - tiles(seq.len_q)));
+    const { assert!(offset_of!(FwdParams, seqlen_k) == offset_of!(FwdParams, seqlen_q) + 4) };
+    let col0 = n_block * block_n;
+    let (len_q, len_k) = if col0 < seq.len_k { (seq.len_q, seq.len_k) } else { (0, col0) };
+    store(offset_of!(BwdParams, fwd.seqlen_q), len_q as u64 | (len_k as u64) << 32);
+    store(offset_of!(BwdParams, fwd.seqs.cu_q), 0);
+}
