@@ -196,8 +196,8 @@ impl Problem {
                 });
             }
             Some(sp) => {
-                // A parametric mask's rule applies to each sequence of a packed batch.
-                if (sp.seqlen_q, sp.seqlen_k) != (seqlen_q, seqlen_k) && inp.seqs.is_none() {
+                // A packed batch's: its longest sequences' (the rule then applies to each).
+                if (sp.seqlen_q, sp.seqlen_k) != (seqlen_q, seqlen_k) {
                     return Err(Error::Shape {
                         arg: "sparse_mask",
                         expected: format!("prepared for seqlen_q {seqlen_q} and seqlen_k {seqlen_k}"),

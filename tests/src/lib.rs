@@ -9,6 +9,7 @@ use std::sync::OnceLock;
 
 pub mod select;
 pub mod sparse;
+pub mod varlen;
 
 /// One attention problem: sizes, which operands exist (with their broadcast shapes), options.
 #[derive(Clone, Debug)]

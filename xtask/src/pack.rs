@@ -7,7 +7,7 @@ use std::process::Stdio;
 const RUN_SH: &str = r#"#!/usr/bin/env bash
 # Runs dmattn's packed GPU suite. `run.sh tests` (default), `run.sh bench [dmattn-bench args]`,
 # `run.sh sanitize` (compute-sanitizer memcheck and racecheck on small cases of every kernel the
-# gather and sparse suites launch), `run.sh all` (tests and bench). Test logs go beside this script; the benchmark's files (cases.json, dmattn.json,
+# gather, sparse and packed-batch suites launch), `run.sh all` (tests and bench). Test logs go beside this script; the benchmark's files (cases.json, dmattn.json,
 # peers.json and their logs; bench/SCHEMA.md) go to $OUT when set (the device tool's output
 # folder), else to results/ beside this script: `cargo xtask bench --from <that folder>` reports them.
 set -u
@@ -49,7 +49,7 @@ if [ "$what" = sanitize ]; then
   # for the compaction's several chunks, the key-side bias read at the listed keys and the split
   # combine.
   for tool in memcheck racecheck; do
-    for t in "gpu_forward each_forward_kernel" "gpu_gather gather_backward_matches index_lists out_of_range long_keys" "gpu_sparse sparse_backward_matches" "gpu_select gpu_selection long_rows many_rows"; do
+    for t in "gpu_forward each_forward_kernel" "gpu_gather gather_backward_matches index_lists out_of_range long_keys" "gpu_sparse sparse_backward_matches" "gpu_select gpu_selection long_rows many_rows" "gpu_varlen varlen_backward_matches"; do
       set -- $t; bin=$1; shift
       DMATTN_GPU_CASES=${DMATTN_SANITIZE_CASES:-4} timeout "${DMATTN_TEST_TIMEOUT:-400}" compute-sanitizer --tool $tool --print-limit 10 \
         "$here/bin/test-tests-$bin" "$@" --test-threads=1 > "$logs/sanitize-$tool-$bin.log" 2>&1; rc=$?

@@ -1,0 +1,285 @@
+//! Packed variable-length batches: random cases, and the check that a packed call equals each
+//! of its sequences run as its own fixed-length call on the CPU reference.
+use crate::sparse::{BandCtor, MaskSpec};
+use crate::*;
+use dmattn::SeqLens;
+use proptest::test_runner::TestCaseError;
+
+/// One packed batch: each sequence's (query, key) lengths, and the call's options.
+#[derive(Clone, Debug)]
+pub struct VarlenCase {
+    pub lens: Vec<(usize, usize)>,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub causal: bool,
+    /// A parametric sparse mask applied to every sequence.
+    pub band: Option<BandCtor>,
+    pub softcap: f64,
+    pub dtype: DType,
+}
+
+/// A packed batch's tensors: q `[total_q, h, d]`, k/v `[total_k, hk, d]`, dO like q.
+pub struct Packed {
+    pub q: Tensor,
+    pub k: Tensor,
+    pub v: Tensor,
+    pub dout: Tensor,
+}
+
+impl Packed {
+    pub fn to(&self, device: &Device) -> Packed {
+        let mv = |t: &Tensor| t.to_device(device).unwrap();
+        Packed {
+            q: mv(&self.q),
+            k: mv(&self.k),
+            v: mv(&self.v),
+            dout: mv(&self.dout),
+        }
+    }
+}
+
+impl VarlenCase {
+    pub fn seqlens(&self, device: &Device) -> SeqLens {
+        let (q, k): (Vec<usize>, Vec<usize>) = self.lens.iter().copied().unzip();
+        SeqLens::from_lengths(&q, &k, device).unwrap()
+    }
+
+    fn totals(&self) -> (usize, usize) {
+        self.lens
+            .iter()
+            .fold((0, 0), |(a, b), &(q, k)| (a + q, b + k))
+    }
+
+    /// Random inputs and output gradient on the CPU, in the case's dtype.
+    pub fn inputs(&self, rng: &mut StdRng) -> Packed {
+        let (tq, tk) = self.totals();
+        let mut rand_tensor = |shape: &[usize]| {
+            let n: usize = shape.iter().product();
+            let vals: Vec<f64> = (0..n)
+                .map(|_| {
+                    2.0 * (rng.random::<f64>() + rng.random::<f64>() + rng.random::<f64>() - 1.5)
+                })
+                .collect();
+            Tensor::from_fn(shape, self.dtype, &Device::Cpu, |i| vals[i]).unwrap()
+        };
+        let (q_shape, kv_shape) = (
+            [tq, self.heads, self.head_dim],
+            [tk, self.kv_heads, self.head_dim],
+        );
+        Packed {
+            q: rand_tensor(&q_shape),
+            k: rand_tensor(&kv_shape),
+            v: rand_tensor(&kv_shape),
+            dout: rand_tensor(&q_shape),
+        }
+    }
+
+    /// The packed call on `inputs` (their device), its band prepared there.
+    pub fn forward(
+        &self,
+        inputs: &Packed,
+        seqs: &SeqLens,
+        deterministic: bool,
+    ) -> dmattn::Result<Forward> {
+        let band = self
+            .band
+            .map(|b| b.build().prepare(seqs.max_seqlen_q(), seqs.max_seqlen_k()))
+            .transpose()?;
+        let mut call = attention(&inputs.q, &inputs.k, &inputs.v)
+            .seqlens(seqs)
+            .causal(self.causal)
+            .softcap(self.softcap)
+            .deterministic(deterministic);
+        if let Some(b) = &band {
+            call = call.sparse_mask(b);
+        }
+        call.forward()
+    }
+
+    /// Sequence `b` as a fixed-length case with a dense mask for the band, and its inputs.
+    fn sequence(&self, inputs: &[Vec<f64>; 4], b: usize) -> (Case, crate::Inputs, Tensor) {
+        let (q0, k0) = self.lens[..b]
+            .iter()
+            .fold((0, 0), |(a, c), &(q, k)| (a + q, c + k));
+        let (sq, sk) = self.lens[b];
+        let (qw, kw) = (self.heads * self.head_dim, self.kv_heads * self.head_dim);
+        let t = |v: &[f64], at: usize, width: usize, shape: [usize; 4]| {
+            Tensor::from_fn(&shape, self.dtype, &Device::Cpu, |i| v[at * width + i]).unwrap()
+        };
+        let case = Case {
+            causal: self.causal,
+            softcap: self.softcap,
+            dtype: self.dtype,
+            ..Case::new(1, sq, sk, self.heads, self.kv_heads, self.head_dim)
+        };
+        let seq_inputs = crate::Inputs {
+            q: t(&inputs[0], q0, qw, case.q_shape()),
+            k: t(&inputs[1], k0, kw, case.kv_shape()),
+            v: t(&inputs[2], k0, kw, case.kv_shape()),
+            mask: None,
+            bias: None,
+        };
+        let dout = t(&inputs[3], q0, qw, case.q_shape());
+        match self.band {
+            Some(b) => {
+                let (case, seq_inputs) = MaskSpec::band(b, 0).dense_call(&case, &seq_inputs);
+                (case, seq_inputs, dout)
+            }
+            None => (case, seq_inputs, dout),
+        }
+    }
+}
+
+/// The packed call on `device` against each sequence's fixed-length call on the CPU reference:
+/// O within [`gpu_tolerance`] (`tol` on the CPU) by [`rel_err`], LSE within 1e-3 of the largest
+/// finite |LSE| and -inf exactly where the reference's is (rows of sequences without keys: O 0,
+/// LSE -inf), and with `backward` the gradients within `tol` of the size of their sums, zero for
+/// the keys of sequences without queries. Outputs are poisoned: an unwritten element fails.
+pub fn check_varlen(
+    case: &VarlenCase,
+    device: &Device,
+    seed: u64,
+    backward: bool,
+    deterministic: bool,
+    tol: f64,
+) -> Result<(), TestCaseError> {
+    dmattn::set_output_poisoning(true);
+    let cpu = case.inputs(&mut seeded_rng(seed));
+    let values = [&cpu.q, &cpu.k, &cpu.v, &cpu.dout].map(|t| t.to_f64_vec().unwrap());
+    let inputs = cpu.to(device);
+    let seqs = case.seqlens(device);
+    let fwd = case
+        .forward(&inputs, &seqs, deterministic)
+        .map_err(|e| TestCaseError::fail(format!("packed forward: {e}")))?;
+    let (out, lse) = (fwd.out.to_f64_vec().unwrap(), fwd.lse.to_f64_vec().unwrap());
+
+    // The reference, sequence by sequence, in the packed layouts.
+    let (tq, tk) = case.totals();
+    let (h, qw, kw) = (
+        case.heads,
+        case.heads * case.head_dim,
+        case.kv_heads * case.head_dim,
+    );
+    let mut want_out = vec![0.0; tq * qw];
+    let mut want_lse = vec![f64::NEG_INFINITY; h * tq];
+    let mut want = [vec![0.0; tq * qw], vec![0.0; tk * kw], vec![0.0; tk * kw]];
+    let mut sizes = want.clone();
+    let (mut q0, mut k0) = (0, 0);
+    for (b, &(sq, sk)) in case.lens.iter().enumerate() {
+        if sq > 0 && sk > 0 {
+            let (seq_case, seq_inputs, dout) = case.sequence(&values, b);
+            let r = seq_case
+                .forward(&seq_inputs)
+                .map_err(|e| TestCaseError::fail(format!("reference of sequence {b}: {e}")))?;
+            want_out[q0 * qw..][..sq * qw].copy_from_slice(&r.out.to_f64_vec().unwrap());
+            let l = r.lse.to_f64_vec().unwrap();
+            for hh in 0..h {
+                want_lse[hh * tq + q0..][..sq].copy_from_slice(&l[hh * sq..][..sq]);
+            }
+            if backward {
+                let g = grads_vec(&r.backward(&dout).unwrap());
+                let (spec, data) = (naive::Spec::of(&seq_case), naive::Data::of(&seq_inputs));
+                let m = gradient_sizes(&spec, &data, &naive::forward(&spec, &data), &dout);
+                for (i, (at, w)) in [(q0, qw), (k0, kw), (k0, kw)].into_iter().enumerate() {
+                    let rows = if i == 0 { sq } else { sk };
+                    want[i][at * w..][..rows * w].copy_from_slice(g[i].as_ref().unwrap());
+                    sizes[i][at * w..][..rows * w].copy_from_slice(m[i].as_ref().unwrap());
+                }
+            }
+        }
+        (q0, k0) = (q0 + sq, k0 + sk);
+    }
+    prop_assert!(
+        out.iter().all(|x| x.is_finite()),
+        "non-finite output (unwritten or NaN) for {case:?}"
+    );
+    let err = rel_err(&out, &want_out);
+    prop_assert!(err <= tol, "out rel err {err:.3e} > {tol:.3e} for {case:?}");
+    let scale = want_lse
+        .iter()
+        .filter(|x| x.is_finite())
+        .fold(1.0f64, |m, x| m.max(x.abs()));
+    let lse_err = max_abs_err_inf(&lse, &want_lse);
+    prop_assert!(
+        lse_err <= 1e-3 * scale,
+        "lse max err {lse_err:.3e} for {case:?}"
+    );
+    if backward {
+        let got = grads_vec(
+            &fwd.backward(&inputs.dout)
+                .map_err(|e| TestCaseError::fail(format!("packed backward: {e}")))?,
+        );
+        let [dq, dk, dv] = want;
+        let [sq, sk, sv] = sizes;
+        compare_gradients(
+            case,
+            &got,
+            &[Some(dq), Some(dk), Some(dv), None],
+            &[Some(sq), Some(sk), Some(sv), None],
+            tol,
+        )?;
+        // Keys of sequences no query reads: exactly zero.
+        let mut k0 = 0;
+        for &(sq, sk) in &case.lens {
+            if sq == 0 {
+                for g in &got[1..3] {
+                    prop_assert!(
+                        g.as_ref().unwrap()[k0 * kw..][..sk * kw]
+                            .iter()
+                            .all(|&x| x == 0.0),
+                        "dk/dv of a sequence without queries not zero for {case:?}"
+                    );
+                }
+            }
+            k0 += sk;
+        }
+    }
+    Ok(())
+}
+
+/// A sequence length: often 0, 1 or around a tile edge.
+fn seq_len(max: usize) -> impl Strategy<Value = usize> {
+    prop_oneof![3 => 0usize..=max, 1 => prop::sample::select(vec![0, 1, 63, 64, 65, 127, 128, 129, 192, 257.min(max)])]
+}
+
+/// Random packed batches: 1-6 sequences of lengths 0..=`max_seqlen` (queries and keys drawn
+/// apart), 16-bit dtypes, every head dim, GQA, causal, windows and softcap, with a seed.
+pub fn varlen_cases(max_seqlen: usize) -> impl Strategy<Value = (VarlenCase, u64)> {
+    let band = prop_oneof![
+        4 => Just(None),
+        1 => (0usize..300).prop_map(|l| Some(BandCtor::CausalWindow(l))),
+        1 => (prop::option::of(0usize..200), prop::option::of(0usize..200)).prop_map(|(l, r)| Some(BandCtor::Window(l, r))),
+    ];
+    (
+        prop::collection::vec((seq_len(max_seqlen), seq_len(max_seqlen)), 1..=6),
+        (
+            prop::sample::select(vec![DType::BF16, DType::F16]),
+            prop::sample::select(vec![32usize, 64, 96, 128, 192, 256]),
+        ),
+        (1usize..=2, prop::sample::select(vec![1usize, 2, 3])),
+        (
+            any::<bool>(),
+            band,
+            prop_oneof![3 => Just(0.0), 1 => Just(20.0)],
+            any::<u64>(),
+        ),
+    )
+        .prop_map(
+            |(lens, (dtype, head_dim), (kv_heads, group), (causal, band, softcap, seed))| {
+                (
+                    VarlenCase {
+                        lens,
+                        heads: kv_heads * group,
+                        kv_heads,
+                        head_dim,
+                        causal,
+                        band,
+                        softcap,
+                        dtype,
+                    },
+                    seed,
+                )
+            },
+        )
+}

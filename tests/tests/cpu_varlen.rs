@@ -1,0 +1,118 @@
+//! Packed variable-length batches on the CPU backend: each sequence's rows equal its own
+//! fixed-length call (forward and backward, empty sequences included), and every malformed
+//! `cu_seqlens` or packed shape is a typed error naming the argument.
+use dmattn::{DType, Device, Error, SeqLens, Tensor, attention};
+use dmattn_tests::sparse::BandCtor;
+use dmattn_tests::varlen::{VarlenCase, check_varlen};
+
+fn case(lens: &[(usize, usize)], causal: bool, band: Option<BandCtor>) -> VarlenCase {
+    VarlenCase {
+        lens: lens.to_vec(),
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 8,
+        causal,
+        band,
+        softcap: 0.0,
+        dtype: DType::F64,
+    }
+}
+
+#[test]
+fn packed_calls_equal_each_sequence_alone() {
+    let lens = [(5, 7), (0, 3), (9, 9), (3, 0), (1, 1), (12, 4)];
+    for (i, (causal, band, softcap)) in [
+        (false, None, 0.0),
+        (true, None, 0.0),
+        (true, Some(BandCtor::CausalWindow(2)), 0.0),
+        (false, Some(BandCtor::Window(Some(1), Some(3))), 5.0),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let c = VarlenCase {
+            softcap,
+            ..case(&lens, causal, band)
+        };
+        check_varlen(&c, &Device::Cpu, 17 + i as u64, true, false, 1e-12).unwrap();
+    }
+}
+
+fn packed(rows: usize, heads: usize) -> Tensor {
+    Tensor::from_fn(&[rows, heads, 8], DType::F32, &Device::Cpu, |i| {
+        (i as f64 * 0.37).sin()
+    })
+    .unwrap()
+}
+
+#[test]
+fn malformed_seqlens_are_typed_errors() {
+    let cpu = Device::Cpu;
+    let param = |r: dmattn::Result<SeqLens>, want: &str| match r {
+        Err(Error::Param { arg, .. })
+        | Err(Error::Shape { arg, .. })
+        | Err(Error::DType { arg, .. }) => assert_eq!(arg, want),
+        other => panic!("expected an error naming {want}, got {other:?}"),
+    };
+    param(SeqLens::new(&[0, 4, 2], &[0, 1, 2], &cpu), "cu_seqlens_q");
+    param(SeqLens::new(&[1, 4], &[0, 1], &cpu), "cu_seqlens_q");
+    param(SeqLens::new(&[0], &[0], &cpu), "cu_seqlens_q");
+    param(SeqLens::new(&[0, 4], &[0, 1, 2], &cpu), "cu_seqlens_k");
+    param(SeqLens::new(&[0, 4], &[0, -1], &cpu), "cu_seqlens_k");
+    let i32s = |v: &[i32]| Tensor::from_vec(v.to_vec(), &[v.len()], &cpu).unwrap();
+    let floats = Tensor::from_fn(&[2], DType::F32, &cpu, |i| i as f64).unwrap();
+    param(
+        SeqLens::from_tensors(&floats, &i32s(&[0, 1])),
+        "cu_seqlens_q",
+    );
+    param(
+        SeqLens::from_tensors(&i32s(&[0, 3]), &i32s(&[0, 3, 1])),
+        "cu_seqlens_k",
+    );
+    let ok = SeqLens::from_tensors(&i32s(&[0, 3, 5]), &i32s(&[0, 2, 6])).unwrap();
+    assert_eq!(
+        (
+            ok.batch(),
+            ok.total_q(),
+            ok.total_k(),
+            ok.max_seqlen_q(),
+            ok.max_seqlen_k()
+        ),
+        (2, 5, 6, 3, 4)
+    );
+
+    // Totals that are not the tensors' rows, 4-D tensors, and what packed calls do not take yet.
+    let seqs = SeqLens::new(&[0, 3, 5], &[0, 2, 6], &cpu).unwrap();
+    let (q, kv) = (packed(5, 4), packed(6, 2));
+    let shape = |r: dmattn::Result<dmattn::Forward>, want: &str| match r {
+        Err(Error::Shape { arg, .. }) => assert_eq!(arg, want),
+        Err(e) => panic!("expected a shape error naming {want}, got {e}"),
+        Ok(_) => panic!("expected a shape error naming {want}"),
+    };
+    shape(
+        attention(&packed(6, 4), &kv, &kv).seqlens(&seqs).forward(),
+        "q",
+    );
+    shape(
+        attention(&q, &packed(5, 2), &packed(5, 2))
+            .seqlens(&seqs)
+            .forward(),
+        "k",
+    );
+    shape(
+        attention(&q, &kv, &packed(7, 2)).seqlens(&seqs).forward(),
+        "v",
+    );
+    let q4 = Tensor::from_fn(&[1, 5, 4, 8], DType::F32, &cpu, |i| i as f64).unwrap();
+    shape(attention(&q4, &kv, &kv).seqlens(&seqs).forward(), "q");
+    let bias = Tensor::from_fn(&[1, 1, 1, 4], DType::F32, &cpu, |i| i as f64).unwrap();
+    assert!(matches!(
+        attention(&q, &kv, &kv).seqlens(&seqs).bias(&bias).forward(),
+        Err(Error::Unsupported { .. })
+    ));
+    attention(&q, &kv, &kv)
+        .seqlens(&seqs)
+        .causal(true)
+        .forward()
+        .unwrap();
+}

@@ -1,0 +1,110 @@
+//! Packed variable-length batches on the GPU, each sequence checked against its own
+//! fixed-length call on the f64 CPU reference (`dmattn_tests::varlen::check_varlen`): property
+//! tests over random batches (1-6 sequences, lengths 0 to 300 drawn apart for queries and keys,
+//! 16-bit dtypes, every head dim, GQA, causal, windows, softcap), forward, backward and the
+//! deterministic backward; bit-identical deterministic gradients; decoding-shaped batches (a
+//! few queries over long keys, split-KV). `DMATTN_GPU_CASES` sets the property tests' case
+//! counts. Skips, saying why, where there is no CUDA device.
+use dmattn::DType;
+use dmattn_tests::varlen::{VarlenCase, check_varlen, varlen_cases};
+use dmattn_tests::*;
+use proptest::test_runner::TestCaseError;
+
+fn varlen_property(
+    cases: u32,
+    max_seqlen: usize,
+    property: impl Fn((VarlenCase, u64)) -> Result<(), TestCaseError>,
+) {
+    if let Err(e) = gpu_runner(cases).run(&varlen_cases(max_seqlen), property) {
+        panic!("{e}");
+    }
+}
+
+#[test]
+fn varlen_forward_matches_reference() {
+    let Some(gpu) = gpu() else { return };
+    varlen_property(1200, 300, |(c, seed)| {
+        check_varlen(&c, &gpu, seed, false, false, gpu_tolerance(c.dtype))
+    });
+}
+
+#[test]
+fn varlen_backward_matches_reference() {
+    let Some(gpu) = gpu() else { return };
+    varlen_property(800, 300, |(c, seed)| {
+        check_varlen(&c, &gpu, seed, true, false, gpu_tolerance(c.dtype))
+    });
+}
+
+#[test]
+fn varlen_deterministic_backward_matches_reference() {
+    let Some(gpu) = gpu() else { return };
+    varlen_property(150, 200, |(c, seed)| {
+        check_varlen(&c, &gpu, seed, true, true, gpu_tolerance(c.dtype))
+    });
+}
+
+/// Two deterministic runs give bit-identical gradients on a batch whose sequences have many
+/// key tiles adding to each dQ tile.
+#[test]
+fn varlen_deterministic_runs_are_bit_identical() {
+    let Some(gpu) = gpu() else { return };
+    let c = VarlenCase {
+        lens: vec![(700, 900), (0, 64), (333, 333), (1, 1000)],
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 64,
+        causal: true,
+        band: None,
+        softcap: 0.0,
+        dtype: DType::BF16,
+    };
+    let seqs = c.seqlens(&gpu);
+    let inputs = c.inputs(&mut seeded_rng(7)).to(&gpu);
+    let run = || {
+        grads_vec(
+            &c.forward(&inputs, &seqs, true)
+                .unwrap()
+                .backward(&inputs.dout)
+                .unwrap(),
+        )
+    };
+    assert_same_bits(&run(), &run(), &c);
+    check_varlen(&c, &gpu, 7, true, true, gpu_tolerance(c.dtype)).unwrap();
+}
+
+/// Decoding-shaped batches: 1-8 queries per sequence over up to 20K keys, where the forward
+/// splits the keys (few CTAs otherwise), with and without causal; and one long prefill beside
+/// short ones.
+#[test]
+fn varlen_decoding_batches() {
+    let Some(gpu) = gpu() else { return };
+    let batches: [&[(usize, usize)]; 3] = [
+        &[(1, 20000), (8, 3000), (3, 1), (0, 500), (5, 12345)],
+        &[(1, 1), (2, 4096)],
+        &[(2000, 2000), (1, 64), (7, 8000)],
+    ];
+    for (i, lens) in batches.into_iter().enumerate() {
+        for (causal, head_dim, dtype) in [(true, 128, DType::BF16), (false, 64, DType::F16)] {
+            let c = VarlenCase {
+                lens: lens.to_vec(),
+                heads: 8,
+                kv_heads: 2,
+                head_dim,
+                causal,
+                band: None,
+                softcap: 0.0,
+                dtype,
+            };
+            check_varlen(
+                &c,
+                &gpu,
+                100 + i as u64,
+                i == 1,
+                false,
+                gpu_tolerance(dtype),
+            )
+            .unwrap();
+        }
+    }
+}
