@@ -604,7 +604,7 @@ mod tests {
 
     fn problem(d: Dims, band: dmattn_abi::Band, bias: bool) -> Problem {
         let bias = bias.then_some([1, 1, 1, d.seqlen_k]);
-        Problem { dims: d, dtype: DType::BF16, mask: None, bias, band, scale: 0.125, softcap: 0.0, deterministic: false }
+        Problem { dims: d, dtype: DType::BF16, mask: None, bias, band, scale: 0.125, softcap: 0.0, deterministic: false, seqs: None }
     }
 
     /// The forward's plan: the lean kernel without modifiers, the modifier kernel with any, its
@@ -634,6 +634,19 @@ mod tests {
         let decode = plan(dims(1, 2, 1, 1 << 19), true, FwdMask::Gathered);
         assert_eq!((decode.splits, decode.split_tiles, decode.grid.2), (128, 0, 128));
         assert_eq!(plan(dims(1, 2, 1, 1 << 19), true, FwdMask::Prepared).split_tiles, 32);
+    }
+
+    /// A packed batch runs the modifier variant (the lean one serves fixed lengths only), over
+    /// the longest sequence's query tiles and every sequence.
+    #[test]
+    fn packed_batches_run_the_modifier_variant() {
+        let seqs = crate::SeqLens::from_lengths(&[100, 3000, 0], &[100, 3000, 7], &crate::Device::Cpu).unwrap();
+        let p = Problem { seqs: Some(seqs), ..problem(dims(3, 8, 3000, 3000), dmattn_abi::Band::CAUSAL, false) };
+        for gpu in [A100_LIKE, H100] {
+            let plan = fwd_plan(gpu, &p, DeviceElem::Bf16, FwdMask::None).unwrap();
+            assert!(plan.kernel.ends_with("_d64_mods"), "{}", plan.kernel);
+            assert_eq!((plan.grid, plan.splits, plan.ordered), ((3000u32.div_ceil(plan.tile.block_m), 8, 3), 1, false));
+        }
     }
 
     /// With the Hopper module, d64 and d128 run its forward, on the portable tiles' shapes (so the
