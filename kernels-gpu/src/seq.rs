@@ -1,9 +1,11 @@
 //! One sequence's bounds and where its rows start: a fixed-length call's batch entry or a packed
 //! variable-length batch's sequence (`dmattn_abi::Seqs`) alike. Every kernel that walks a
 //! sequence asks this for its lengths and first rows, and nothing else reads `cu_seqlens`.
-use crate::arch::{ld_global_nc_u32, opaque, smem_ref, st_shared_u64};
+use crate::arch::{ld_global_nc_u32, opaque, smem_ref, st_shared_u32, st_shared_u64};
 use core::mem::offset_of;
 use dmattn_abi::{BwdParams, FwdParams, View4};
+
+const _: () = assert!(offset_of!(BwdParams, fwd.seqs) % 8 == 0 && offset_of!(BwdParams, dq_turns) % 8 == 0);
 
 #[derive(Clone, Copy)]
 pub struct Seq {
@@ -96,9 +98,11 @@ pub unsafe fn localize(dst: u32, (n_block, _, b): (u32, u32, u32), block_m: u32,
     // moves so that sequence `b`'s still start at `b * h * q_tiles_max`.
     let tiles = |rows: u32| rows.div_ceil(block_m) as u64;
     store(offset_of!(BwdParams, dq_turns), p.dq_turns + 4 * b as u64 * f.heads as u64 * (tiles(f.seqlen_q) - tiles(seq.len_q)));
-    const { assert!(offset_of!(FwdParams, seqlen_k) == offset_of!(FwdParams, seqlen_q) + 4) };
     let col0 = n_block * block_n;
     let (len_q, len_k) = if col0 < seq.len_k { (seq.len_q, seq.len_k) } else { (0, col0) };
-    store(offset_of!(BwdParams, fwd.seqlen_q), len_q as u64 | (len_k as u64) << 32);
+    unsafe {
+        st_shared_u32(dst + offset_of!(BwdParams, fwd.seqlen_q) as u32, len_q);
+        st_shared_u32(dst + offset_of!(BwdParams, fwd.seqlen_k) as u32, len_k);
+    }
     store(offset_of!(BwdParams, fwd.seqs.cu_q), 0);
 }

@@ -36,6 +36,10 @@ fn packed_calls_equal_each_sequence_alone() {
         };
         check_varlen(&c, &Device::Cpu, 17 + i as u64, true, false, 1e-12).unwrap();
     }
+    // No queries at all, no keys at all.
+    for lens in [&[(0, 4)][..], &[(0, 0), (2, 0)], &[(3, 0)]] {
+        check_varlen(&case(lens, true, None), &Device::Cpu, 5, true, false, 1e-12).unwrap();
+    }
 }
 
 fn packed(rows: usize, heads: usize) -> Tensor {

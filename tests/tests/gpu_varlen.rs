@@ -73,6 +73,16 @@ fn varlen_deterministic_runs_are_bit_identical() {
     check_varlen(&c, &gpu, 7, true, true, gpu_tolerance(c.dtype)).unwrap();
 }
 
+/// Batches without any query, or without any key.
+#[test]
+fn varlen_empty_sides() {
+    let Some(gpu) = gpu() else { return };
+    for lens in [&[(0, 4)][..], &[(0, 0), (2, 0)], &[(3, 0)], &[(0, 300), (0, 1)]] {
+        let c = VarlenCase { lens: lens.to_vec(), heads: 2, kv_heads: 1, head_dim: 64, causal: true, band: None, softcap: 0.0, dtype: DType::BF16 };
+        check_varlen(&c, &gpu, 3, true, false, gpu_tolerance(c.dtype)).unwrap();
+    }
+}
+
 /// Decoding-shaped batches: 1-8 queries per sequence over up to 20K keys, where the forward
 /// splits the keys (few CTAs otherwise), with and without causal; and one long prefill beside
 /// short ones.

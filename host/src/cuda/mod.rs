@@ -195,7 +195,8 @@ fn seqs_params(p: &Problem) -> Seqs {
 /// keys: decoding): enough splits for two CTAs per SM, at least two key tiles each. Returns
 /// (splits, key tiles per split); (1, _) is no split.
 fn key_splits(sms: u32, d: &Dims, block_m: u32, block_n: u32) -> (u32, u32) {
-    let ctas = d.seqlen_q.div_ceil(block_m as usize) * d.heads * d.batch;
+    // (A packed batch of sequences without queries has no CTA.)
+    let ctas = (d.seqlen_q.div_ceil(block_m as usize) * d.heads * d.batch).max(1);
     let k_tiles = d.seqlen_k.div_ceil(block_n as usize);
     let target = (2 * sms as usize).div_ceil(ctas).min(k_tiles / 2).min(128).min(65535 / d.batch);
     if target < 2 {
