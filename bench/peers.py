@@ -32,6 +32,20 @@ Peers, all on GPU 0:
   minimum (bias.masked_fill(~mask, min)), and create_mask keeps a selected key only where its
   value is not that minimum. Where the whole tensor does not fit (oom), the same calls run over
   row chunks, which the note says.
+- Packed variable-length batches (the varlen group's cases with `seqlens`: each sequence's query
+  and key lengths, read from cases.json; q, k, v are made as [1, heads, total, d]), causal within
+  each sequence aligned to its own bottom-right corner:
+  - flex: the packed tensors as they are, with a document mask: mask_mod doc_q[q_idx] ==
+    doc_k[kv_idx] & kv_idx <= last[q_idx] (the last key of its own sequence the query sees), a
+    BlockMask built once by create_block_mask (eager, B = H = 1), its build reported as "prep".
+  - sdpa-*: every sequence padded to the longest, [b, heads, max, d] (padding untimed, padded
+    query rows and dout zero): is_causal where each sequence has as many queries as keys (causal
+    then already hides the padded keys from every real query), else a bool attn_mask [b, 1,
+    max_q, max_k] of causal within each sequence's keys.
+  - fa2-varlen (these cases only): flash_attn.flash_attn_varlen_func(causal=True) on q [total_q,
+    heads, d] and k, v [total_k, kv_heads, d] with int32 cu_seqlens, where the flash_attn package
+    is installed, else PyTorch's torch.nn.attention.varlen.varlen_attn (its FA2 kernel), else
+    "unsupported"; the note says which.
 
 Inputs, masks, causal alignment, timing (CUDA events, warm-up, median, rotated operand sets) and
 both file formats are those of bench/SCHEMA.md. A backward is timed alone: the forward it needs
@@ -44,6 +58,7 @@ case so that a killed run still leaves its results.
 import argparse
 import functools
 import gc
+import inspect
 import json
 import math
 import os
@@ -62,9 +77,14 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex
 
 try:  # the FlashAttention-2 package, where installed (else fa2-* run PyTorch's copy of its kernel)
     import flash_attn
-    from flash_attn import flash_attn_func
+    from flash_attn import flash_attn_func, flash_attn_varlen_func
 except ImportError:
-    flash_attn = flash_attn_func = None
+    flash_attn = flash_attn_func = flash_attn_varlen_func = None
+
+try:  # PyTorch's own varlen FlashAttention-2 (torch 2.10+), fa2-varlen's fallback
+    from torch.nn.attention.varlen import varlen_attn as torch_varlen_attn
+except ImportError:
+    torch_varlen_attn = None
 
 SDPA_BACKENDS = {
     "sdpa-flash": SDPBackend.FLASH_ATTENTION,
@@ -76,7 +96,9 @@ SDPA_BACKENDS = {
 FA2_IMPLS = ("fa2-kept-keys", "fa2-dense-causal")
 # Key selection (select cases only, see the docstring): torch.topk, and Flash-DMA's create_mask.
 SELECT_IMPLS = ("torch-topk", "torch-create-mask")
-IMPLS = [*SDPA_BACKENDS, "flex", *FA2_IMPLS, *SELECT_IMPLS]
+# Packed variable-length batches only (varlen group, see the docstring).
+VARLEN_IMPLS = ("fa2-varlen",)
+IMPLS = [*SDPA_BACKENDS, "flex", *FA2_IMPLS, *SELECT_IMPLS, *VARLEN_IMPLS]
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
 # flex recompiles for every shape and every new mask_mod/score_mod. Past dynamo's recompile limit
@@ -109,10 +131,13 @@ class Case:
     bias: bool
     mask_heads: int
     backward: bool
+    # A packed batch (varlen group): {"lens_q": [...], "lens_k": [...]}; batch is 1 and seqlen_q,
+    # seqlen_k the totals. Absent from the other cases.
+    seqlens: dict | None = None
 
     @classmethod
     def parse(cls, raw):
-        return cls(**{f.name: raw[f.name] for f in fields(cls)})
+        return cls(**{f.name: raw[f.name] for f in fields(cls) if f.name != "seqlens"}, seqlens=raw.get("seqlens"))
 
     @property
     def causal_applies(self):
@@ -397,15 +422,158 @@ def check_fits(nbytes, what, device):
         raise torch.OutOfMemoryError(f"{what}: {nbytes / 2**30:.1f} GiB does not fit in the {free / 2**30:.1f} GiB free")
 
 
+class PaddedSdpa:
+    """SDPA on a packed case's sequences padded to the longest, [b, heads, max, d] (prepare pads
+    the operand sets, untimed; padded rows are zero, dout's too, so they add nothing to the
+    gradients): is_causal where every sequence has as many queries as keys (with the padding on
+    the right, top-left causal is each sequence's own and hides the padded keys from every real
+    query), else a bool attn_mask [b, 1, max_q, max_k] (padded_visible)."""
+
+    def __init__(self, case, inputs, device):
+        self.lens_q, self.lens_k = case.seqlens["lens_q"], case.seqlens["lens_k"]
+        self.max_q, self.max_k = max(self.lens_q), max(self.lens_k)
+        self.gqa = case.heads != case.kv_heads
+        self.is_causal = case.causal and self.lens_q == self.lens_k
+        self.attn_mask = None
+        if not self.is_causal:
+            check_fits(len(self.lens_q) * self.max_q * self.max_k, "padded attn_mask", device)
+            self.attn_mask = padded_visible(case, device)
+        how = "is_causal" if self.is_causal else "bool mask of causal and lengths"
+        self.note = f"{len(self.lens_q)} sequences padded to {self.max_q} queries, {self.max_k} keys (untimed), {how}"
+
+    def prepare(self, sets):
+        def rows(t, queries):
+            return pad(t, self.lens_q, self.max_q) if queries else pad(t, self.lens_k, self.max_k)
+
+        return [(rows(q, True), rows(k, False), rows(v, False), rows(do, True)) for q, k, v, do in sets]
+
+    def call(self, repeat_kv, bias_grad):  # no bias: bias_grad asks for nothing
+        attn_mask, is_causal, gqa = self.attn_mask, self.is_causal, self.gqa and not repeat_kv
+
+        def attend(q, k, v):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, enable_gqa=gqa)
+
+        return attend, []
+
+
+def pad(t, lens, max_len):
+    """A packed [1, heads, total, d] as [len(lens), heads, max_len, d], zeros past each sequence."""
+    out = t.new_zeros((len(lens), t.size(1), max_len, t.size(3)))
+    start = 0
+    for b, n in enumerate(lens):
+        out[b, :, :n] = t[0, :, start : start + n]
+        start += n
+    return out
+
+
+def padded_visible(case, device):
+    """[b, 1, max_q, max_k] bool of a packed case padded: key j of sequence b visible to its
+    query i iff j < len_k and, with causal, j <= i + len_k - len_q (bottom-right). Padded query
+    rows see keys too (no empty rows); their outputs are dropped."""
+    lq = torch.tensor(case.seqlens["lens_q"], device=device)[:, None, None]
+    lk = torch.tensor(case.seqlens["lens_k"], device=device)[:, None, None]
+    i = torch.arange(max(case.seqlens["lens_q"]), device=device)[None, :, None]
+    j = torch.arange(max(case.seqlens["lens_k"]), device=device)[None, None, :]
+    visible = j < lk
+    if case.causal:
+        visible = visible & (j <= i + (lk - lq))
+    return visible[:, None]
+
+
+def packed_rows(case, device):
+    """(doc_q [total_q], doc_k [total_k], last [total_q]) of a packed case: each query's and key's
+    sequence, and the last packed key a query sees (its sequence's keys start + its row + len_k -
+    len_q: causal aligned to the sequence's bottom-right corner; len_k - 1 past it without causal)."""
+    lens_q = torch.tensor(case.seqlens["lens_q"], device=device)
+    lens_k = torch.tensor(case.seqlens["lens_k"], device=device)
+    docs = torch.arange(lens_q.numel(), device=device, dtype=torch.int32)
+    doc_q, doc_k = torch.repeat_interleave(docs, lens_q), torch.repeat_interleave(docs, lens_k)
+    start_q, start_k = lens_q.cumsum(0) - lens_q, lens_k.cumsum(0) - lens_k
+    row = torch.arange(case.seqlen_q, device=device) - start_q[doc_q]
+    last = (start_k + lens_k - lens_q)[doc_q] + row if case.causal else (start_k + lens_k - 1)[doc_q]
+    return doc_q, doc_k, last
+
+
+def document_block_mask(case, device):
+    """(BlockMask, how) of a packed case, as a flex user writes a document mask: the same
+    document (sequence ids) and causal within it (packed_rows), over [1, heads, total, d], made by
+    create_block_mask (eager, B = H = 1), once per case."""
+    doc_q, doc_k, last = packed_rows(case, device)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (doc_q[q_idx] == doc_k[kv_idx]) & (kv_idx <= last[q_idx])
+
+    mask = create_block_mask(mask_mod, 1, 1, case.seqlen_q, case.seqlen_k, device=device)
+    return mask, "create_block_mask of document ids & causal"
+
+
+class Fa2Varlen:
+    """FlashAttention-2's varlen kernel on a packed case: q [total_q, heads, d], k and v
+    [total_k, kv_heads, d] (prepare transposes the [1, heads, total, d] sets, untimed), int32
+    cu_seqlens made once, causal (bottom-right in flash_attn 2.1+, as in the case).
+    flash_attn.flash_attn_varlen_func where installed, else torch.nn.attention.varlen.varlen_attn
+    (whose causal argument differs by release: is_causal, or window_size=(-1, 0); its GQA needs
+    enable_gqa, else k/v are repeated, the next try)."""
+
+    def __init__(self, case, inputs, device):
+        if case.seqlens is None:
+            raise NotImplementedError("fa2-varlen is for packed cases only")
+        if flash_attn_varlen_func is None and torch_varlen_attn is None:
+            raise NotImplementedError("fa2-varlen needs the flash_attn package or torch.nn.attention.varlen")
+        lens_q, lens_k = case.seqlens["lens_q"], case.seqlens["lens_k"]
+
+        def cu(lens):
+            return F.pad(torch.tensor(lens, device=device).cumsum(0), (1, 0)).to(torch.int32)
+
+        self.cu_q, self.cu_k = cu(lens_q), cu(lens_k)
+        self.max_q, self.max_k = max(lens_q), max(lens_k)
+        self.causal = case.causal
+        self.native = flash_attn_varlen_func is not None
+        if self.native:
+            self.note = f"flash_attn {flash_attn.__version__} flash_attn_varlen_func"
+        else:
+            self.note = "PyTorch's varlen_attn (FA2), no flash_attn package"
+
+    def prepare(self, sets):
+        return [tuple(t[0].transpose(0, 1).contiguous() for t in s) for s in sets]
+
+    def call(self, repeat_kv, bias_grad):  # no bias: bias_grad asks for nothing
+        cu_q, cu_k, max_q, max_k, causal = self.cu_q, self.cu_k, self.max_q, self.max_k, self.causal
+        if self.native:
+
+            def attend(q, k, v):
+                return flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal)
+
+            return attend, []
+        params = inspect.signature(torch_varlen_attn).parameters
+        options = {}
+        if causal and "is_causal" in params:
+            options["is_causal"] = True
+        elif causal and "window_size" in params:
+            options["window_size"] = (-1, 0)
+        elif causal:
+            raise NotImplementedError("this torch's varlen_attn has no causal option")
+
+        def attend(q, k, v):
+            gqa = {"enable_gqa": True} if q.size(1) != k.size(1) else {}
+            if gqa and "enable_gqa" not in params:
+                raise NotImplementedError("this torch's varlen_attn does not support GQA")
+            return torch_varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, **options, **gqa)
+
+        return attend, []
+
+
 class Flex:
     def __init__(self, case, inputs, device):
         self.bias, self.per = inputs.bias, case.heads // case.mask_heads
         self.note = ""
         self.prep = None  # (ms, bytes, note) of the BlockMask build, for the sparse group's masks
         kind = case.mask["kind"] if case.mask is not None else None
-        if kind in ("window", "compress", "key_topk", *BLOCK_LIST_KINDS):
+        if case.seqlens is not None or kind in ("window", "compress", "key_topk", *BLOCK_LIST_KINDS):
 
             def build():
+                if case.seqlens is not None:
+                    return document_block_mask(case, device)
                 if kind in BLOCK_LIST_KINDS:
                     return block_list_mask(case, inputs.kept, device), "from_kv_blocks, full blocks"
                 if kind == "key_topk":
@@ -616,6 +784,10 @@ def make_peer(impl, case, inputs, device):
         return Flex(case, inputs, device)
     if impl in FA2_IMPLS:
         return Fa2(case, inputs, device, kept_keys=impl == "fa2-kept-keys")
+    if impl in VARLEN_IMPLS:
+        return Fa2Varlen(case, inputs, device)
+    if case.seqlens is not None:
+        return PaddedSdpa(case, inputs, device)
     return Sdpa(case, inputs, device)
 
 
@@ -629,12 +801,15 @@ def backend(impl):
 
 
 def applies(impl, case):
-    """Whether `impl` runs on `case`: the fa2 references on key_topk cases only; on select cases
-    only their output's peer (torch-topk for index lists, torch-create-mask for a bool mask)."""
+    """Whether `impl` runs on `case`: the fa2 references on key_topk cases only, fa2-varlen on
+    packed cases only; on select cases only their output's peer (torch-topk for index lists,
+    torch-create-mask for a bool mask)."""
     if is_select(case):
         return impl == ("torch-topk" if case.mask["output"] == "indices" else "torch-create-mask")
     if impl in SELECT_IMPLS:
         return False
+    if impl in VARLEN_IMPLS:
+        return case.seqlens is not None
     return impl not in FA2_IMPLS or (case.mask is not None and case.mask["kind"] == "key_topk")
 
 

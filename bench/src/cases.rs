@@ -199,6 +199,23 @@ pub fn normal_quantile(p: f64) -> f64 {
     }
 }
 
+/// Folded into the seed of [`packed_lengths`] first (ASCII "varlen").
+const VARLEN_TAG: u64 = 0x7661_726C_656E;
+
+/// `n` sequence lengths in `range` for a packed batch, deterministic: length `i` is `lo +
+/// splitmix64(seed + i) % (hi - lo + 1)`, `seed` folding the tag "varlen", `n`, `lo` and `hi`
+/// through splitmix64 as [`block_pattern`] does. So every run packs the same sequences (and
+/// `cases.json` lists them for `peers.py`).
+pub fn packed_lengths(n: usize, range: std::ops::RangeInclusive<usize>) -> Vec<usize> {
+    let (lo, hi) = (*range.start(), *range.end());
+    let seed = [VARLEN_TAG, n as u64, lo as u64, hi as u64].iter().fold(0u64, |s, &w| splitmix64(s ^ w));
+    (0..n as u64).map(|i| lo + (splitmix64(seed.wrapping_add(i)) % (hi - lo + 1) as u64) as usize).collect()
+}
+
+/// The most queries a sequence of a packed batch may have for the batch to count as decoding
+/// ([`Case::is_decode`]: reported in GB/s).
+pub const DECODE_ROWS: usize = 16;
+
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct Case {
     pub id: String,
@@ -215,6 +232,20 @@ pub struct Case {
     /// The heads dimension of mask and bias: 1 or `kv_heads`.
     pub mask_heads: usize,
     pub backward: bool,
+    /// A packed variable-length batch (the `varlen` group): each sequence's query and key
+    /// lengths; then `batch` is 1 and `seqlen_q` and `seqlen_k` are the totals (q `[seqlen_q,
+    /// heads, head_dim]`, k and v `[seqlen_k, kv_heads, head_dim]`). Absent for the other cases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seqlens: Option<Packed>,
+}
+
+/// The sequences of a packed batch ([`Case::seqlens`]): `dmattn::SeqLens::from_lengths(&lens_q,
+/// &lens_k, ..)`. Written out in `cases.json`, so that `peers.py` reads the lengths rather than
+/// drawing them.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Packed {
+    pub lens_q: Vec<usize>,
+    pub lens_k: Vec<usize>,
 }
 
 /// The file `dmattn-bench` writes and `peers.py` reads.
@@ -297,14 +328,27 @@ impl Case {
         }
     }
 
+    /// A packed batch's sequences as fixed-length cases (batch 1, the sequence's lengths, the
+    /// rest of this case's), in order; `None` for a fixed-length case.
+    pub fn sequences(&self) -> Option<Vec<Case>> {
+        let p = self.seqlens.as_ref()?;
+        let one = Case { batch: 1, seqlens: None, ..self.clone() };
+        Some(p.lens_q.iter().zip(&p.lens_k).map(|(&seqlen_q, &seqlen_k)| Case { seqlen_q, seqlen_k, ..one.clone() }).collect())
+    }
+
     /// Query-key pairs of one (batch, head) the FLOP count covers: those causal masking and the
     /// band leave ([`Case::row_keys`]) and, for `bcsr` and `bitset`, inside the kept blocks, for
     /// `key_topk` among the kept keys (averaged over the mask's planes). The data masks given
     /// densely (`topk`, `blocks`) are not subtracted (the convention of the earlier results);
     /// `compress_dense` counts as `compress`. `index_lists` (either form) counts the listed keys:
     /// a window's exactly, random lists' distinct keys in expectation (`hi (1 - (1 - 1/hi)^keep)`
-    /// of a row's `hi` visible keys).
+    /// of a row's `hi` visible keys). A packed batch (batch 1) counts every sequence's pairs, each
+    /// as a fixed-length case of its lengths counts them (causal aligned to its own bottom-right
+    /// corner: query `i` sees keys `j <= i + sk - sq` of its sequence).
     pub fn pairs(&self) -> f64 {
+        if let Some(seqs) = self.sequences() {
+            return seqs.iter().map(Case::pairs).sum();
+        }
         if let Some(Mask::IndexLists { keep, layout, .. }) = self.mask {
             return (0..self.seqlen_q)
                 .map(|i| self.row_keys(i).end as f64)
@@ -379,9 +423,14 @@ impl Case {
     }
 
     /// FLOPs of `pass` over the score tiles a block-sparse kernel computes: every pair of the
-    /// `computed_fraction` of the `seqlen_q × seqlen_k` tiles that hold a visible score.
+    /// `computed_fraction` of the `seqlen_q × seqlen_k` tiles that hold a visible score (of a
+    /// packed batch, of the sequences' `sq × sk` rectangles).
     pub fn computed_flops(&self, pass: Pass, computed_fraction: f64) -> f64 {
-        let rect = 4.0 * (self.batch * self.heads * self.head_dim) as f64 * (self.seqlen_q * self.seqlen_k) as f64;
+        let area = match &self.seqlens {
+            Some(p) => p.lens_q.iter().zip(&p.lens_k).map(|(&sq, &sk)| sq * sk).sum::<usize>(),
+            None => self.batch * self.seqlen_q * self.seqlen_k,
+        };
+        let rect = 4.0 * (self.heads * self.head_dim) as f64 * area as f64;
         let per_pass = match pass {
             Pass::Fwd => 1.0,
             Pass::Bwd => 2.5,
@@ -393,8 +442,8 @@ impl Case {
     /// Bytes a forward must read at least (q, k, v, and the mask and bias) and write (out):
     /// the memory traffic that bounds decoding. Elements are 2 bytes, dense mask entries 1,
     /// parametric masks none; `key_topk` needs only the kept keys' rows of k and v (its mask and
-    /// bias have one row). A `select` case has no forward: the bytes it reads
-    /// ([`Case::select_bytes`]).
+    /// bias have one row); a packed batch (batch 1, the totals) its packed q, k, v and out. A
+    /// `select` case has no forward: the bytes it reads ([`Case::select_bytes`]).
     pub fn fwd_bytes(&self) -> f64 {
         if let Some((read, _)) = self.select_bytes() {
             return read;
@@ -417,13 +466,18 @@ impl Case {
         (2 * qo + 2 * kv + mask + 2 * scores * self.bias as usize) as f64
     }
 
-    /// Whether this is a decoding case (one query row), reported in GB/s.
+    /// Whether this is a decoding case (one query row, or a packed batch of sequences of at most
+    /// [`DECODE_ROWS`] queries each), reported in GB/s.
     pub fn is_decode(&self) -> bool {
-        self.seqlen_q == 1
+        match &self.seqlens {
+            Some(p) => p.lens_q.iter().all(|&n| n <= DECODE_ROWS),
+            None => self.seqlen_q == 1,
+        }
     }
 
-    /// Short label of the masking, for tables: `dense`, `causal`, `topk1024+bias`, ...; for a
-    /// `select` case its rows and output: `per-query/indices`, `key-side+causal/mask`, ...
+    /// Short label of the masking, for tables: `dense`, `causal`, `topk1024+bias`, ...; a packed
+    /// batch adds its sequence count (`causal+varlen16`); for a `select` case its rows and
+    /// output: `per-query/indices`, `key-side+causal/mask`, ...
     pub fn variant(&self) -> String {
         if let Some(Mask::Select { rows, within_causal, output, .. }) = self.mask {
             let rows = match rows {
@@ -459,6 +513,9 @@ impl Case {
             Some(Mask::Select { .. }) => unreachable!("select cases are labelled above"),
             None => {}
         }
+        if let Some(p) = &self.seqlens {
+            parts.push(format!("varlen{}", p.lens_q.len()));
+        }
         if self.bias {
             parts.push("bias".into());
         }
@@ -483,6 +540,7 @@ fn flash_dma(group: &str, seqlen_q: usize, seqlen_k: usize, keep: usize) -> Case
         bias: true,
         mask_heads: 1,
         backward: seqlen_q > 1,
+        seqlens: None,
     };
     c.id = format!("{group}/q{seqlen_q}/k{seqlen_k}/{}", c.variant());
     c
@@ -505,6 +563,7 @@ fn llm(group: &str, head_dim: usize, seqlen: usize) -> Vec<Case> {
         bias: false,
         mask_heads: 1,
         backward: true,
+        seqlens: None,
     };
     let blocks = Some(Mask::Blocks { block: 128, density: 0.5 });
     [base.clone(), Case { causal: true, ..base.clone() }, Case { mask: blocks, ..base.clone() }, Case { mask: blocks, bias: true, ..base }]
@@ -561,6 +620,7 @@ fn sparse(quick: bool) -> Vec<Case> {
                 bias: false,
                 mask_heads: 1,
                 backward: true,
+                seqlens: None,
             };
             c.id = format!("sparse/d{head_dim}/q{seqlen_q}/k{seqlen_k}/{}", c.variant());
             c
@@ -600,6 +660,7 @@ fn gather(quick: bool) -> Vec<Case> {
                 bias: true,
                 mask_heads: kv_heads,
                 backward: seqlen_q > 1,
+                seqlens: None,
             };
             c.id = format!("gather/d{head_dim}/q{seqlen_q}/k{seqlen_k}/{}", c.variant());
             c
@@ -631,6 +692,7 @@ fn indices(quick: bool) -> Vec<Case> {
                 bias: false,
                 mask_heads: 1,
                 backward: true,
+                seqlens: None,
             };
             c.id = format!("indices/d64/q32768/k32768/{}", c.variant());
             c
@@ -672,6 +734,7 @@ fn select(quick: bool) -> Vec<Case> {
                 bias: true,
                 mask_heads,
                 backward: false,
+                seqlens: None,
             };
             c.id = format!("select/q{seqlen_q}/k{seqlen_k}/{}", c.variant());
             c
@@ -679,8 +742,53 @@ fn select(quick: bool) -> Vec<Case> {
         .collect()
 }
 
+/// A `varlen` case: a packed batch of sequences of these lengths (32 heads, 8 kv heads, causal,
+/// no mask or bias), batch 1 and the total lengths ([`Case::seqlens`]).
+fn packed(head_dim: usize, lens_q: Vec<usize>, lens_k: Vec<usize>, backward: bool) -> Case {
+    let mut c = Case {
+        id: String::new(),
+        group: "varlen".into(),
+        batch: 1,
+        heads: 32,
+        kv_heads: 8,
+        seqlen_q: lens_q.iter().sum(),
+        seqlen_k: lens_k.iter().sum(),
+        head_dim,
+        causal: true,
+        mask: None,
+        bias: false,
+        mask_heads: 1,
+        backward,
+        seqlens: Some(Packed { lens_q, lens_k }),
+    };
+    c.id = format!("varlen/d{head_dim}/q{}/k{}/{}", c.seqlen_q, c.seqlen_k, c.variant());
+    c
+}
+
+/// The `varlen` group: packed variable-length batches (`dmattn::SeqLens`, `.seqlens(..)`), 32
+/// heads, 8 kv heads, causal aligned to each sequence's bottom-right corner, lengths drawn by
+/// [`packed_lengths`]. A training pack, 16 sequences of 128..=8192 tokens (q lengths = k lengths,
+/// about 64K tokens), at dims 128 and 64, forward and backward; next to it, the same number of
+/// tokens as one fixed-length causal call, batch 8 of 8192 (dim 128); batched decoding, 64
+/// sequences of 1..=8 queries over 1024..=65536 keys (dim 128), forward. `quick`: a pack of 8
+/// sequences of 128..=4096 tokens (dim 128) and decoding of 16 sequences over 1024..=16384 keys.
+fn varlen(quick: bool) -> Vec<Case> {
+    let (seqs, tokens) = if quick { (8, 128..=4096) } else { (16, 128..=8192) };
+    let pack = packed_lengths(seqs, tokens);
+    let mut cases = vec![packed(128, pack.clone(), pack.clone(), true)];
+    if !quick {
+        let mut fixed = Case { batch: 8, seqlen_q: 8192, seqlen_k: 8192, seqlens: None, ..cases[0].clone() };
+        fixed.id = format!("varlen/d128/b8/q8192/k8192/{}", fixed.variant());
+        cases.push(fixed);
+        cases.push(packed(64, pack.clone(), pack, true));
+    }
+    let (seqs, keys) = if quick { (16, 1024..=16384) } else { (64, 1024..=65536) };
+    cases.push(packed(128, packed_lengths(seqs, 1..=8), packed_lengths(seqs, keys), false));
+    cases
+}
+
 /// The groups of the grid, in run order.
-pub const GROUPS: [&str; 10] = ["llm", "llm-d64", "dma-train", "dma-window", "dma-infer", "dma-infer-window", "sparse", "gather", "indices", "select"];
+pub const GROUPS: [&str; 11] = ["llm", "llm-d64", "dma-train", "dma-window", "dma-infer", "dma-infer-window", "sparse", "gather", "indices", "select", "varlen"];
 
 /// The grid for `groups` (all when empty); `quick` keeps a few sizes of each for a run of about
 /// two minutes.
@@ -712,6 +820,7 @@ pub fn grid(quick: bool, groups: &[String]) -> Vec<Case> {
             "gather" => cases.extend(gather(quick)),
             "indices" => cases.extend(indices(quick)),
             "select" => cases.extend(select(quick)),
+            "varlen" => cases.extend(varlen(quick)),
             _ => unreachable!(),
         }
     }
@@ -1006,6 +1115,85 @@ mod tests {
         assert_eq!(&serde_json::from_str::<Case>(&text).unwrap(), &all[2]);
         // The other groups have no select case.
         assert!(grid(false, &[]).iter().filter(|c| c.is_select()).all(|c| c.group == "select"));
+    }
+
+    #[test]
+    fn varlen_group_has_the_issue_shapes() {
+        let all = grid(false, &["varlen".into()]);
+        let ids: Vec<&str> = all.iter().map(|c| c.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            [
+                "varlen/d128/q67566/k67566/causal+varlen16",
+                "varlen/d128/b8/q8192/k8192/causal",
+                "varlen/d64/q67566/k67566/causal+varlen16",
+                "varlen/d128/q304/k2128486/causal+varlen64",
+            ]
+        );
+        for c in &all {
+            assert!((c.heads, c.kv_heads, c.causal, c.mask, c.bias) == (32, 8, true, None, false), "{}", c.id);
+        }
+        // The training pack: 16 sequences of 128..=8192 tokens, q lengths = k lengths, about 64K
+        // tokens, the same pack at both dims; forward and backward.
+        let pack = all[0].seqlens.as_ref().unwrap();
+        assert_eq!(pack.lens_q.len(), 16);
+        assert_eq!(pack.lens_q, pack.lens_k);
+        assert!(pack.lens_q.iter().all(|n| (128..=8192).contains(n)), "{:?}", pack.lens_q);
+        assert!((48 << 10..=80 << 10).contains(&all[0].seqlen_q), "{}", all[0].seqlen_q);
+        assert_eq!((all[0].batch, all[0].seqlen_q, all[0].seqlen_k), (1, pack.lens_q.iter().sum(), pack.lens_k.iter().sum()));
+        assert_eq!(all[2].seqlens.as_ref(), Some(pack));
+        assert!(all[0].backward && all[2].backward && !all[0].is_decode() && all[0].head_dim == 128 && all[2].head_dim == 64);
+        // The fixed-length reference: batch 8 of 8192, no packing.
+        assert!((all[1].batch, all[1].seqlen_q, all[1].seqlen_k, all[1].head_dim, all[1].backward) == (8, 8192, 8192, 128, true) && all[1].seqlens.is_none());
+        // Batched decoding: 64 sequences of 1..=8 queries over 1024..=65536 keys, forward only.
+        let decode = &all[3];
+        let seqs = decode.seqlens.as_ref().unwrap();
+        assert!(seqs.lens_q.len() == 64 && seqs.lens_k.len() == 64);
+        assert!(seqs.lens_q.iter().all(|n| (1..=8).contains(n)) && seqs.lens_k.iter().all(|n| (1024..=65536).contains(n)));
+        assert!(!decode.backward && decode.is_decode());
+        // Every run draws the same lengths; quick packs fewer, shorter sequences.
+        assert_eq!(grid(false, &["varlen".into()]), all);
+        let quick = grid(true, &["varlen".into()]);
+        assert_eq!(quick.len(), 2);
+        assert!(quick[0].seqlen_q < all[0].seqlen_q && quick[1].seqlen_k < decode.seqlen_k && quick.iter().all(|c| c.seqlens.is_some()));
+        assert!(quick[0].seqlens.as_ref().unwrap().lens_q.iter().all(|n| (128..=4096).contains(n)));
+        // The lengths are in cases.json; other cases write no `seqlens`, and files without it
+        // still read.
+        let text = serde_json::to_string(&all[0]).unwrap();
+        assert!(text.contains(r#""seqlens":{"lens_q":[7501,7186,"#), "{text}");
+        assert_eq!(&serde_json::from_str::<Case>(&text).unwrap(), &all[0]);
+        let fixed = serde_json::to_string(&all[1]).unwrap();
+        assert!(!fixed.contains("seqlens"), "{fixed}");
+        assert_eq!(&serde_json::from_str::<Case>(&fixed).unwrap(), &all[1]);
+    }
+
+    #[test]
+    fn packed_lengths_are_deterministic_and_in_range() {
+        let a = packed_lengths(1000, 3..=9);
+        assert_eq!(a, packed_lengths(1000, 3..=9));
+        assert!(a.iter().all(|n| (3..=9).contains(n)));
+        assert!((3..=9).all(|n| a.contains(&n)));
+        assert_ne!(packed_lengths(16, 128..=8192), packed_lengths(16, 128..=8191));
+    }
+
+    #[test]
+    fn packed_pairs_sum_each_sequence_bottom_right() {
+        let mut c = packed(16, vec![3, 7, 1, 0], vec![5, 7, 9, 4], true);
+        (c.heads, c.kv_heads) = (4, 2);
+        assert_eq!((c.batch, c.seqlen_q, c.seqlen_k, c.variant().as_str()), (1, 11, 25, "causal+varlen4"));
+        // Each sequence by brute force: query i of (sq, sk) sees keys j <= i + sk - sq.
+        let brute: usize = [(3, 5), (7, 7), (1, 9), (0, 4)].iter().map(|&(sq, sk)| (0..sq).map(|i| (0..sk).filter(|&j| j + sq <= i + sk).count()).sum::<usize>()).sum();
+        assert_eq!(brute, 12 + 28 + 9);
+        assert_eq!(c.pairs(), brute as f64);
+        assert_eq!(c.fwd_flops(), 4.0 * 4.0 * 16.0 * brute as f64);
+        assert_eq!(c.computed_flops(Pass::Fwd, 1.0), 4.0 * 4.0 * 16.0 * (15 + 49 + 9) as f64);
+        assert_eq!(c.sequences().unwrap().iter().map(|s| (s.batch, s.seqlen_q, s.seqlen_k)).collect::<Vec<_>>(), [(1, 3, 5), (1, 7, 7), (1, 1, 9), (1, 0, 4)]);
+        // Packed q, k, v and out, 2 B an element.
+        assert_eq!(c.fwd_bytes(), (2 * 2 * 11 * 4 * 16 + 2 * 2 * 25 * 2 * 16) as f64);
+        // At most DECODE_ROWS queries a sequence: decoding.
+        assert!(c.is_decode() && packed(16, vec![16, 1], vec![50, 60], false).is_decode());
+        assert!(!packed(16, vec![17, 1], vec![50, 60], false).is_decode());
+        assert!(grid(false, &[]).iter().filter(|c| c.seqlens.is_some()).all(|c| c.group == "varlen"));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Operands of a case, drawn as SCHEMA.md says: N(0, 1) data, Flash-DMA's top-k masks (per query
 //! row, or key-side and query-broadcast), random blocks or the sparse group's masks (a
 //! `SparseMask`, prepared once), generated in parallel on the host and copied to the GPU once.
-use dmattn::{Device, PreparedMask, SparseMask, Tensor};
+use dmattn::{Device, PreparedMask, SeqLens, SparseMask, Tensor};
 use dmattn_bench::cases::{Case, Mask, block_pattern, index_lists, key_scores, normal_quantile, top_keys};
 use half::bf16;
 use rand::{Rng, SeedableRng, rngs::StdRng};
@@ -216,7 +216,21 @@ pub struct Operands {
     pub bias: Option<Tensor>,
     /// The sparse mask kinds' mask, instead of `mask`.
     pub sparse: Option<Sparse>,
+    /// A packed batch's sequences (`varlen`), on the GPU, built once per case.
+    pub seqlens: Option<SeqLens>,
     pub computed_fraction: f64,
+}
+
+/// A packed batch's share of computed tiles ([`computed_fraction`] of each sequence as a
+/// fixed-length case), weighted by the sequences' `sq × sk` areas (which [`Case::computed_flops`]
+/// adds up).
+fn packed_fraction(seqs: &[Case]) -> f64 {
+    let area = |s: &Case| (s.seqlen_q * s.seqlen_k) as f64;
+    let total: f64 = seqs.iter().map(area).sum();
+    if total == 0.0 {
+        return 1.0;
+    }
+    seqs.iter().filter(|s| area(s) > 0.0).map(|s| computed_fraction(s, None) * area(s)).sum::<f64>() / total
 }
 
 /// Enough operand sets that they do not all sit in L2 (256 MiB of q, k, v; 1 to 4 sets).
@@ -232,10 +246,19 @@ pub(crate) fn rotation_sets(bytes: usize) -> usize {
 impl Operands {
     pub fn new(c: &Case, dev: &Device, rng: &mut StdRng) -> dmattn::Result<Operands> {
         let (b, sq, sk, d) = (c.batch, c.seqlen_q, c.seqlen_k, c.head_dim);
+        // dmattn takes no mask or bias with a packed batch yet, and the grid gives none.
+        if c.seqlens.is_some() && (c.mask.is_some() || c.bias) {
+            return Err(dmattn::Error::Unsupported { what: "a mask or bias with a packed batch".into(), backend: "dmattn-bench" });
+        }
         let mut draw = |shape: &[usize]| bf16_tensor(&normals(shape.iter().product(), rng.random()), shape, dev);
-        let (q_shape, kv_shape) = ([b, sq, c.heads, d], [b, sk, c.kv_heads, d]);
+        // A packed batch (batch 1, the totals): q `[total_q, heads, d]`, k and v `[total_k,
+        // kv_heads, d]`.
+        let (q_shape, kv_shape) = match c.seqlens {
+            Some(_) => (vec![sq, c.heads, d], vec![sk, c.kv_heads, d]),
+            None => (vec![b, sq, c.heads, d], vec![b, sk, c.kv_heads, d]),
+        };
         let sets = set_count(c);
-        let mut o = Operands { q: vec![], k: vec![], v: vec![], dout: vec![], mask: None, bias: None, sparse: None, computed_fraction: 1.0 };
+        let mut o = Operands { q: vec![], k: vec![], v: vec![], dout: vec![], mask: None, bias: None, sparse: None, seqlens: None, computed_fraction: 1.0 };
         for _ in 0..sets {
             o.q.push(draw(&q_shape)?);
             o.k.push(draw(&kv_shape)?);
@@ -243,6 +266,12 @@ impl Operands {
             if c.backward {
                 o.dout.push(draw(&q_shape)?);
             }
+        }
+        if let Some(p) = &c.seqlens {
+            // Made on the device once, outside the timed calls (as the layers of a model share it).
+            o.seqlens = Some(SeqLens::from_lengths(&p.lens_q, &p.lens_k, dev)?);
+            o.computed_fraction = packed_fraction(&c.sequences().expect("packed"));
+            return Ok(o);
         }
         let score_shape = [b, c.mask_heads, c.mask_rows(), sk];
         let (scores, vis) = match c.mask {
@@ -484,6 +513,30 @@ mod tests {
         // Without causal every query tile computes every slot tile: 4 x 2 of 4 x 5.
         let c = Case { causal: false, ..key_topk_case(100, 200, 300) };
         assert_eq!(gathered_fraction(&c, &c.kept_keys().unwrap()), 8.0 / 20.0);
+    }
+
+    /// A packed case's operands are the packed shapes with its `SeqLens`, and dmattn runs them
+    /// as main.rs calls it (causal, `.seqlens(..)`), forward and backward.
+    #[test]
+    fn packed_operands_run_as_a_packed_batch() {
+        let mut c = grid(true, &["varlen".into()])[0].clone();
+        let (lens_q, lens_k) = (vec![70, 0, 130, 5], vec![70, 3, 130, 200]);
+        (c.heads, c.kv_heads, c.head_dim, c.seqlen_q, c.seqlen_k) = (4, 2, 16, 205, 403);
+        c.seqlens = Some(dmattn_bench::cases::Packed { lens_q: lens_q.clone(), lens_k: lens_k.clone() });
+        let o = Operands::new(&c, &Device::Cpu, &mut StdRng::seed_from_u64(3)).unwrap();
+        assert_eq!((o.q[0].shape(), o.k[0].shape(), o.v[0].shape(), o.dout[0].shape()), (&[205, 4, 16][..], &[403, 2, 16][..], &[403, 2, 16][..], &[205, 4, 16][..]));
+        let seqs = o.seqlens.as_ref().unwrap();
+        assert_eq!((seqs.batch(), seqs.total_q(), seqs.total_k(), seqs.max_seqlen_q(), seqs.max_seqlen_k()), (4, 205, 403, 130, 200));
+        assert!(o.mask.is_none() && o.bias.is_none() && o.sparse.is_none());
+        let fwd = attention(&o.q[0], &o.k[0], &o.v[0]).seqlens(seqs).causal(c.causal).forward().unwrap();
+        assert_eq!((fwd.out.shape(), fwd.lse.shape()), (&[205, 4, 16][..], &[4, 205][..]));
+        let grads = fwd.backward(&o.dout[0]).unwrap();
+        assert_eq!(grads.dk.shape(), &[403, 2, 16]);
+        // Tiles of each sequence, weighted by its area: 70 x 70 causal has 3 of 4 tiles (2 x 2),
+        // 130 x 130 causal 6 of 9, 5 x 200 (bottom-right: row 0 sees keys 0..=195) all 4; the
+        // sequence of no queries has no area.
+        let want = (0.75 * 4900.0 + 6.0 / 9.0 * 16900.0 + 1000.0) / (4900.0 + 16900.0 + 1000.0);
+        assert!((o.computed_fraction - want).abs() < 1e-12, "{} vs {want}", o.computed_fraction);
     }
 
     #[test]

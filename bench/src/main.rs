@@ -73,6 +73,9 @@ fn forward(imp: Impl, c: &Case, o: &Operands, set: usize) -> dmattn::Result<dmat
     if let Some(b) = &o.bias {
         call = call.bias(b);
     }
+    if let Some(s) = &o.seqlens {
+        call = call.seqlens(s);
+    }
     match imp {
         Impl::Dmattn => call.forward(),
         Impl::CublasMaterialized => call.forward_materialized(),
@@ -239,7 +242,14 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             }
             continue;
         }
-        println!("\n{} (b{} h{} hk{} d{} sq{} sk{})", c.id, c.batch, c.heads, c.kv_heads, c.head_dim, c.seqlen_q, c.seqlen_k);
+        match &c.seqlens {
+            Some(p) => {
+                let range = |lens: &[usize]| format!("{}..={}", lens.iter().min().unwrap_or(&0), lens.iter().max().unwrap_or(&0));
+                let n = p.lens_q.len();
+                println!("\n{} (packed: {n} sequences, q {} k {}; h{} hk{} d{} total q{} k{})", c.id, range(&p.lens_q), range(&p.lens_k), c.heads, c.kv_heads, c.head_dim, c.seqlen_q, c.seqlen_k);
+            }
+            None => println!("\n{} (b{} h{} hk{} d{} sq{} sk{})", c.id, c.batch, c.heads, c.kv_heads, c.head_dim, c.seqlen_q, c.seqlen_k),
+        }
         let ops = match Operands::new(c, &device, &mut rng) {
             Ok(o) => o,
             Err(e) => {
