@@ -102,7 +102,7 @@ impl<'a> Attention<'a> {
     /// fixed-length call of its lengths (causal and windows aligned to its own bottom-right
     /// corner); O has q's shape and LSE is `[heads, total_q]`. Masks, index lists, a bias and
     /// sparse masks with data are not taken yet (a typed error); parametric sparse masks are,
-    /// prepared for the longest sequences' lengths ([`SeqLens::max_seqlen_q`] and `_k`).
+    /// prepared for at least the longest sequences' lengths ([`SeqLens::max_seqlen_q`] and `_k`).
     pub fn seqlens(mut self, seqs: &'a SeqLens) -> Self {
         self.inputs.seqs = Some(seqs);
         self

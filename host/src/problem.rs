@@ -196,8 +196,13 @@ impl Problem {
                 });
             }
             Some(sp) => {
-                // A packed batch's: its longest sequences' (the rule then applies to each).
-                if (sp.seqlen_q, sp.seqlen_k) != (seqlen_q, seqlen_k) {
+                // A packed batch's: at least its longest sequences' (preparing clamps a rule only
+                // to the lengths it is prepared for, so longer ones are exact for each sequence).
+                let fits = match inp.seqs {
+                    None => (sp.seqlen_q, sp.seqlen_k) == (seqlen_q, seqlen_k),
+                    Some(_) => sp.seqlen_q >= seqlen_q && sp.seqlen_k >= seqlen_k,
+                };
+                if !fits {
                     return Err(Error::Shape {
                         arg: "sparse_mask",
                         expected: format!("prepared for seqlen_q {seqlen_q} and seqlen_k {seqlen_k}"),

@@ -84,7 +84,7 @@ impl VarlenCase {
     ) -> dmattn::Result<Forward> {
         let band = self
             .band
-            .map(|b| b.build().prepare(seqs.max_seqlen_q(), seqs.max_seqlen_k()))
+            .map(|b| b.build().prepare(seqs.max_seqlen_q().max(1), seqs.max_seqlen_k().max(1)))
             .transpose()?;
         let mut call = attention(&inputs.q, &inputs.k, &inputs.v)
             .seqlens(seqs)
