@@ -4,7 +4,8 @@ use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
-use std::sync::Arc;
+use crate::memory::DeviceBuffer;
+use std::sync::{Arc, Mutex};
 
 /// The sequence boundaries of a packed batch, validated once and reused by every call (the
 /// layers of a model share them): `cu_seqlens_q` and `cu_seqlens_k`, int32 prefix sums of
@@ -36,6 +37,8 @@ struct Inner {
     /// The prefix sums as int32 `[batch + 1]` on the device.
     device_q: Tensor,
     device_k: Tensor,
+    /// Forward work orders built for these lengths, by tile, heads and band (`cuda::packed`).
+    orders: Mutex<Vec<([u32; 8], Arc<DeviceBuffer>)>>,
 }
 
 /// Checks one prefix-sum array: at least two entries, starting at 0, non-decreasing, within
@@ -115,7 +118,7 @@ impl SeqLens {
             }
         };
         let (max_q, max_k) = (max_len(&cu_q), max_len(&cu_k));
-        Ok(SeqLens { inner: Arc::new(Inner { cu_q, cu_k, max_q, max_k, device_q, device_k }) })
+        Ok(SeqLens { inner: Arc::new(Inner { cu_q, cu_k, max_q, max_k, device_q, device_k, orders: Mutex::new(Vec::new()) }) })
     }
 
     /// Sequences in the batch.
@@ -154,6 +157,19 @@ impl SeqLens {
     /// The prefix sums on the device (int32 `[batch + 1]`).
     pub(crate) fn device_tensors(&self) -> (&Tensor, &Tensor) {
         (&self.inner.device_q, &self.inner.device_k)
+    }
+}
+
+impl SeqLens {
+    /// The work order of `key`, built by `make` on first use.
+    pub(crate) fn cached_order(&self, key: [u32; 8], make: impl FnOnce() -> Result<Arc<DeviceBuffer>>) -> Result<Arc<DeviceBuffer>> {
+        let mut orders = self.inner.orders.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, order)) = orders.iter().find(|(k, _)| *k == key) {
+            return Ok(order.clone());
+        }
+        let order = make()?;
+        orders.push((key, order.clone()));
+        Ok(order)
     }
 }
 

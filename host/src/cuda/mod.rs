@@ -4,6 +4,7 @@
 mod gather;
 mod launch;
 mod materialized;
+mod packed;
 mod prepare;
 mod select;
 
@@ -300,7 +301,10 @@ pub(crate) fn fwd_plan(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: FwdMask) -
         }
     }
     let grid = (d.seqlen_q.div_ceil(tile.block_m as usize) as u32, d.heads as u32, d.batch as u32 * splits);
-    let ordered = splits == 1 && mask == FwdMask::Prepared && mods && order_pays(sms, l2_bytes, &d, grid);
+    // A packed batch's order comes from its lengths (`packed`), wherever there is more than a
+    // wave.
+    let packed_pays = p.seqs.is_some() && grid.0 as u64 * grid.1 as u64 * grid.2 as u64 > 2 * sms as u64;
+    let ordered = splits == 1 && mods && (mask == FwdMask::Prepared && order_pays(sms, l2_bytes, &d, grid) || packed_pays);
     let heads_first = gathered && splits == 1 && grid.0 as u64 * grid.1 as u64 > sms as u64;
     Ok(FwdPlan { elem, kernel, tile, grid, splits, split_tiles: if gathered { 0 } else { split_tiles }, ordered, heads_first })
 }
@@ -335,15 +339,20 @@ fn run_forward(dev: &CudaDevice, plan: &FwdPlan, p: &Problem, saved: &Saved, int
     if plan.splits == 1 {
         let mut params = params_for(&out, &lse)?;
         // Held until the launch is queued; the stream orders its release after the kernel.
-        let order = if plan.ordered {
-            let name = format!("{}{}", dmattn_abi::names::FWD_ORDER_PREFIX, d.head_dim);
-            Some(work_order(dev, &name, &params, plan.grid, false)?)
-        } else {
-            None
+        let _order = match &p.seqs {
+            Some(seqs) if plan.ordered => {
+                let order = packed::device_order(dev, seqs, &p.band, plan.grid.1, plan.tile.block_m, plan.tile.block_n, plan.grid.0)?;
+                params.order = order.ptr();
+                Some(Order::Kept(order))
+            }
+            None if plan.ordered => {
+                let name = format!("{}{}", dmattn_abi::names::FWD_ORDER_PREFIX, d.head_dim);
+                let (buf, at) = work_order(dev, &name, &params, plan.grid, false)?;
+                params.order = at;
+                Some(Order::Made(buf))
+            }
+            _ => None,
         };
-        if let Some((_, at)) = &order {
-            params.order = *at;
-        }
         if plan.heads_first {
             params.flags |= flags::HEADS_FIRST;
         }
@@ -372,6 +381,14 @@ fn run_forward(dev: &CudaDevice, plan: &FwdPlan, p: &Problem, saved: &Saved, int
         launch(dev, &Launch::kernel(&name, (blocks, 1, 1), PRE_THREADS, 0), combine)?;
     }
     Ok((out, lse))
+}
+
+/// A forward's work order, held until its launch is queued: made for the call, or kept with a
+/// packed batch's lengths.
+#[allow(dead_code)] // held, not read
+enum Order {
+    Made(DeviceBuffer),
+    Kept(Arc<DeviceBuffer>),
 }
 
 /// Whether running the forward's CTAs heaviest first pays: the order interleaves heads, so
@@ -642,11 +659,15 @@ mod tests {
     #[test]
     fn packed_batches_run_the_modifier_variant() {
         let seqs = crate::SeqLens::from_lengths(&[100, 3000, 0], &[100, 3000, 7], &crate::Device::Cpu).unwrap();
-        let p = Problem { seqs: Some(seqs), ..problem(dims(3, 8, 3000, 3000), dmattn_abi::Band::CAUSAL, false) };
+        let packed = |heads| Problem { seqs: Some(seqs.clone()), ..problem(dims(3, heads, 3000, 3000), dmattn_abi::Band::CAUSAL, false) };
         for gpu in [A100_LIKE, H100] {
-            let plan = fwd_plan(gpu, &p, DeviceElem::Bf16, FwdMask::None).unwrap();
+            // More than a wave: in the order its lengths give.
+            let plan = fwd_plan(gpu, &packed(8), DeviceElem::Bf16, FwdMask::None).unwrap();
             assert!(plan.kernel.ends_with("_d64_mods"), "{}", plan.kernel);
-            assert_eq!((plan.grid, plan.splits, plan.ordered), ((3000u32.div_ceil(plan.tile.block_m), 8, 3), 1, false));
+            assert_eq!((plan.grid, plan.splits, plan.ordered), ((3000u32.div_ceil(plan.tile.block_m), 8, 3), 1, true));
+            // Less: grid order (and split keys).
+            let plan = fwd_plan(gpu, &packed(1), DeviceElem::Bf16, FwdMask::None).unwrap();
+            assert!(!plan.ordered && plan.splits > 1 && plan.kernel.ends_with("_d64_mods"));
         }
     }
 

@@ -1,0 +1,101 @@
+//! A packed batch's forward work order, computed on the host from the sequence lengths: its
+//! grid spans the longest sequence's query tiles for every sequence, and run in grid order the
+//! last sequences' CTAs are the tail. Ordered heaviest first (the key tiles each query tile
+//! visits, from the band), the light ones fill the gaps at the end; tiles past a sequence's
+//! end (which return at once) go last. Built once per (lengths, tile, heads, band) and kept
+//! with the [`SeqLens`].
+use crate::device::CudaDevice;
+use crate::error::Result;
+use crate::memory::DeviceBuffer;
+use crate::seqlens::SeqLens;
+use dmattn_abi::{Band, packed_position};
+use std::sync::Arc;
+
+/// Key tiles of `block_n` keys that query rows `row0..row0 + rows` of a `len_q x len_k`
+/// sequence visit under `band` (the kernels' `Visibility::key_tiles`: sink tiles, then one
+/// interval).
+fn visited_tiles(band: &Band, len_q: usize, len_k: usize, row0: usize, rows: usize, block_n: usize) -> usize {
+    let diag = |i: usize| match band.compress {
+        0 => i as i64 + len_k as i64 - len_q as i64,
+        c => (i / c as usize) as i64,
+    };
+    let clamp = |x: i64| x.clamp(0, len_k as i64) as usize;
+    let hi = if band.right == Band::NONE { len_k } else { clamp(diag(row0 + rows - 1) + band.right as i64 + 1) };
+    let lo = if band.left == Band::NONE { 0 } else { clamp(diag(row0) - band.left as i64) };
+    let sinks = if band.left == Band::NONE { 0 } else { (band.sinks as usize).min(len_k).div_ceil(block_n) };
+    let (begin, end) = (lo / block_n, hi.div_ceil(block_n));
+    end.saturating_sub(begin) + sinks.min(begin)
+}
+
+/// The forward grid `(grid_x, heads, batch)`'s CTAs, heaviest first, as the kernels'
+/// `FwdParams::order` holds them: a `packed_position` per CTA, where position `x` runs query
+/// tile `grid_x - 1 - x`. Equal work keeps grid order (a tile's heads side by side, sharing
+/// their kv head's K and V in L2).
+pub(crate) fn order(seqs: &SeqLens, band: &Band, heads: u32, block_m: u32, block_n: u32, grid_x: u32) -> Vec<u64> {
+    let mut ctas: Vec<(usize, u64)> = Vec::with_capacity(grid_x as usize * heads as usize * seqs.batch());
+    for z in 0..seqs.batch() {
+        let (q, k) = seqs.rows(z);
+        for head in 0..heads {
+            for x in 0..grid_x {
+                let row0 = (grid_x - 1 - x) as usize * block_m as usize;
+                // Tiles with rows count one more than their key tiles: even one that sees no key
+                // writes its rows.
+                let work = if row0 < q.len() { 1 + visited_tiles(band, q.len(), k.len(), row0, (q.len() - row0).min(block_m as usize), block_n as usize) } else { 0 };
+                ctas.push((work, packed_position(x, head, z as u32)));
+            }
+        }
+    }
+    // Linear block index order is x fastest, then heads, then sequences: as pushed.
+    ctas.sort_by_key(|&(work, _)| std::cmp::Reverse(work));
+    ctas.into_iter().map(|(_, at)| at).collect()
+}
+
+/// [`order`] on the device, built on first use and kept with `seqs`.
+pub(crate) fn device_order(dev: &CudaDevice, seqs: &SeqLens, band: &Band, heads: u32, block_m: u32, block_n: u32, grid_x: u32) -> Result<Arc<DeviceBuffer>> {
+    let key = [heads, block_m, block_n, grid_x, band.left, band.right, band.sinks, band.compress];
+    seqs.cached_order(key, || {
+        let order = order(seqs, band, heads, block_m, block_n, grid_x);
+        let bytes: Vec<u8> = order.iter().flat_map(|at| at.to_le_bytes()).collect();
+        Ok(Arc::new(DeviceBuffer::from_host(dev.stream(), &bytes)?))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Device;
+    use dmattn_abi::unpacked_position;
+
+    /// Every CTA once; work never increases along the order; a causal batch's heaviest tile
+    /// (the longest sequence's last) first; tiles past a sequence's end last.
+    #[test]
+    fn heaviest_first_each_cta_once() {
+        let seqs = SeqLens::from_lengths(&[300, 1000, 0, 64], &[300, 1000, 5, 64], &Device::Cpu).unwrap();
+        let (heads, block_m, block_n) = (3, 128, 64);
+        let grid_x = 1000u32.div_ceil(block_m);
+        let order = order(&seqs, &Band::CAUSAL, heads, block_m, block_n, grid_x);
+        let mut seen: Vec<_> = order.iter().map(|&at| unpacked_position(at)).collect();
+        let work = |(x, _, z): (u32, u32, u32)| {
+            let (q, k) = seqs.rows(z as usize);
+            let row0 = (grid_x - 1 - x) as usize * block_m as usize;
+            if row0 < q.len() { 1 + visited_tiles(&Band::CAUSAL, q.len(), k.len(), row0, (q.len() - row0).min(128), 64) } else { 0 }
+        };
+        assert!(seen.windows(2).all(|w| work(w[0]) >= work(w[1])));
+        assert_eq!(seen[0], (0, 0, 1));
+        assert_eq!(work(seen[0]), 1 + 1000usize.div_ceil(64));
+        let with_rows = [300usize, 1000, 0, 64].iter().map(|n| n.div_ceil(128)).sum::<usize>() * heads as usize;
+        assert!(seen[..with_rows].iter().all(|&p| work(p) > 0) && seen[with_rows..].iter().all(|&p| work(p) == 0));
+        seen.sort();
+        seen.dedup();
+        assert_eq!(seen.len(), grid_x as usize * heads as usize * 4);
+    }
+
+    /// A window's tiles: its width around the diagonal, plus the sink tiles before it.
+    #[test]
+    fn windowed_tiles() {
+        let band = Band { left: 256, right: 0, sinks: 10, compress: 0 };
+        assert_eq!(visited_tiles(&band, 4096, 4096, 2048, 128, 64), 1 + (2048 + 128 - (2048 - 256)) / 64);
+        assert_eq!(visited_tiles(&Band::ALL, 10, 700, 0, 10, 64), 11);
+        assert_eq!(visited_tiles(&Band::CAUSAL, 100, 0, 0, 100, 64), 0);
+    }
+}
