@@ -5,7 +5,7 @@
 //! deterministic backward; bit-identical deterministic gradients; decoding-shaped batches (a
 //! few queries over long keys, split-KV). `DMATTN_GPU_CASES` sets the property tests' case
 //! counts. Skips, saying why, where there is no CUDA device.
-use dmattn::DType;
+use dmattn::{DType, Device, Error, SeqLens, Tensor, attention};
 use dmattn_tests::varlen::{VarlenCase, check_varlen, varlen_cases};
 use dmattn_tests::*;
 use proptest::test_runner::TestCaseError;
@@ -116,5 +116,33 @@ fn varlen_decoding_batches() {
             )
             .unwrap();
         }
+    }
+}
+
+/// `cu_seqlens` already on the GPU (as a framework holds them) serve as well as host slices,
+/// one `SeqLens` serves several calls, and one on another device is a typed error.
+#[test]
+fn varlen_seqlens_from_device_tensors() {
+    let Some(gpu) = gpu() else { return };
+    let c = VarlenCase { lens: vec![(129, 200), (0, 5), (64, 64)], heads: 4, kv_heads: 2, head_dim: 64, causal: true, band: None, softcap: 0.0, dtype: DType::BF16 };
+    let inputs = c.inputs(&mut seeded_rng(11)).to(&gpu);
+    let i32s = |v: &[i32]| Tensor::from_vec(v.to_vec(), &[v.len()], &gpu).unwrap();
+    let from_device = SeqLens::from_tensors(&i32s(&[0, 129, 129, 193]), &i32s(&[0, 200, 205, 269])).unwrap();
+    let from_host = c.seqlens(&gpu);
+    let run = |seqs: &SeqLens| {
+        let fwd = c.forward(&inputs, seqs, true).unwrap();
+        (fwd.out.to_f64_vec().unwrap(), grads_vec(&fwd.backward(&inputs.dout).unwrap()))
+    };
+    let (out, grads) = run(&from_host);
+    for _ in 0..2 {
+        let (again, grads_again) = run(&from_device);
+        assert!(out.iter().zip(&again).all(|(a, b)| a.to_bits() == b.to_bits()), "outputs differ between SeqLens built on the host and on the device");
+        assert_same_bits(&grads, &grads_again, &c);
+    }
+    let on_cpu = c.seqlens(&Device::Cpu);
+    match attention(&inputs.q, &inputs.k, &inputs.v).seqlens(&on_cpu).forward() {
+        Err(Error::Device { arg, .. }) => assert_eq!(arg, "seqlens"),
+        Err(e) => panic!("expected a device error naming seqlens, got {e}"),
+        Ok(_) => panic!("expected a device error naming seqlens"),
     }
 }
