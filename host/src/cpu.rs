@@ -134,7 +134,8 @@ pub(crate) fn forward(p: &Problem, s: &Saved) -> Result<(Tensor, Tensor)> {
 fn sequences(p: &Problem, seqs: &SeqLens) -> impl Iterator<Item = (Problem, Range<usize>, Range<usize>)> {
     (0..seqs.batch()).map(|b| seqs.rows(b)).filter(|(q, _)| !q.is_empty()).map(|(q, k)| {
         let dims = Dims { batch: 1, seqlen_q: q.len(), seqlen_k: k.len(), ..p.dims };
-        (Problem { dims, seqs: None, ..p.clone() }, q, k)
+        let bias = p.bias.map(|[_, heads, _, _]| [1, heads, 1, k.len()]);
+        (Problem { dims, bias, seqs: None, ..p.clone() }, q, k)
     })
 }
 
@@ -143,15 +144,26 @@ fn rows_of(v: &[f64], rows: &Range<usize>, width: usize) -> Vec<f64> {
     v[rows.start * width..rows.end * width].to_vec()
 }
 
+/// Sequence `(q, k)`'s operands, a key-side bias `[total_k, heads]` as its `[1, heads, 1, sk]`.
+fn sequence_operands(ops: &Operands, d: &Dims, heads_b: usize, q: &Range<usize>, k: &Range<usize>) -> Operands {
+    let (q_width, k_width) = (d.heads * d.head_dim, d.kv_heads * d.head_dim);
+    let bias = ops.bias.as_ref().map(|b| (0..heads_b).flat_map(|h| k.clone().map(move |j| b[j * heads_b + h])).collect());
+    Operands { q: rows_of(&ops.q, q, q_width), k: rows_of(&ops.k, k, k_width), v: rows_of(&ops.v, k, k_width), mask: None, bias }
+}
+
+/// A key-side bias's heads (1 without one).
+fn bias_heads(p: &Problem) -> usize {
+    p.bias.map_or(1, |s| s[1])
+}
+
 /// The reference forward of a packed batch: O `[total_q, h, d]`, LSE `[h, total_q]`.
 fn packed_forward(p: &Problem, seqs: &SeqLens, ops: &Operands) -> (Vec<f64>, Vec<f64>) {
     let d = p.dims;
-    let (q_width, k_width, total) = (d.heads * d.head_dim, d.kv_heads * d.head_dim, seqs.total_q());
+    let (q_width, total) = (d.heads * d.head_dim, seqs.total_q());
     let mut out = vec![0.0; total * q_width];
     let mut lse = vec![f64::NEG_INFINITY; d.heads * total];
     for (sp, q, k) in sequences(p, seqs) {
-        let seq_ops = Operands { q: rows_of(&ops.q, &q, q_width), k: rows_of(&ops.k, &k, k_width), v: rows_of(&ops.v, &k, k_width), mask: None, bias: None };
-        let (o, l) = reference::forward(&sp, &seq_ops);
+        let (o, l) = reference::forward(&sp, &sequence_operands(ops, &d, bias_heads(p), &q, &k));
         out[q.start * q_width..q.end * q_width].copy_from_slice(&o);
         for h in 0..d.heads {
             lse[h * total + q.start..][..q.len()].copy_from_slice(&l[h * q.len()..][..q.len()]);
@@ -160,20 +172,30 @@ fn packed_forward(p: &Problem, seqs: &SeqLens, ops: &Operands) -> (Vec<f64>, Vec
     (out, lse)
 }
 
-/// The reference backward of a packed batch: each sequence's dQ, dK and dV rows.
-fn packed_backward(p: &Problem, seqs: &SeqLens, ops: &Operands, out: &[f64], lse: &[f64], dout: &[f64]) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+/// The reference backward of a packed batch: each sequence's dQ, dK and dV rows, and a key-side
+/// bias's gradient `[total_k, heads]` (zero at keys of sequences without queries).
+type PackedGrads = (Vec<f64>, Vec<f64>, Vec<f64>, Option<Vec<f64>>);
+fn packed_backward(p: &Problem, seqs: &SeqLens, ops: &Operands, out: &[f64], lse: &[f64], dout: &[f64]) -> PackedGrads {
     let d = p.dims;
-    let (q_width, k_width, total) = (d.heads * d.head_dim, d.kv_heads * d.head_dim, seqs.total_q());
+    let (q_width, k_width, total, heads_b) = (d.heads * d.head_dim, d.kv_heads * d.head_dim, seqs.total_q(), bias_heads(p));
     let (mut dq, mut dk, mut dv) = (vec![0.0; ops.q.len()], vec![0.0; ops.k.len()], vec![0.0; ops.v.len()]);
+    let mut dbias = ops.bias.as_ref().map(|b| vec![0.0; b.len()]);
     for (sp, q, k) in sequences(p, seqs) {
-        let seq_ops = Operands { q: rows_of(&ops.q, &q, q_width), k: rows_of(&ops.k, &k, k_width), v: rows_of(&ops.v, &k, k_width), mask: None, bias: None };
+        let seq_ops = sequence_operands(ops, &d, heads_b, &q, &k);
         let seq_lse: Vec<f64> = (0..d.heads).flat_map(|h| lse[h * total + q.start..][..q.len()].iter().copied()).collect();
-        let (sq, sk, sv, _) = reference::backward(&sp, &seq_ops, &rows_of(out, &q, q_width), &seq_lse, &rows_of(dout, &q, q_width));
+        let (sq, sk, sv, sb) = reference::backward(&sp, &seq_ops, &rows_of(out, &q, q_width), &seq_lse, &rows_of(dout, &q, q_width));
         dq[q.start * q_width..q.end * q_width].copy_from_slice(&sq);
         dk[k.start * k_width..k.end * k_width].copy_from_slice(&sk);
         dv[k.start * k_width..k.end * k_width].copy_from_slice(&sv);
+        if let (Some(db), Some(sb)) = (&mut dbias, sb) {
+            for h in 0..heads_b {
+                for (j, key) in k.clone().enumerate() {
+                    db[key * heads_b + h] = sb[h * k.len() + j];
+                }
+            }
+        }
     }
-    (dq, dk, dv)
+    (dq, dk, dv, dbias)
 }
 
 /// LSE's shape: `[batch, heads, seqlen_q]`, or `[heads, total_q]` for a packed batch.
@@ -188,10 +210,7 @@ pub(crate) fn backward(p: &Problem, s: &Saved, out: &Tensor, lse: &Tensor, dout:
     let (ops, out, lse, dout) = (operands(s)?, out.to_f64_vec()?, lse.to_f64_vec()?, dout.to_f64_vec()?);
     let (dq, dk, dv, dbias) = match &p.seqs {
         None => reference::backward(p, &ops, &out, &lse, &dout),
-        Some(seqs) => {
-            let (dq, dk, dv) = packed_backward(p, seqs, &ops, &out, &lse, &dout);
-            (dq, dk, dv, None)
-        }
+        Some(seqs) => packed_backward(p, seqs, &ops, &out, &lse, &dout),
     };
     Ok(Gradients {
         dq: tensor(&dq, s.q.shape(), p.dtype)?,

@@ -54,7 +54,8 @@ pub struct Problem {
     pub softcap: f64,
     /// Backward in a fixed order (bit-identical runs).
     pub deterministic: bool,
-    /// A packed variable-length batch: q/k/v are `[total, heads, head_dim]`.
+    /// A packed variable-length batch: q/k/v are `[total, heads, head_dim]`, and a bias
+    /// `[total_k, heads]` (its shape above: `[1, heads, 1, total_k]`).
     pub seqs: Option<SeqLens>,
 }
 
@@ -122,6 +123,17 @@ fn qk_shapes(inp: &Inputs) -> Result<([usize; 4], [usize; 4])> {
     Ok(([b, seqs.max_seqlen_q(), q[1], q[2]], [b, seqs.max_seqlen_k(), k[1], k[2]]))
 }
 
+/// A packed batch's key-side operand `[total_k, {1|hk|h}]` (each sequence's queries see its keys'
+/// values), as the broadcast shape `[1, heads, 1, total_k]` its kernels and reference read.
+fn packed_key_side(t: &Tensor, arg: &'static str, seqs: &SeqLens, d: &Dims) -> Result<[usize; 4]> {
+    let total = seqs.total_k();
+    let expected = format!("[{total}, {{1|{}|{}}}] (key-side: total_k rows, one value per key and head)", d.kv_heads, d.heads);
+    match <[usize; 2]>::try_from(t.shape()) {
+        Ok([rows, heads]) if rows == total && (heads == 1 || heads == d.kv_heads || heads == d.heads) => Ok([1, heads, 1, total]),
+        _ => Err(Error::Shape { arg, expected, got: t.shape().to_vec() }),
+    }
+}
+
 impl Problem {
     pub fn new(inp: &Inputs) -> Result<Problem> {
         let (q, k) = qk_shapes(inp)?;
@@ -182,8 +194,8 @@ impl Problem {
                 Some([s[0], s[1]])
             }
         };
-        if inp.seqs.is_some() && (mask.is_some() || inp.bias.is_some() || inp.sparse.is_some_and(|sp| sp.data.is_some())) {
-            let what = "a mask, index lists, a bias or a sparse mask with data (parametric ones are taken) with a packed batch".into();
+        if inp.seqs.is_some() && (mask.is_some() || inp.sparse.is_some_and(|sp| sp.data.is_some()) || inp.bias.is_some() && inp.deterministic) {
+            let what = "a mask, index lists, a sparse mask with data (parametric ones are taken), or a bias in deterministic mode, with a packed batch".into();
             return Err(Error::Unsupported { what, backend: "CPU or CUDA" });
         }
         let mut band = Band::ALL;
@@ -239,7 +251,10 @@ impl Problem {
                     return Err(Error::DType { arg: "bias", expected: "f16, bf16, f32 or f64".into(), got: b.dtype() });
                 }
                 others.push(("bias", b));
-                Some(broadcast_shape(b, "bias", &dims)?)
+                match inp.seqs {
+                    None => Some(broadcast_shape(b, "bias", &dims)?),
+                    Some(seqs) => Some(packed_key_side(b, "bias", seqs, &dims)?),
+                }
             }
             None => None,
         };

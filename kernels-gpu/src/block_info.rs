@@ -147,12 +147,13 @@ impl<'a> BlockInfo<'a> {
         v.ptr + 2 * (self.seq.k_offset(&v.stride, 0) + self.kv_head() * v.stride[2])
     }
 
-    /// Byte address of the bias at (row0, key 0).
+    /// Byte address of the bias at (row0, the sequence's key 0): a packed batch's key-side bias
+    /// `[total_k, heads]` is one row of all keys, the sequence's from its first key row on.
     #[inline(always)]
     pub fn bias(&self) -> u64 {
         let b = &self.p.bias;
         let head = div(self.head, self.p.bias_head_div) as u64;
-        b.ptr + 2 * (self.seq.batch * b.stride[0] + head * b.stride[1] + self.row0 as u64 * b.stride[2])
+        b.ptr + 2 * (self.seq.batch * b.stride[0] + head * b.stride[1] + self.row0 as u64 * b.stride[2] + self.seq.k0 as u64 * b.stride[3])
     }
 
     /// Byte address of the packed mask word of (row0, key 0).

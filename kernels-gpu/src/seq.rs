@@ -63,7 +63,8 @@ impl Seq {
 /// calls have no work order and no bias, so the grid is never reordered), so that the kernel's
 /// walks need no per-step loads or registers for it: its lengths as the problem's (a key tile
 /// past a shorter sequence's end gets no queries and no keys: it loads and writes nothing), and
-/// the bases of operands (batch stride 0, from the host), LSE, delta and the dQ turn counters
+/// the bases of operands (batch stride 0, from the host; a key-side bias and its gradient at the
+/// sequence's first key), LSE, delta and the dQ turn counters
 /// moved so that the fixed-length indexing with batch `b` lands on its rows. The fields are
 /// rewritten with shared-memory stores: writes LLVM could see through a reference reorder the
 /// kernels' code into spills.
@@ -88,6 +89,10 @@ pub unsafe fn localize(dst: u32, (n_block, _, b): (u32, u32, u32), block_m: u32,
     to_row(offset_of!(BwdParams, fwd.v), &f.v, k0, 2);
     to_row(offset_of!(BwdParams, dk), &p.dk, k0, 2);
     to_row(offset_of!(BwdParams, dv), &p.dv, k0, 2);
+    // A key-side bias `[total_k, heads]` and its gradient's accumulator: the sequence's keys.
+    let to_key = |offset: usize, v: &View4, elem: u64| store(offset, v.ptr + elem * k0 * v.stride[3]);
+    to_key(offset_of!(BwdParams, fwd.bias), &f.bias, 2);
+    to_key(offset_of!(BwdParams, dbias_accum), &p.dbias_accum, 4);
     // LSE/delta `(b * h + head) * lse_rows + row` must land on `head * lse_rows + q0 + row`:
     // the base moves by `q0 - b * h * lse_rows` rows (wrapping; the sum is in bounds).
     let rows_back = (b as u64 * f.heads as u64 * f.seqs.lse_rows as u64).wrapping_sub(q0);

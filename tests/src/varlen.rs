@@ -16,6 +16,8 @@ pub struct VarlenCase {
     /// A parametric sparse mask applied to every sequence.
     pub band: Option<BandCtor>,
     pub softcap: f64,
+    /// A key-side bias `[total_k, heads]` with this many heads (1, kv_heads or heads).
+    pub bias_heads: Option<usize>,
     pub dtype: DType,
 }
 
@@ -25,6 +27,7 @@ pub struct Packed {
     pub k: Tensor,
     pub v: Tensor,
     pub dout: Tensor,
+    pub bias: Option<Tensor>,
 }
 
 impl Packed {
@@ -35,6 +38,7 @@ impl Packed {
             k: mv(&self.k),
             v: mv(&self.v),
             dout: mv(&self.dout),
+            bias: self.bias.as_ref().map(mv),
         }
     }
 }
@@ -72,6 +76,7 @@ impl VarlenCase {
             k: rand_tensor(&kv_shape),
             v: rand_tensor(&kv_shape),
             dout: rand_tensor(&q_shape),
+            bias: self.bias_heads.map(|hb| rand_tensor(&[tk, hb])),
         }
     }
 
@@ -91,6 +96,9 @@ impl VarlenCase {
             .causal(self.causal)
             .softcap(self.softcap)
             .deterministic(deterministic);
+        if let Some(b) = &inputs.bias {
+            call = call.bias(b);
+        }
         if let Some(b) = &band {
             call = call.sparse_mask(b);
         }
@@ -98,7 +106,7 @@ impl VarlenCase {
     }
 
     /// Sequence `b` as a fixed-length case with a dense mask for the band, and its inputs.
-    fn sequence(&self, inputs: &[Vec<f64>; 4], b: usize) -> (Case, crate::Inputs, Tensor) {
+    fn sequence(&self, inputs: &[Vec<f64>; 4], bias: Option<&[f64]>, b: usize) -> (Case, crate::Inputs, Tensor) {
         let (q0, k0) = self.lens[..b]
             .iter()
             .fold((0, 0), |(a, c), &(q, k)| (a + q, c + k));
@@ -111,14 +119,19 @@ impl VarlenCase {
             causal: self.causal,
             softcap: self.softcap,
             dtype: self.dtype,
+            bias: self.bias_heads.map(|hb| [1, hb, 1, sk]),
             ..Case::new(1, sq, sk, self.heads, self.kv_heads, self.head_dim)
         };
+        // The key-side bias `[total_k, hb]` as the sequence's `[1, hb, 1, sk]`.
+        let seq_bias = bias.zip(self.bias_heads).map(|(v, hb)| {
+            Tensor::from_fn(&[1, hb, 1, sk], self.dtype, &Device::Cpu, |i| v[(k0 + i % sk) * hb + i / sk]).unwrap()
+        });
         let seq_inputs = crate::Inputs {
             q: t(&inputs[0], q0, qw, case.q_shape()),
             k: t(&inputs[1], k0, kw, case.kv_shape()),
             v: t(&inputs[2], k0, kw, case.kv_shape()),
             mask: None,
-            bias: None,
+            bias: seq_bias,
         };
         let dout = t(&inputs[3], q0, qw, case.q_shape());
         match self.band {
@@ -147,6 +160,7 @@ pub fn check_varlen(
     dmattn::set_output_poisoning(true);
     let cpu = case.inputs(&mut seeded_rng(seed));
     let values = [&cpu.q, &cpu.k, &cpu.v, &cpu.dout].map(|t| t.to_f64_vec().unwrap());
+    let bias = cpu.bias.as_ref().map(|t| t.to_f64_vec().unwrap());
     let inputs = cpu.to(device);
     let seqs = case.seqlens(device);
     let fwd = case
@@ -165,10 +179,13 @@ pub fn check_varlen(
     let mut want_lse = vec![f64::NEG_INFINITY; h * tq];
     let mut want = [vec![0.0; tq * qw], vec![0.0; tk * kw], vec![0.0; tk * kw]];
     let mut sizes = want.clone();
+    // dbias `[total_k, hb]`.
+    let hb = case.bias_heads.unwrap_or(0);
+    let (mut want_db, mut size_db) = (vec![0.0; tk * hb], vec![0.0; tk * hb]);
     let (mut q0, mut k0) = (0, 0);
     for (b, &(sq, sk)) in case.lens.iter().enumerate() {
         if sq > 0 && sk > 0 {
-            let (seq_case, seq_inputs, dout) = case.sequence(&values, b);
+            let (seq_case, seq_inputs, dout) = case.sequence(&values, bias.as_deref(), b);
             let r = seq_case
                 .forward(&seq_inputs)
                 .map_err(|e| TestCaseError::fail(format!("reference of sequence {b}: {e}")))?;
@@ -185,6 +202,12 @@ pub fn check_varlen(
                     let rows = if i == 0 { sq } else { sk };
                     want[i][at * w..][..rows * w].copy_from_slice(g[i].as_ref().unwrap());
                     sizes[i][at * w..][..rows * w].copy_from_slice(m[i].as_ref().unwrap());
+                }
+                if let (Some(gb), Some(mb)) = (&g[3], &m[3]) {
+                    for (hh, j) in (0..hb).flat_map(|hh| (0..sk).map(move |j| (hh, j))) {
+                        want_db[(k0 + j) * hb + hh] = gb[hh * sk + j];
+                        size_db[(k0 + j) * hb + hh] = mb[hh * sk + j];
+                    }
                 }
             }
         }
@@ -215,8 +238,8 @@ pub fn check_varlen(
         compare_gradients(
             case,
             &got,
-            &[Some(dq), Some(dk), Some(dv), None],
-            &[Some(sq), Some(sk), Some(sv), None],
+            &[Some(dq), Some(dk), Some(dv), case.bias_heads.map(|_| want_db)],
+            &[Some(sq), Some(sk), Some(sv), case.bias_heads.map(|_| size_db)],
             tol,
         )?;
         // Keys of sequences no query reads: exactly zero.
@@ -231,6 +254,9 @@ pub fn check_varlen(
                         "dk/dv of a sequence without queries not zero for {case:?}"
                     );
                 }
+                if let Some(db) = &got[3] {
+                    prop_assert!(db[k0 * hb..][..sk * hb].iter().all(|&x| x == 0.0), "dbias of a sequence without queries not zero for {case:?}");
+                }
             }
             k0 += sk;
         }
@@ -244,7 +270,8 @@ fn seq_len(max: usize) -> impl Strategy<Value = usize> {
 }
 
 /// Random packed batches: 1-6 sequences of lengths 0..=`max_seqlen` (queries and keys drawn
-/// apart), 16-bit dtypes, every head dim, GQA, causal, windows and softcap, with a seed.
+/// apart), 16-bit dtypes, every head dim, GQA, causal, windows, softcap and key-side biases,
+/// with a seed.
 pub fn varlen_cases(max_seqlen: usize) -> impl Strategy<Value = (VarlenCase, u64)> {
     let band = prop_oneof![
         4 => Just(None),
@@ -257,7 +284,7 @@ pub fn varlen_cases(max_seqlen: usize) -> impl Strategy<Value = (VarlenCase, u64
             prop::sample::select(vec![DType::BF16, DType::F16]),
             prop::sample::select(vec![32usize, 64, 96, 128, 192, 256]),
         ),
-        (1usize..=2, prop::sample::select(vec![1usize, 2, 3])),
+        (1usize..=2, prop::sample::select(vec![1usize, 2, 3]), prop::sample::select(vec![None, Some(0usize), Some(1), Some(2)])),
         (
             any::<bool>(),
             band,
@@ -266,7 +293,9 @@ pub fn varlen_cases(max_seqlen: usize) -> impl Strategy<Value = (VarlenCase, u64
         ),
     )
         .prop_map(
-            |(lens, (dtype, head_dim), (kv_heads, group), (causal, band, softcap, seed))| {
+            |(lens, (dtype, head_dim), (kv_heads, group, bias), (causal, band, softcap, seed))| {
+                // A key-side bias with 1, kv_heads or heads heads.
+                let bias_heads = bias.map(|i| [1, kv_heads, kv_heads * group][i]);
                 (
                     VarlenCase {
                         lens,
@@ -276,6 +305,7 @@ pub fn varlen_cases(max_seqlen: usize) -> impl Strategy<Value = (VarlenCase, u64
                         causal,
                         band,
                         softcap,
+                        bias_heads,
                         dtype,
                     },
                     seed,

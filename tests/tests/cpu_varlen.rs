@@ -14,6 +14,7 @@ fn case(lens: &[(usize, usize)], causal: bool, band: Option<BandCtor>) -> Varlen
         causal,
         band,
         softcap: 0.0,
+        bias_heads: None,
         dtype: DType::F64,
     }
 }
@@ -30,8 +31,10 @@ fn packed_calls_equal_each_sequence_alone() {
     .into_iter()
     .enumerate()
     {
+        // A key-side bias of each head count, and none.
         let c = VarlenCase {
             softcap,
+            bias_heads: [None, Some(1), Some(2), Some(4)][i],
             ..case(&lens, causal, band)
         };
         check_varlen(&c, &Device::Cpu, 17 + i as u64, true, false, 1e-12).unwrap();
@@ -109,11 +112,14 @@ fn malformed_seqlens_are_typed_errors() {
     );
     let q4 = Tensor::from_fn(&[1, 5, 4, 8], DType::F32, &cpu, |i| i as f64).unwrap();
     shape(attention(&q4, &kv, &kv).seqlens(&seqs).forward(), "q");
+    // A bias is key-side `[total_k, {1|hk|h}]`, and not in deterministic mode.
     let bias = Tensor::from_fn(&[1, 1, 1, 4], DType::F32, &cpu, |i| i as f64).unwrap();
-    assert!(matches!(
-        attention(&q, &kv, &kv).seqlens(&seqs).bias(&bias).forward(),
-        Err(Error::Unsupported { .. })
-    ));
+    shape(attention(&q, &kv, &kv).seqlens(&seqs).bias(&bias).forward(), "bias");
+    let bias = Tensor::from_fn(&[6, 3], DType::F32, &cpu, |i| i as f64).unwrap();
+    shape(attention(&q, &kv, &kv).seqlens(&seqs).bias(&bias).forward(), "bias");
+    let bias = Tensor::from_fn(&[6, 2], DType::F32, &cpu, |i| i as f64).unwrap();
+    attention(&q, &kv, &kv).seqlens(&seqs).bias(&bias).forward().unwrap();
+    assert!(matches!(attention(&q, &kv, &kv).seqlens(&seqs).bias(&bias).deterministic(true).forward(), Err(Error::Unsupported { .. })));
     attention(&q, &kv, &kv)
         .seqlens(&seqs)
         .causal(true)

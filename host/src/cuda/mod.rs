@@ -166,7 +166,13 @@ fn fwd_params(p: &Problem, saved: &Saved, out: &Tensor, lse: &Tensor, gathered: 
         params.block_map = m.classes;
         params.mask_head_div = head_div(&d, m.planes[1]);
     }
-    if let Some(bias) = &saved.bias {
+    if let (Some(bias), Some(_)) = (&saved.bias, &p.seqs) {
+        // Key-side `[total_k, heads]`: keys along stride[3], no query dimension; read element by
+        // element (a sequence's first key is not 16-byte aligned in general).
+        let (s, heads) = (bias.strides(), bias.shape()[1]);
+        let stride = [0, if heads == 1 { 0 } else { s[1] as u64 }, 0, s[0] as u64];
+        (params.bias, params.bias_head_div) = (View4 { ptr: bias.device_ptr().expect("CUDA tensor"), stride }, head_div(&d, heads));
+    } else if let Some(bias) = &saved.bias {
         (params.bias, params.bias_head_div) = broadcast_operand(&d, bias);
         let vectorizable = bias_vectorizable(bias, &params.bias);
         if vectorizable {
@@ -218,6 +224,28 @@ fn query_rows(p: &Problem) -> QueryRows {
 fn row_blocks(rows: &QueryRows) -> u32 {
     let per_block = PRE_THREADS / 32 * (32 / rows.lanes());
     rows.count().div_ceil(per_block).clamp(1, 4096)
+}
+
+/// Element strides of a contiguous tensor of `shape`, 0 along its size-1 dimensions.
+fn contiguous(shape: [usize; 4]) -> [u64; 4] {
+    let mut stride = [0u64; 4];
+    let mut acc = 1u64;
+    for i in (0..4).rev() {
+        stride[i] = if shape[i] == 1 { 0 } else { acc };
+        acc *= shape[i] as u64;
+    }
+    stride
+}
+
+/// The f32 dbias accumulator's strides: the bias's own layout, contiguous (a packed batch's
+/// key-side `[total_k, heads]` seen as `[1, heads, 1, total_k]`), so that it converts to dbias
+/// element by element.
+fn dbias_strides(p: &Problem) -> [u64; 4] {
+    match (p.bias, &p.seqs) {
+        (None, _) => [0; 4],
+        (Some([_, heads, _, _]), Some(_)) => [0, if heads == 1 { 0 } else { 1 }, 0, heads as u64],
+        (Some(shape), None) => contiguous(shape),
+    }
 }
 
 /// The caller's buffer where given, else a new one.
@@ -532,15 +560,6 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, into: Gra
 
     let prepared = device_mask(saved).is_some();
     let fwd_p = fwd_params(p, saved, &fwd.out, &fwd.lse, false)?;
-    let contiguous = |shape: [usize; 4]| {
-        let mut stride = [0u64; 4];
-        let mut acc = 1u64;
-        for i in (0..4).rev() {
-            stride[i] = if shape[i] == 1 { 0 } else { acc };
-            acc *= shape[i] as u64;
-        }
-        stride
-    };
     // CTAs run in grid order, x fastest: one kv head's key tiles side by side, so that their dQ
     // additions to a query tile meet in L2 and they share its Q and dO. A placed variant may run
     // otherwise where there is more than one wave (a single wave has neither a tail to balance
@@ -552,14 +571,15 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, into: Gra
     let (ctas, sms) = ((n_blocks * d.kv_heads * d.batch) as u64, dev.sms() as u64);
     let placed = !deterministic && modifiers::bwd_placed(bwd_band_variant(&tile, modifiers, banded)) && ctas > sms && bwd_placement_pays(dev, &d);
     // Key tiles then count along grid y and in a packed position's y: both 16-bit.
-    let kv_heads_first = placed && d.kv_heads > 1 && p.bias.is_some_and(|s| s[1] == 1) && n_blocks <= u16::MAX as usize;
+    // (Not for a packed batch: its CTAs find their sequence's key tile in grid x, `seq::localize`.)
+    let kv_heads_first = placed && p.seqs.is_none() && d.kv_heads > 1 && p.bias.is_some_and(|s| s[1] == 1) && n_blocks <= u16::MAX as usize;
     let mut params = BwdParams {
         fwd: fwd_p,
         dout: dout_view,
         dq_accum: View4 { ptr: dq_acc, stride: contiguous(q_shape) },
         dk: qkv_view(&dk, "dk")?,
         dv: qkv_view(&dv, "dv")?,
-        dbias_accum: View4 { ptr: dbias_acc, stride: p.bias.map_or([0; 4], contiguous) },
+        dbias_accum: View4 { ptr: dbias_acc, stride: dbias_strides(p) },
         delta,
         dq_turns,
         dbias_turns,
