@@ -116,7 +116,7 @@ fn qk_shapes(inp: &Inputs) -> Result<([usize; 4], [usize; 4])> {
     };
     let q = packed(inp.q, "q", seqs.total_q(), None)?;
     let k = packed(inp.k, "k", seqs.total_k(), Some(q[2]))?;
-    if inp.seqs.is_some() && !seqs.device().same(&inp.q.device()) {
+    if !seqs.device().same(&inp.q.device()) {
         return Err(Error::Device { arg: "seqlens", expected: format!("{} (the device of q)", inp.q.device()), got: seqs.device().to_string() });
     }
     let b = seqs.batch();

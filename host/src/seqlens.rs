@@ -158,9 +158,7 @@ impl SeqLens {
     pub(crate) fn device_tensors(&self) -> (&Tensor, &Tensor) {
         (&self.inner.device_q, &self.inner.device_k)
     }
-}
 
-impl SeqLens {
     /// The work order of `key`, built by `make` on first use.
     pub(crate) fn cached_order(&self, key: [u32; 8], make: impl FnOnce() -> Result<Arc<DeviceBuffer>>) -> Result<Arc<DeviceBuffer>> {
         let mut orders = self.inner.orders.lock().unwrap_or_else(|e| e.into_inner());

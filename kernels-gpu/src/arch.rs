@@ -58,11 +58,11 @@ pub fn smem_base() -> u32 {
 
 /// Copies the kernel parameters `p` to shared memory at `dst` (8-byte aligned, room for a `T`),
 /// lets thread 0 `adjust` the copy (given the parameters and the copy's address: it rewrites
-/// fields with shared-memory stores, after the copy's), and returns it (collective: every thread calls it; it ends
-/// with a barrier). Loads from the copy stay where the code reads them: LLVM hoists loads of the
-/// parameters themselves, and the arithmetic on them, out of a kernel's main loop and holds
-/// dozens of registers across it, but cannot move a load past the loop's barriers and
-/// shared-memory stores.
+/// fields with shared-memory stores, after the copy's), and returns it (collective: every
+/// thread calls it; it ends with a barrier). Loads from the copy stay where the code reads them:
+/// LLVM hoists loads of the parameters themselves, and the arithmetic on them, out of a kernel's
+/// main loop and holds dozens of registers across it, but cannot move a load past the loop's
+/// barriers and shared-memory stores.
 #[inline(always)]
 pub unsafe fn params_in_smem<T: Copy>(p: &T, dst: u32, tid: u32, adjust: impl FnOnce(&T, u32)) -> &'static T {
     const { assert!(size_of::<T>() % 8 == 0 && align_of::<T>() <= 8) };

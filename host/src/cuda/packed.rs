@@ -8,41 +8,40 @@ use crate::device::CudaDevice;
 use crate::error::Result;
 use crate::memory::DeviceBuffer;
 use crate::seqlens::SeqLens;
+use crate::sparse::{band_keys, sink_keys};
 use dmattn_abi::{Band, packed_position};
 use std::sync::Arc;
 
 /// Key tiles of `block_n` keys that query rows `row0..row0 + rows` of a `len_q x len_k`
 /// sequence visit under `band` (the kernels' `Visibility::key_tiles`: sink tiles, then one
-/// interval).
+/// interval from the first row's band start to the last row's band end).
 fn visited_tiles(band: &Band, len_q: usize, len_k: usize, row0: usize, rows: usize, block_n: usize) -> usize {
-    let diag = |i: usize| match band.compress {
-        0 => i as i64 + len_k as i64 - len_q as i64,
-        c => (i / c as usize) as i64,
-    };
-    let clamp = |x: i64| x.clamp(0, len_k as i64) as usize;
-    let hi = if band.right == Band::NONE { len_k } else { clamp(diag(row0 + rows - 1) + band.right as i64 + 1) };
-    let lo = if band.left == Band::NONE { 0 } else { clamp(diag(row0) - band.left as i64) };
-    let sinks = if band.left == Band::NONE { 0 } else { (band.sinks as usize).min(len_k).div_ceil(block_n) };
+    let (lo, _) = band_keys(band, len_q, len_k, row0);
+    let (_, hi) = band_keys(band, len_q, len_k, row0 + rows - 1);
+    let sinks = sink_keys(band, len_k).div_ceil(block_n);
     let (begin, end) = (lo / block_n, hi.div_ceil(block_n));
     end.saturating_sub(begin) + sinks.min(begin)
 }
 
-/// The forward grid `(grid_x, heads, batch)`'s CTAs, heaviest first, as the kernels'
-/// `FwdParams::order` holds them: a `packed_position` per CTA, where position `x` runs query
-/// tile `grid_x - 1 - x`. Equal work keeps grid order (a tile's heads side by side, sharing
-/// their kv head's K and V in L2).
+/// The work of grid position `x` (query tile `grid_x - 1 - x`) of sequence `z`: one more than
+/// the key tiles it visits (even a tile that sees no key writes its rows), 0 past the
+/// sequence's end (the CTA returns at once).
+fn tile_work(seqs: &SeqLens, band: &Band, block_m: u32, block_n: u32, grid_x: u32, x: u32, z: usize) -> usize {
+    let (q, k) = seqs.rows(z);
+    let row0 = (grid_x - 1 - x) as usize * block_m as usize;
+    if row0 < q.len() { 1 + visited_tiles(band, q.len(), k.len(), row0, (q.len() - row0).min(block_m as usize), block_n as usize) } else { 0 }
+}
+
+/// The forward grid `(grid_x, heads, batch)`'s CTAs, heaviest first ([`tile_work`]), as the
+/// kernels' `FwdParams::order` holds them: a `packed_position` per CTA. Equal work keeps grid
+/// order (a tile's heads side by side, sharing their kv head's K and V in L2).
 pub(crate) fn order(seqs: &SeqLens, band: &Band, heads: u32, block_m: u32, block_n: u32, grid_x: u32) -> Vec<u64> {
     let mut ctas: Vec<(usize, u64)> = Vec::with_capacity(grid_x as usize * heads as usize * seqs.batch());
     for z in 0..seqs.batch() {
-        let (q, k) = seqs.rows(z);
+        // Every head of a tile has its work.
+        let work: Vec<usize> = (0..grid_x).map(|x| tile_work(seqs, band, block_m, block_n, grid_x, x, z)).collect();
         for head in 0..heads {
-            for x in 0..grid_x {
-                let row0 = (grid_x - 1 - x) as usize * block_m as usize;
-                // Tiles with rows count one more than their key tiles: even one that sees no key
-                // writes its rows.
-                let work = if row0 < q.len() { 1 + visited_tiles(band, q.len(), k.len(), row0, (q.len() - row0).min(block_m as usize), block_n as usize) } else { 0 };
-                ctas.push((work, packed_position(x, head, z as u32)));
-            }
+            ctas.extend(work.iter().zip(0..grid_x).map(|(&w, x)| (w, packed_position(x, head, z as u32))));
         }
     }
     // Linear block index order is x fastest, then heads, then sequences: as pushed.
@@ -75,11 +74,7 @@ mod tests {
         let grid_x = 1000u32.div_ceil(block_m);
         let order = order(&seqs, &Band::CAUSAL, heads, block_m, block_n, grid_x);
         let mut seen: Vec<_> = order.iter().map(|&at| unpacked_position(at)).collect();
-        let work = |(x, _, z): (u32, u32, u32)| {
-            let (q, k) = seqs.rows(z as usize);
-            let row0 = (grid_x - 1 - x) as usize * block_m as usize;
-            if row0 < q.len() { 1 + visited_tiles(&Band::CAUSAL, q.len(), k.len(), row0, (q.len() - row0).min(128), 64) } else { 0 }
-        };
+        let work = |(x, _, z): (u32, u32, u32)| tile_work(&seqs, &Band::CAUSAL, block_m, block_n, grid_x, x, z as usize);
         assert!(seen.windows(2).all(|w| work(w[0]) >= work(w[1])));
         assert_eq!(seen[0], (0, 0, 1));
         assert_eq!(work(seen[0]), 1 + 1000usize.div_ceil(64));
