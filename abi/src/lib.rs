@@ -141,6 +141,14 @@ pub struct Seqs {
     /// + i`: `seqlen_q` for fixed lengths; `total_q` packed, where `b` is 0 and `i` counts from
     /// the packed tensor's first row.
     pub lse_rows: u32,
+    /// Paged K/V (forward only): log2 of the page size (at least 6: a 64-key half of a key tile
+    /// lies in one page); 0 with contiguous K/V.
+    pub page_shift: u32,
+    /// Paged K/V: the block table's device address, int32 `[batch, table_stride]` (sequence
+    /// `b`'s key `j` is row `j % page_size` of page `table[b][j / page_size]` of k and v,
+    /// `[num_pages, page_size, hk, d]`, entries validated on the host); 0: K/V are packed rows.
+    pub block_table: u64,
+    pub table_stride: u32,
     pub _pad: u32,
 }
 
@@ -733,7 +741,7 @@ pub const SELECT_THREADS: u32 = 256;
 /// `__launch_bounds__`: (kernel name, threads per block, CTAs per SM to fit). ptxas then keeps
 /// each thread's registers within what that many CTAs leave; the host launches these kernels
 /// with exactly these threads.
-pub const LAUNCH_BOUNDS: [(&str, u32, u32); 18] = [
+pub const LAUNCH_BOUNDS: [(&str, u32, u32); 22] = [
     (names::SELECT_KEYS_16, SELECT_THREADS, select_ctas_per_sm(2)),
     (names::SELECT_KEYS_32, SELECT_THREADS, select_ctas_per_sm(4)),
     (names::FWD_BF16_D64_GATHER_NARROW, 128, GATHER_NARROW_CTAS_PER_SM),
@@ -743,15 +751,19 @@ pub const LAUNCH_BOUNDS: [(&str, u32, u32); 18] = [
     ("dmattn_fwd_sm90_bf16_d64", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d64_mods", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d64_mods_gather", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_bf16_d64_mods_paged", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d64", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d64_mods", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d64_mods_gather", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_f16_d64_mods_paged", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d128", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d128_mods", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d128_mods_gather", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_bf16_d128_mods_paged", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d128", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d128_mods", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d128_mods_gather", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_f16_d128_mods_paged", 256, FWD_SM90_CTAS_PER_SM),
 ];
 
 /// CTAs per SM the Hopper forward's 128-row tiles are compiled for. Each CTA's two warpgroups
@@ -1008,6 +1020,10 @@ pub mod names {
     /// Appended to a forward kernel's modifier-variant name (`dmattn_fwd_<elem>_d<dim>_mods`)
     /// for its gather-attention variant ([`super::FwdParams::key_ranks`]).
     pub const GATHER_SUFFIX: &str = "_gather";
+    /// Appended to a forward kernel's modifier-variant name for its paged-K/V variant
+    /// ([`super::Seqs::block_table`]; its own kernel, without mask tiles: a branch in the
+    /// modifier variants spilled them).
+    pub const PAGED_SUFFIX: &str = "_paged";
     /// Appended to a gather variant's name for its narrow tile ([`super::FwdVariants::gather_narrow`]).
     pub const NARROW_SUFFIX: &str = "_narrow";
     /// The narrow gather variants (launch bounds, [`super::LAUNCH_BOUNDS`]).
@@ -1019,7 +1035,7 @@ pub mod names {
     pub const CONVERT_PREFIX: &str = "dmattn_convert_";
     pub const COMBINE_PREFIX: &str = "dmattn_fwd_combine_";
     pub const FWD_PREFIX: &str = "dmattn_fwd_";
-    /// `dmattn_fwd_sm90_<elem>_d<dim>[_mods[_gather[_narrow]]]`: the Hopper forward
+    /// `dmattn_fwd_sm90_<elem>_d<dim>[_mods[_gather[_narrow]|_paged]]`: the Hopper forward
     /// ([`super::FWD_TILES_SM90`]).
     pub const FWD_WGMMA_PREFIX: &str = "dmattn_fwd_sm90_";
     /// `dmattn_fwd_order_d<dim>`: the work order of that head dim's modifier variant.

@@ -6,6 +6,7 @@ use crate::cuda;
 use crate::device::{CudaDevice, Device};
 use crate::error::{Error, Result};
 use crate::problem::{Inputs, Problem};
+use crate::pages::PageTable;
 use crate::seqlens::SeqLens;
 use crate::sparse::{PreparedMask, SparseMask};
 use crate::tensor::Tensor;
@@ -28,7 +29,7 @@ use crate::cpu;
 /// ```
 pub fn attention<'a>(q: &'a Tensor, k: &'a Tensor, v: &'a Tensor) -> Attention<'a> {
     Attention {
-        inputs: Inputs { q, k, v, mask: None, indices: None, sparse: None, bias: None, causal: false, scale: None, softcap: 0.0, deterministic: false, seqs: None },
+        inputs: Inputs { q, k, v, mask: None, indices: None, sparse: None, bias: None, causal: false, scale: None, softcap: 0.0, deterministic: false, seqs: None, pages: None },
         into: ForwardBuffers::default(),
     }
 }
@@ -107,6 +108,17 @@ impl<'a> Attention<'a> {
     /// prepared for at least the longest sequences' lengths ([`SeqLens::max_seqlen_q`] and `_k`).
     pub fn seqlens(mut self, seqs: &'a SeqLens) -> Self {
         self.inputs.seqs = Some(seqs);
+        self
+    }
+
+    /// K and V as the pages of a paged KV cache, `[num_pages, page_size, kv_heads, head_dim]`
+    /// (page_size a power of two, at least 64), sequence `b`'s keys where its row of `table`
+    /// says; with a packed batch ([`Attention::seqlens`], whose key lengths say how many of a
+    /// sequence's keys there are), for the forward (the backward of a paged call is a typed
+    /// error). A key-side bias stays in the packed `[total_k, ..]` order of `cu_seqlens_k`.
+    /// The outputs are those of the same call with each sequence's keys packed.
+    pub fn kv_pages(mut self, table: &'a PageTable) -> Self {
+        self.inputs.pages = Some(table);
         self
     }
 
@@ -261,6 +273,9 @@ impl Forward {
             return Err(Error::Device { arg: "dout", expected: self.out.device().to_string(), got: dout.device().to_string() });
         }
         let s = &self.saved;
+        if self.problem.pages.is_some() {
+            return Err(Error::Unsupported { what: "the backward of a call with paged K/V".into(), backend: "CPU or CUDA" });
+        }
         if into.dbias.is_some() && s.bias.is_none() {
             return Err(Error::Param { arg: "dbias", reason: "the call has no bias".into() });
         }

@@ -3,7 +3,7 @@ use crate::attention::{Gradients, Saved};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::problem::{Dims, Problem};
+use crate::problem::{Dims, KvPages, Problem};
 use crate::seqlens::SeqLens;
 use std::ops::Range;
 use crate::reference::{self, Operands};
@@ -121,12 +121,30 @@ fn tensor(values: &[f64], shape: &[usize], dtype: DType) -> Result<Tensor> {
 }
 
 pub(crate) fn forward(p: &Problem, s: &Saved) -> Result<(Tensor, Tensor)> {
-    let ops = operands(s)?;
+    let mut ops = operands(s)?;
+    if let (Some(pages), Some(seqs)) = (&p.pages, &p.seqs) {
+        let width = p.dims.kv_heads * p.dims.head_dim;
+        ops.k = unpaged(&ops.k, pages, seqs, width);
+        ops.v = unpaged(&ops.v, pages, seqs, width);
+    }
     let (out, lse) = match &p.seqs {
         None => reference::forward(p, &ops),
         Some(seqs) => packed_forward(p, seqs, &ops),
     };
     Ok((tensor(&out, s.q.shape(), p.dtype)?, tensor(&lse, &lse_shape(p), lse_dtype(p.dtype))?))
+}
+
+/// Paged K or V `[num_pages, page_size, kv_heads, head_dim]` (rows of `width` values) as the
+/// packed `[total_k, kv_heads, head_dim]` its block table describes.
+fn unpaged(pages: &[f64], kv: &KvPages, seqs: &SeqLens, width: usize) -> Vec<f64> {
+    let mut rows = Vec::with_capacity(seqs.total_k() * width);
+    for b in 0..seqs.batch() {
+        for j in 0..seqs.rows(b).1.len() {
+            let row = kv.table.page(b, j / kv.page_size) as usize * kv.page_size + j % kv.page_size;
+            rows.extend_from_slice(&pages[row * width..][..width]);
+        }
+    }
+    rows
 }
 
 /// A packed batch's sequences, each as a fixed-length call of batch 1: `(problem, query rows,
@@ -135,7 +153,7 @@ fn sequences(p: &Problem, seqs: &SeqLens) -> impl Iterator<Item = (Problem, Rang
     (0..seqs.batch()).map(|b| seqs.rows(b)).filter(|(q, _)| !q.is_empty()).map(|(q, k)| {
         let dims = Dims { batch: 1, seqlen_q: q.len(), seqlen_k: k.len(), ..p.dims };
         let bias = p.bias.map(|[_, heads, _, _]| [1, heads, 1, k.len()]);
-        (Problem { dims, bias, seqs: None, ..p.clone() }, q, k)
+        (Problem { dims, bias, seqs: None, pages: None, ..p.clone() }, q, k)
     })
 }
 

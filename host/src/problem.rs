@@ -2,6 +2,7 @@
 //! attention call, checked once into a [`Problem`].
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::pages::PageTable;
 use crate::seqlens::SeqLens;
 use crate::sparse::PreparedMask;
 use crate::tensor::Tensor;
@@ -57,6 +58,16 @@ pub struct Problem {
     /// A packed variable-length batch: q/k/v are `[total, heads, head_dim]`, and a bias
     /// `[total_k, heads]` (its shape above: `[1, heads, 1, total_k]`).
     pub seqs: Option<SeqLens>,
+    /// A packed batch's K/V as pages of a paged KV cache (forward only).
+    pub pages: Option<KvPages>,
+}
+
+/// K/V as `[num_pages, page_size, kv_heads, head_dim]` pages, each sequence's keys where its
+/// row of `table` says.
+#[derive(Clone, Debug)]
+pub struct KvPages {
+    pub table: PageTable,
+    pub page_size: usize,
 }
 
 fn shape4(t: &Tensor, arg: &'static str, expected: &str) -> Result<[usize; 4]> {
@@ -90,12 +101,16 @@ pub struct Inputs<'a> {
     pub softcap: f64,
     pub deterministic: bool,
     pub seqs: Option<&'a SeqLens>,
+    pub pages: Option<&'a PageTable>,
 }
 
 /// q and k as `[batch, seqlen, heads, head_dim]`: their shapes, or for a packed batch
 /// (`[total, heads, head_dim]`, checked against `seqs`) the sequences and the longest lengths.
 fn qk_shapes(inp: &Inputs) -> Result<([usize; 4], [usize; 4])> {
     let Some(seqs) = inp.seqs else {
+        if inp.pages.is_some() {
+            return Err(Error::Param { arg: "block_table", reason: "paged K/V need a packed batch: give its SeqLens (.seqlens)".into() });
+        }
         let q = shape4(inp.q, "q", "[batch, seqlen_q, heads, head_dim]")?;
         let kv_expected = format!("[{}, seqlen_k, kv_heads, {}] (batch and head_dim of q)", q[0], q[3]);
         let k = shape4(inp.k, "k", &kv_expected)?;
@@ -115,12 +130,41 @@ fn qk_shapes(inp: &Inputs) -> Result<([usize; 4], [usize; 4])> {
         }
     };
     let q = packed(inp.q, "q", seqs.total_q(), None)?;
-    let k = packed(inp.k, "k", seqs.total_k(), Some(q[2]))?;
+    let k = match inp.pages {
+        None => packed(inp.k, "k", seqs.total_k(), Some(q[2]))?,
+        Some(_) => {
+            let [_, _, kv_heads, head_dim] = paged_shape(inp.k, q[2])?;
+            [seqs.total_k(), kv_heads, head_dim]
+        }
+    };
     if !seqs.device().same(&inp.q.device()) {
         return Err(Error::Device { arg: "seqlens", expected: format!("{} (the device of q)", inp.q.device()), got: seqs.device().to_string() });
     }
     let b = seqs.batch();
     Ok(([b, seqs.max_seqlen_q(), q[1], q[2]], [b, seqs.max_seqlen_k(), k[1], k[2]]))
+}
+
+/// Paged k `[num_pages, page_size, kv_heads, head_dim]`: a page size the kernels take (a power
+/// of two, at least 64: a 64-key run of a key tile lies in one page), and a page's elements
+/// within 32 bits (their offsets are 32-bit).
+fn paged_shape(k: &Tensor, head_dim: usize) -> Result<[usize; 4]> {
+    let expected = format!("[num_pages, page_size, kv_heads, {head_dim}] (page_size a power of two, at least 64; head_dim of q)");
+    match <[usize; 4]>::try_from(k.shape()) {
+        Ok(s) if s[3] == head_dim && s[1] >= 64 && s[1].is_power_of_two() && s[0] > 0 && s[2] > 0 && s[1] * s[2] * s[3] <= u32::MAX as usize => Ok(s),
+        _ => Err(Error::Shape { arg: "k", expected, got: k.shape().to_vec() }),
+    }
+}
+
+/// A packed batch's K/V pages (`qk_shapes` took no pages without one): the table serves the
+/// sequences with k's pages, on q's device.
+fn kv_pages(inp: &Inputs, seqs: Option<&SeqLens>) -> Result<Option<KvPages>> {
+    let (Some(table), Some(seqs)) = (inp.pages, seqs) else { return Ok(None) };
+    if !table.device().same(&inp.q.device()) {
+        return Err(Error::Device { arg: "block_table", expected: format!("{} (the device of q)", inp.q.device()), got: table.device().to_string() });
+    }
+    let (num_pages, page_size) = (inp.k.shape()[0], inp.k.shape()[1]);
+    table.check(seqs, num_pages, page_size)?;
+    Ok(Some(KvPages { table: table.clone(), page_size }))
 }
 
 /// A packed batch's key-side operand `[total_k, {1|hk|h}]` (each sequence's queries see its keys'
@@ -156,6 +200,7 @@ impl Problem {
             });
         }
         let dims = Dims { batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim };
+        let pages = kv_pages(inp, inp.seqs)?;
 
         let dtype = inp.q.dtype();
         if !dtype.is_float() {
@@ -270,6 +315,6 @@ impl Problem {
         if !(inp.softcap.is_finite() && inp.softcap >= 0.0) {
             return Err(Error::Param { arg: "softcap", reason: format!("{} is not finite and >= 0", inp.softcap) });
         }
-        Ok(Problem { dims, dtype, mask, bias, band, scale, softcap: inp.softcap, deterministic: inp.deterministic, seqs: inp.seqs.cloned() })
+        Ok(Problem { dims, dtype, mask, bias, band, scale, softcap: inp.softcap, deterministic: inp.deterministic, seqs: inp.seqs.cloned(), pages })
     }
 }

@@ -147,6 +147,21 @@ impl<'a> BlockInfo<'a> {
         v.ptr + 2 * (self.seq.k_offset(&v.stride, 0) + self.kv_head() * v.stride[2])
     }
 
+    /// Paged K/V (`dmattn_abi::Seqs::block_table`, the paged forward variant): byte address of
+    /// this head's kv head in row 0 of page 0 of k or v (`t`); [`Self::paged_row`] adds a key's.
+    #[inline(always)]
+    pub fn paged_base(&self, t: &dmattn_abi::View4) -> u64 {
+        t.ptr + 2 * self.kv_head() * t.stride[2]
+    }
+
+    /// Paged K/V: the byte offset from [`Self::paged_base`] (k or v, of strides `stride`) of the
+    /// row holding the sequence's key `j` (looked up per row copied: holding a tile's pages
+    /// spilled the Hopper kernels, and the table's line stays in L1).
+    #[inline(always)]
+    pub fn paged_row(&self, stride: &[u64; 4], j: u32) -> u64 {
+        2 * self.seq.paged_offset(self.p, stride, j)
+    }
+
     /// Byte address of the bias at (row0, the sequence's key 0): a packed batch's key-side bias
     /// `[total_k, heads]` is one row of all keys, the sequence's from its first key row on.
     #[inline(always)]

@@ -10,7 +10,7 @@ use crate::mask::{GatheredRows, MapRows, Tile, TileCursor, TileLine, load_mask_t
 use crate::scores::{Mods, WarpScores};
 use crate::softmax::OnlineSoftmax;
 use crate::tile::{Fragments, SmemTile};
-use dmattn_abi::{FwdParams, POSITION_BYTES, flags, mask_tile_bytes, modifiers};
+use dmattn_abi::{FwdParams, POSITION_BYTES, View4, flags, mask_tile_bytes, modifiers};
 
 /// The shared-memory tiles of one CTA: Q, K, V (`D` columns), the bias tile and the packed mask
 /// tile of the current key block (in the gather variant, which has no mask, the rows' runs of
@@ -81,6 +81,14 @@ unsafe fn load_kv<const D: usize, const BN: usize, const GATHER: bool>(sm: &Smem
     }
 }
 
+/// The paged variant's [`load_kv`]: K or V (`t`) rows of key tile `n`, each where its page holds
+/// it.
+#[inline(always)]
+unsafe fn load_kv_paged<const BN: usize>(b: &BlockInfo, tile: SmemTile, t: &View4, n: u32, keys: u32, tid: u32, threads: u32) {
+    let (col0, base) = (n * BN as u32, b.paged_base(t));
+    unsafe { tile.load_rows_async(|r| base + b.paged_row(&t.stride, col0 + r), keys, tid, threads) };
+}
+
 /// Gather variant, key-side bias (`flags::BIAS_ROW`): row 0 of the bias tile from the bias row
 /// at `row` (elements `key_stride` apart) at key tile `n`'s original key positions (their slot
 /// has landed), zeros from `keys` on. Plain loads: one 2-byte element at any key is below
@@ -103,7 +111,7 @@ unsafe fn load_bias_at_keys<const BN: usize>(sm: &Smem, row: u64, key_stride: u6
 /// Starts the copies of key tile `tile`'s K and the bias and packed-mask tiles that go with it
 /// (no mask copy for a full tile), keys from `keys_end` on zero-filled. All threads call this.
 #[inline(always)]
-unsafe fn load_k_side<const D: usize, const BM: usize, const BN: usize, const GATHER: bool>(
+unsafe fn load_k_side<const D: usize, const BM: usize, const BN: usize, const GATHER: bool, const PAGED: bool>(
     b: &BlockInfo,
     sm: &Smem,
     mods: Mods,
@@ -115,7 +123,11 @@ unsafe fn load_k_side<const D: usize, const BM: usize, const BN: usize, const GA
     let p = b.p;
     let col0 = tile.n * BN as u32;
     let keys = keys_end - col0;
-    unsafe { load_kv::<D, BN, GATHER>(sm, sm.k, b.k(), 2 * p.k.stride[1], tile.n, keys, tid, threads) };
+    if PAGED {
+        unsafe { load_kv_paged::<BN>(b, sm.k, &p.k, tile.n, keys, tid, threads) };
+    } else {
+        unsafe { load_kv::<D, BN, GATHER>(sm, sm.k, b.k(), 2 * p.k.stride[1], tile.n, keys, tid, threads) };
+    }
     if mods.bias {
         let s = p.bias.stride;
         unsafe {
@@ -144,7 +156,7 @@ unsafe fn load_k_side<const D: usize, const BM: usize, const BN: usize, const GA
 /// every tile of the band, full, and holds no cursor state; the gather variant visits the tiles
 /// of its rows' runs.
 #[inline(always)]
-fn next_tile<const BM: usize, const BN: usize, const MODS: bool, const GATHER: bool>(
+fn next_tile<const BM: usize, const BN: usize, const MODS: bool, const GATHER: bool, const PAGED: bool>(
     b: &BlockInfo,
     rows: &GatheredRows,
     cursor: &mut TileCursor,
@@ -161,7 +173,7 @@ fn next_tile<const BM: usize, const BN: usize, const MODS: bool, const GATHER: b
     let (first, end) = b.key_tiles(0, map.end());
     let line = map.until(end);
     let n = line.next_candidate(n.max(first));
-    if MODS { cursor.next(n, lane, &line) } else { (n < line.end()).then_some(Tile { n, full: true }) }
+    if MODS && !PAGED { cursor.next(n, lane, &line) } else { (n < line.end()).then_some(Tile { n, full: true }) }
 }
 
 /// Keys past which K, V and bias rows are zero-filled, never read: the sequence's, or the
@@ -262,7 +274,8 @@ fn copies_landed<const WGMMA: bool>() {
 /// `KT = D / 16` k-steps, `DT = D / 8` output n-tiles), spelled out because arrays cannot be
 /// sized by const-generic arithmetic. `MODS` selects the variant with every modifier and split-KV
 /// (`modifiers::ALL`; see [`Mods`]) over the lean one (`NONE`); `GATHER` (with `MODS`) the gather
-/// variant, whose keys are gathered rows and whose mask is their ranks (no mask tiles).
+/// variant, whose keys are gathered rows and whose mask is their ranks (no mask tiles);
+/// `PAGED` (with `MODS`) the paged one, whose K/V are pages (`dmattn_abi::Seqs::block_table`).
 /// `WGMMA` (sm_90a, `FwdTile::wgmma`): the products are warpgroup `wgmma`s (`MT` = 1).
 #[inline(always)]
 pub unsafe fn forward<
@@ -277,6 +290,7 @@ pub unsafe fn forward<
     const DT: usize,
     const MODS: bool,
     const GATHER: bool,
+    const PAGED: bool,
     const WGMMA: bool,
 >(
     p: &FwdParams,
@@ -286,6 +300,7 @@ pub unsafe fn forward<
         assert!(MT * 16 * (THREADS / 32) == BM && NT * 8 == BN && KT * 16 == D && DT * 8 == D);
         assert!(NT % 2 == 0 && DT % 2 == 0 && BM % 64 == 0 && BN % 64 == 0);
         assert!(MODS || !GATHER);
+        assert!(!PAGED || MODS && !GATHER);
         // The rows' runs fit where the mask tile would be.
         assert!(BM * 8 <= mask_tile_bytes(BM as u32, BN as u32) as usize);
     }
@@ -293,7 +308,8 @@ pub unsafe fn forward<
     let sm = Smem::new(D, BM, BN);
     let mods = Mods::of(p, if MODS { modifiers::ALL } else { modifiers::NONE });
     // The gather variant's mask is its rows' runs, kept where the mask tile would be.
-    let mods = Mods { mask: mods.mask && !GATHER, ..mods };
+    // The paged variant serves packed batches, which take no mask.
+    let mods = Mods { mask: mods.mask && !GATHER && !PAGED, ..mods };
 
     let mut o = [[[0f32; 4]; DT]; MT];
     OnlineSoftmax::<MT>::at(sm.softmax, thread_idx(), threads).reset();
@@ -313,7 +329,7 @@ pub unsafe fn forward<
         // (racecheck).
         sync_threads();
     }
-    if let Some(mut tile) = next_tile::<BM, BN, MODS, GATHER>(&b, &rows, &mut cursor, 0, tid % 32) {
+    if let Some(mut tile) = next_tile::<BM, BN, MODS, GATHER, PAGED>(&b, &rows, &mut cursor, 0, tid % 32) {
         let keys_end = key_bound::<GATHER>(&b, &rows);
         if GATHER {
             // The first tile's positions, before its rows can be copied.
@@ -324,7 +340,7 @@ pub unsafe fn forward<
         }
         let q_row = 2 * p.q.stride[1];
         unsafe { sm.q.load_async(b.q(), q_row, b.rows_valid, (D * 2) as u32, tid, threads) };
-        unsafe { load_k_side::<D, BM, BN, GATHER>(&b, &sm, mods, tile, keys_end, tid, threads) };
+        unsafe { load_k_side::<D, BM, BN, GATHER, PAGED>(&b, &sm, mods, tile, keys_end, tid, threads) };
         if GATHER && (tile.n + 1) * (BN as u32) < keys_end {
             unsafe { load_key_pos::<BN>(&b, &sm, tile.n + 1, keys_end, tid) };
         }
@@ -346,7 +362,11 @@ pub unsafe fn forward<
             sync_threads();
             let col0 = tile.n * BN as u32;
             let keys_end = key_bound::<GATHER>(&b, &rows);
-            unsafe { load_kv::<D, BN, GATHER>(&sm, sm.v, b.v(), 2 * p.v.stride[1], tile.n, keys_end - col0, tid, threads) };
+            if PAGED {
+                unsafe { load_kv_paged::<BN>(&b, sm.v, &p.v, tile.n, keys_end - col0, tid, threads) };
+            } else {
+                unsafe { load_kv::<D, BN, GATHER>(&sm, sm.v, b.v(), 2 * p.v.stride[1], tile.n, keys_end - col0, tid, threads) };
+            }
             cp_async_commit();
 
             // The accumulators start at the score offsets (see `scores`): -inf where the mask,
@@ -376,7 +396,7 @@ pub unsafe fn forward<
             // V has landed; everyone is done with this K/bias/mask: fetch the next tile's.
             copies_landed::<WGMMA>();
             sync_threads();
-            let next = next_tile::<BM, BN, MODS, GATHER>(&b, &rows, &mut cursor, tile.n + 1, lane);
+            let next = next_tile::<BM, BN, MODS, GATHER, PAGED>(&b, &rows, &mut cursor, tile.n + 1, lane);
             // The gather variant holds it across the softmax and PV as one word (the d64 tile is
             // a register short otherwise; the other variants keep theirs as it is, for the same
             // reason).
@@ -384,7 +404,7 @@ pub unsafe fn forward<
             if let Some(next) = next {
                 // Reread, not held across the products above.
                 let keys_end = key_bound::<GATHER>(&b, &rows);
-                unsafe { load_k_side::<D, BM, BN, GATHER>(&b, &sm, mods, next, keys_end, tid, threads) };
+                unsafe { load_k_side::<D, BM, BN, GATHER, PAGED>(&b, &sm, mods, next, keys_end, tid, threads) };
                 // The tile after's positions, into this tile's slot (its V is already on its way).
                 if GATHER && (next.n + 1) * (BN as u32) < keys_end {
                     unsafe { load_key_pos::<BN>(&b, &sm, next.n + 1, keys_end, tid) };

@@ -9,6 +9,8 @@ const _: () = assert!(offset_of!(BwdParams, fwd.seqs) % 8 == 0 && offset_of!(Bwd
 
 #[derive(Clone, Copy)]
 pub struct Seq {
+    /// The sequence's number (grid z without splits): its row of a paged K/V block table.
+    pub index: u32,
     /// Batch index into the 4-D operands: the sequence's, or 0 in a packed batch (whose
     /// operands are one batch entry of `total` rows).
     pub batch: u64,
@@ -28,13 +30,28 @@ impl Seq {
     pub fn of<const PACKED: bool>(p: &FwdParams, b: u32) -> Self {
         let s = &p.seqs;
         if !PACKED || s.cu_q == 0 {
-            return Seq { batch: b as u64, q0: 0, k0: 0, len_q: p.seqlen_q, len_k: p.seqlen_k };
+            return Seq { index: b, batch: b as u64, q0: 0, k0: 0, len_q: p.seqlen_q, len_k: p.seqlen_k };
         }
         let at = 4 * b as u64;
         let (q0, q1, k0, k1) = unsafe {
             (ld_global_nc_u32(s.cu_q + at), ld_global_nc_u32(s.cu_q + at + 4), ld_global_nc_u32(s.cu_k + at), ld_global_nc_u32(s.cu_k + at + 4))
         };
-        Seq { batch: 0, q0, k0, len_q: q1 - q0, len_k: k1 - k0 }
+        Seq { index: b, batch: 0, q0, k0, len_q: q1 - q0, len_k: k1 - k0 }
+    }
+
+    /// Paged K/V (`Seqs::block_table`, never in a kernel without `PACKED`): the element offset,
+    /// before the head's, of the row holding the sequence's key `j` in k or v
+    /// `[num_pages, page_size, hk, d]` with strides `stride`. One cached load of the table;
+    /// callers look up one key per 64 (a 64-aligned run of 64 keys lies in one page).
+    #[inline(always)]
+    pub fn paged_offset(&self, p: &FwdParams, stride: &[u64; 4], j: u32) -> u64 {
+        let s = &p.seqs;
+        // The table's entries number below 2^32 (host-checked).
+        let at = s.block_table + 4 * (self.index * s.table_stride + (j >> s.page_shift)) as u64;
+        let page = unsafe { ld_global_nc_u32(at) } as u64;
+        // A page's elements and a row's offset in it fit 32 bits (host-checked): wide
+        // 32 x 32-bit multiplies.
+        page * (stride[0] as u32 as u64) + ((j & ((1 << s.page_shift) - 1)) * stride[1] as u32) as u64
     }
 
     /// Element offset of the sequence's query row `i` in a `[b, s, h, d]` operand with strides

@@ -2,7 +2,8 @@
 //! of its sequences run as its own fixed-length call on the CPU reference.
 use crate::sparse::{BandCtor, MaskSpec};
 use crate::*;
-use dmattn::SeqLens;
+use dmattn::{PageTable, SeqLens};
+use rand::seq::SliceRandom;
 use proptest::test_runner::TestCaseError;
 
 /// One packed batch: each sequence's (query, key) lengths, and the call's options.
@@ -19,6 +20,8 @@ pub struct VarlenCase {
     /// A key-side bias `[total_k, heads]` with this many heads (1, kv_heads or heads).
     pub bias_heads: Option<usize>,
     pub dtype: DType,
+    /// K/V as the pages of a paged KV cache of this page size (forward only).
+    pub page_size: Option<usize>,
 }
 
 /// A packed batch's tensors: q `[total_q, h, d]`, k/v `[total_k, hk, d]`, dO like q.
@@ -28,6 +31,16 @@ pub struct Packed {
     pub v: Tensor,
     pub dout: Tensor,
     pub bias: Option<Tensor>,
+    /// The case's K/V pages, where it has a page size.
+    pub pages: Option<Pages>,
+}
+
+/// k and v as pages `[num_pages, page_size, hk, d]` and the block table's `[batch, max_pages]`
+/// entries.
+pub struct Pages {
+    pub k: Tensor,
+    pub v: Tensor,
+    pub table: Vec<i32>,
 }
 
 impl Packed {
@@ -39,6 +52,7 @@ impl Packed {
             v: mv(&self.v),
             dout: mv(&self.dout),
             bias: self.bias.as_ref().map(mv),
+            pages: self.pages.as_ref().map(|p| Pages { k: mv(&p.k), v: mv(&p.v), table: p.table.clone() }),
         }
     }
 }
@@ -71,16 +85,52 @@ impl VarlenCase {
             [tq, self.heads, self.head_dim],
             [tk, self.kv_heads, self.head_dim],
         );
-        Packed {
+        let mut packed = Packed {
             q: rand_tensor(&q_shape),
             k: rand_tensor(&kv_shape),
             v: rand_tensor(&kv_shape),
             dout: rand_tensor(&q_shape),
             bias: self.bias_heads.map(|hb| rand_tensor(&[tk, hb])),
-        }
+            pages: None,
+        };
+        packed.pages = self.page_size.map(|ps| self.paged(&packed, ps, rng));
+        packed
     }
 
-    /// The packed call on `inputs` (their device), its band prepared there.
+    /// The packed k and v as pages of `page_size` keys: each sequence's pages drawn at random
+    /// from a pool with a few spare pages, table entries past a sequence's pages -1, and every
+    /// page row no key owns NaN (a read of one shows in the output).
+    fn paged(&self, packed: &Packed, page_size: usize, rng: &mut StdRng) -> Pages {
+        let need: Vec<usize> = self.lens.iter().map(|&(_, k)| k.div_ceil(page_size)).collect();
+        let spare = rng.random_range(0..3);
+        let num_pages = need.iter().sum::<usize>() + spare + 1;
+        let max_pages = need.iter().copied().max().unwrap_or(0) + rng.random_range(1..3);
+        let mut ids: Vec<usize> = (0..num_pages).collect();
+        ids.shuffle(rng);
+        let mut table = vec![-1i32; self.lens.len() * max_pages];
+        let width = self.kv_heads * self.head_dim;
+        let (mut owner, mut next, mut k0) = (vec![None; num_pages * page_size], 0, 0);
+        for (b, &(_, sk)) in self.lens.iter().enumerate() {
+            for (i, page) in ids[next..next + need[b]].iter().enumerate() {
+                table[b * max_pages + i] = *page as i32;
+                for r in 0..page_size.min(sk - i * page_size) {
+                    owner[page * page_size + r] = Some(k0 + i * page_size + r);
+                }
+            }
+            (next, k0) = (next + need[b], k0 + sk);
+        }
+        let pages_of = |t: &Tensor| {
+            let rows = t.to_f64_vec().unwrap();
+            Tensor::from_fn(&[num_pages, page_size, self.kv_heads, self.head_dim], self.dtype, &Device::Cpu, |i| {
+                owner[i / width].map_or(f64::NAN, |row| rows[row * width + i % width])
+            })
+            .unwrap()
+        };
+        Pages { k: pages_of(&packed.k), v: pages_of(&packed.v), table }
+    }
+
+    /// The packed call on `inputs` (their device), its band prepared there; on the pages where
+    /// the case has a page size (and the inputs its pages).
     pub fn forward(
         &self,
         inputs: &Packed,
@@ -91,7 +141,15 @@ impl VarlenCase {
             .band
             .map(|b| b.build().prepare(seqs.max_seqlen_q().max(1), seqs.max_seqlen_k().max(1)))
             .transpose()?;
-        let mut call = attention(&inputs.q, &inputs.k, &inputs.v)
+        let pages = match (&inputs.pages, self.page_size) {
+            (Some(p), Some(_)) => Some((p, PageTable::new(&p.table, self.lens.len(), &inputs.q.device())?)),
+            _ => None,
+        };
+        let mut call = match &pages {
+            Some((p, table)) => attention(&inputs.q, &p.k, &p.v).kv_pages(table),
+            None => attention(&inputs.q, &inputs.k, &inputs.v),
+        };
+        call = call
             .seqlens(seqs)
             .causal(self.causal)
             .softcap(self.softcap)
@@ -307,6 +365,7 @@ pub fn varlen_cases(max_seqlen: usize) -> impl Strategy<Value = (VarlenCase, u64
                         softcap,
                         bias_heads,
                         dtype,
+                        page_size: None,
                     },
                     seed,
                 )

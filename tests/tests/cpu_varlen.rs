@@ -1,7 +1,7 @@
 //! Packed variable-length batches on the CPU backend: each sequence's rows equal its own
 //! fixed-length call (forward and backward, empty sequences included), and every malformed
 //! `cu_seqlens` or packed shape is a typed error naming the argument.
-use dmattn::{DType, Device, Error, SeqLens, Tensor, attention};
+use dmattn::{DType, Device, Error, PageTable, SeqLens, Tensor, attention};
 use dmattn_tests::sparse::BandCtor;
 use dmattn_tests::varlen::{VarlenCase, check_varlen};
 
@@ -16,6 +16,7 @@ fn case(lens: &[(usize, usize)], causal: bool, band: Option<BandCtor>) -> Varlen
         softcap: 0.0,
         bias_heads: None,
         dtype: DType::F64,
+        page_size: None,
     }
 }
 
@@ -125,4 +126,58 @@ fn malformed_seqlens_are_typed_errors() {
         .causal(true)
         .forward()
         .unwrap();
+}
+
+/// Paged K/V on the CPU: the same outputs as the packed call (pages drawn at random, spare rows
+/// NaN), checked against each sequence alone; the backward of a paged call is a typed error.
+#[test]
+fn paged_calls_equal_packed_ones() {
+    let lens = [(5, 70), (0, 3), (9, 129), (3, 0), (1, 64)];
+    for (i, page_size) in [64, 128, 256].into_iter().enumerate() {
+        let c = VarlenCase { page_size: Some(page_size), bias_heads: Some(2), ..case(&lens, i != 1, None) };
+        check_varlen(&c, &Device::Cpu, 40 + i as u64, false, false, 1e-12).unwrap();
+        let inputs = c.inputs(&mut dmattn_tests::seeded_rng(40 + i as u64));
+        let seqs = c.seqlens(&Device::Cpu);
+        let paged = c.forward(&inputs, &seqs, false).unwrap();
+        let packed = VarlenCase { page_size: None, ..c.clone() }.forward(&inputs, &seqs, false).unwrap();
+        for (a, b) in [(&paged.out, &packed.out), (&paged.lse, &packed.lse)] {
+            let (a, b) = (a.to_f64_vec().unwrap(), b.to_f64_vec().unwrap());
+            assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "paged and packed differ ({page_size})");
+        }
+        assert!(matches!(paged.backward(&inputs.dout), Err(Error::Unsupported { .. })));
+    }
+}
+
+#[test]
+fn malformed_page_tables_are_typed_errors() {
+    let cpu = Device::Cpu;
+    // Sequences of 70 and 3 keys: two pages of 64 and one.
+    let seqs = SeqLens::new(&[0, 1, 2], &[0, 70, 73], &cpu).unwrap();
+    let q = packed(2, 4);
+    let pages = |n: usize, size: usize| Tensor::from_fn(&[n, size, 2, 8], DType::F32, &cpu, |i| (i as f64 * 0.1).cos()).unwrap();
+    let kv = pages(3, 64);
+    let run = |kv: &Tensor, table: &PageTable| attention(&q, kv, kv).seqlens(&seqs).kv_pages(table).forward();
+    let expect = |r: dmattn::Result<dmattn::Forward>, want: &str| match r {
+        Err(Error::Param { arg, .. }) | Err(Error::Shape { arg, .. }) | Err(Error::DType { arg, .. }) => assert_eq!(arg, want),
+        Err(e) => panic!("expected an error naming {want}, got {e}"),
+        Ok(_) => panic!("expected an error naming {want}"),
+    };
+    run(&kv, &PageTable::new(&[2, 0, 1, -1], 2, &cpu).unwrap()).unwrap();
+    // An entry a sequence reaches out of range (negative, or past the pages); too few entries;
+    // a row per sequence.
+    expect(run(&kv, &PageTable::new(&[2, 3, 1, -1], 2, &cpu).unwrap()), "block_table");
+    expect(run(&kv, &PageTable::new(&[2, 0, -1, 0], 2, &cpu).unwrap()), "block_table");
+    expect(run(&kv, &PageTable::new(&[2, 1], 2, &cpu).unwrap()), "block_table");
+    expect(run(&kv, &PageTable::new(&[2, 0, 1, -1, 0, 0], 3, &cpu).unwrap()), "block_table");
+    // Page sizes: a power of two, at least 64.
+    expect(run(&pages(3, 32), &PageTable::new(&[2, 0, 1, 1, 1, 1], 2, &cpu).unwrap()), "k");
+    expect(run(&pages(3, 96), &PageTable::new(&[2, 0, 1, -1], 2, &cpu).unwrap()), "k");
+    // Malformed tables, and pages without a packed batch.
+    assert!(matches!(PageTable::new(&[0, 1, 2], 2, &cpu), Err(Error::Shape { arg: "block_table", .. })));
+    let floats = Tensor::from_fn(&[2, 2], DType::F32, &cpu, |i| i as f64).unwrap();
+    assert!(matches!(PageTable::from_tensor(&floats), Err(Error::DType { arg: "block_table", .. })));
+    let table = PageTable::from_tensor(&Tensor::from_vec(vec![2i32, 0, 1, -1], &[2, 2], &cpu).unwrap()).unwrap();
+    assert_eq!((table.batch(), table.max_pages(), table.page(1, 0)), (2, 2, 1));
+    let q4 = Tensor::from_fn(&[1, 2, 4, 8], DType::F32, &cpu, |i| i as f64).unwrap();
+    expect(attention(&q4, &kv, &kv).kv_pages(&table).forward(), "block_table");
 }

@@ -158,7 +158,7 @@ fn fwd_params(p: &Problem, saved: &Saved, out: &Tensor, lse: &Tensor, gathered: 
         scale_log2: (p.scale * std::f64::consts::LOG2_E) as f32,
         softcap: p.softcap as f32,
         band: p.band,
-        seqs: seqs_params(p),
+        seqs: seqs_params(p, saved)?,
         ..FwdParams::default()
     };
     if let Some(m) = device_mask(saved) {
@@ -186,16 +186,26 @@ fn fwd_params(p: &Problem, saved: &Saved, out: &Tensor, lse: &Tensor, gathered: 
     Ok(params)
 }
 
-/// Where a packed batch's sequences are, and the LSE's rows (see [`Seqs`]).
-fn seqs_params(p: &Problem) -> Seqs {
-    match &p.seqs {
-        None => Seqs { lse_rows: p.dims.seqlen_q as u32, ..Seqs::default() },
-        Some(s) => {
-            let (q, k) = s.device_tensors();
-            let ptr = |t: &Tensor| t.device_ptr().expect("a CUDA call's sequence lengths are on its device");
-            Seqs { cu_q: ptr(q), cu_k: ptr(k), lse_rows: s.total_q() as u32, _pad: 0 }
+/// Where a packed batch's sequences are, the LSE's rows, and paged K/V's block table (see
+/// [`Seqs`]).
+fn seqs_params(p: &Problem, saved: &Saved) -> Result<Seqs> {
+    let Some(s) = &p.seqs else { return Ok(Seqs { lse_rows: p.dims.seqlen_q as u32, ..Seqs::default() }) };
+    let (q, k) = s.device_tensors();
+    let ptr = |t: &Tensor| t.device_ptr().expect("a CUDA call's sequence lengths and block table are on its device");
+    let mut seqs = Seqs { cu_q: ptr(q), cu_k: ptr(k), lse_rows: s.total_q() as u32, ..Seqs::default() };
+    if let Some(pages) = &p.pages {
+        // The kernels offset pages and rows in them in 32 bits (`Seq::paged_offset`).
+        for (t, arg) in [(&saved.k, "k"), (&saved.v, "v")] {
+            let st = t.strides();
+            if st[0] > u32::MAX as usize || (pages.page_size - 1) * st[1] + (t.shape()[2] - 1) * st[2] + t.shape()[3] > u32::MAX as usize {
+                return Err(Error::Layout { arg, backend: BACKEND, reason: format!("page stride {} or a page's extent past 2^32 elements", st[0]) });
+            }
         }
+        seqs.page_shift = pages.page_size.trailing_zeros();
+        seqs.block_table = ptr(pages.table.device_tensor());
+        seqs.table_stride = pages.table.max_pages() as u32;
     }
+    Ok(seqs)
 }
 
 /// Key splits for a forward whose grid would leave the GPU mostly idle (few query tiles, long
@@ -322,6 +332,10 @@ pub(crate) fn fwd_plan(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: FwdMask) -
     check_limits(&d, tile.block_m)?;
     let prefix = if tile.wgmma { dmattn_abi::names::FWD_WGMMA_PREFIX } else { dmattn_abi::names::FWD_PREFIX };
     let mut kernel = kernel_name(prefix, elem, d.head_dim, if mods { modifiers::ALL } else { modifiers::NONE });
+    // Paged K/V: the modifier variant's paged kernel (packed batches run the modifier variant).
+    if p.pages.is_some() {
+        kernel += dmattn_abi::names::PAGED_SUFFIX;
+    }
     if gathered {
         kernel += dmattn_abi::names::GATHER_SUFFIX;
         if narrow {
@@ -642,7 +656,7 @@ mod tests {
 
     fn problem(d: Dims, band: dmattn_abi::Band, bias: bool) -> Problem {
         let bias = bias.then_some([1, 1, 1, d.seqlen_k]);
-        Problem { dims: d, dtype: DType::BF16, mask: None, bias, band, scale: 0.125, softcap: 0.0, deterministic: false, seqs: None }
+        Problem { dims: d, dtype: DType::BF16, mask: None, bias, band, scale: 0.125, softcap: 0.0, deterministic: false, seqs: None, pages: None }
     }
 
     /// The forward's plan: the lean kernel without modifiers, the modifier kernel with any, its
@@ -675,7 +689,7 @@ mod tests {
     }
 
     /// A packed batch runs the modifier variant (the lean one serves fixed lengths only), over
-    /// the longest sequence's query tiles and every sequence.
+    /// the longest sequence's query tiles and every sequence; with paged K/V, its paged kernel.
     #[test]
     fn packed_batches_run_the_modifier_variant() {
         let seqs = crate::SeqLens::from_lengths(&[100, 3000, 0], &[100, 3000, 7], &crate::Device::Cpu).unwrap();
@@ -688,6 +702,12 @@ mod tests {
             // Less: grid order (and split keys).
             let plan = fwd_plan(gpu, &packed(1), DeviceElem::Bf16, FwdMask::None).unwrap();
             assert!(!plan.ordered && plan.splits > 1 && plan.kernel.ends_with("_d64_mods"));
+            // Paged K/V: the same plan on the variant's paged kernel.
+            let table = crate::PageTable::new(&[0; 3 * 47], 3, &crate::Device::Cpu).unwrap();
+            let paged = Problem { pages: Some(crate::problem::KvPages { table, page_size: 64 }), ..packed(1) };
+            let paged_plan = fwd_plan(gpu, &paged, DeviceElem::Bf16, FwdMask::None).unwrap();
+            assert_eq!(paged_plan.kernel, plan.kernel.clone() + "_paged");
+            assert_eq!((paged_plan.grid, paged_plan.splits, paged_plan.split_tiles, paged_plan.tile), (plan.grid, plan.splits, plan.split_tiles, plan.tile));
         }
     }
 
