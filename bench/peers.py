@@ -34,7 +34,9 @@ Peers, all on GPU 0:
   row chunks, which the note says.
 - Packed variable-length batches (the varlen group's cases with `seqlens`: each sequence's query
   and key lengths, read from cases.json; q, k, v are made as [1, heads, total, d]), causal within
-  each sequence aligned to its own bottom-right corner:
+  each sequence aligned to its own bottom-right corner. A case whose `seqlens` has a `page_size`
+  (dmattn's K/V in a paged KV cache) is the same attention: no peer here takes a block table, so
+  they run it as the contiguous packed batch, exactly as its contiguous twin:
   - flex: the packed tensors as they are, with a document mask: mask_mod doc_q[q_idx] ==
     doc_k[kv_idx] & kv_idx <= last[q_idx] (the last key of its own sequence the query sees), a
     BlockMask built once by create_block_mask (eager, B = H = 1), its build reported as "prep".
@@ -131,8 +133,9 @@ class Case:
     bias: bool
     mask_heads: int
     backward: bool
-    # A packed batch (varlen group): {"lens_q": [...], "lens_k": [...]}; batch is 1 and seqlen_q,
-    # seqlen_k the totals. Absent from the other cases.
+    # A packed batch (varlen group): {"lens_q": [...], "lens_k": [...]} and, where dmattn pages
+    # K/V, "page_size" (ignored: the peers run the contiguous packed layout, the same attention);
+    # batch is 1 and seqlen_q, seqlen_k the totals. Absent from the other cases.
     seqlens: dict | None = None
 
     @classmethod

@@ -246,6 +246,62 @@ pub struct Case {
 pub struct Packed {
     pub lens_q: Vec<usize>,
     pub lens_k: Vec<usize>,
+    /// K and V as the pages of a paged KV cache of this many keys a page (dmattn's
+    /// `.kv_pages(..)`, forward only), laid out by [`page_table`]; absent (and not written) for
+    /// contiguous packed k and v. The attention is the same: `peers.py` runs such a case on the
+    /// contiguous layout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub page_size: Option<usize>,
+}
+
+/// Folded into the seed of [`page_order`] first (ASCII "paged").
+const PAGED_TAG: u64 = 0x70_6167_6564;
+
+/// A deterministic shuffle of `0..num_pages`: Fisher-Yates from the top, step `i` swapping `i`
+/// with `splitmix64(seed + i) % (i + 1)`, `seed` folding the tag "paged", `num_pages` and
+/// `page_size` through splitmix64 as [`block_pattern`] does.
+pub fn page_order(num_pages: usize, page_size: usize) -> Vec<usize> {
+    let seed = [PAGED_TAG, num_pages as u64, page_size as u64].iter().fold(0u64, |s, &w| splitmix64(s ^ w));
+    let mut order: Vec<usize> = (0..num_pages).collect();
+    for i in (1..num_pages).rev() {
+        let j = (splitmix64(seed.wrapping_add(i as u64)) % (i as u64 + 1)) as usize;
+        order.swap(i, j);
+    }
+    order
+}
+
+/// The paged K/V of a packed batch ([`page_table`]): k and v are `[num_pages, page_size,
+/// kv_heads, head_dim]`, key `j` of sequence `b` at row `j % page_size` of page `table[b][j /
+/// page_size]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PageLayout {
+    pub page_size: usize,
+    /// At least 1.
+    pub num_pages: usize,
+    /// The most pages a sequence needs, at least 1.
+    pub max_pages: usize,
+    /// The block table, row-major `[batch, max_pages]`, entries past a sequence's pages -1.
+    pub table: Vec<i32>,
+}
+
+/// The paged layout of a packed batch with a page size (`None` without one): sequence `b` needs
+/// `ceil(lens_k[b] / page_size)` pages, `num_pages` their sum; the sequences' pages in order
+/// (sequence 0's first, ..) are the pages [`page_order`] gives, so that a sequence's pages are
+/// rarely neighbours, as in a cache that has served many requests.
+pub fn page_table(p: &Packed) -> Option<PageLayout> {
+    let page_size = p.page_size?;
+    let need: Vec<usize> = p.lens_k.iter().map(|&n| n.div_ceil(page_size)).collect();
+    let (max_pages, num_pages) = (need.iter().copied().max().unwrap_or(0).max(1), need.iter().sum::<usize>().max(1));
+    let order = page_order(num_pages, page_size);
+    let mut table = vec![-1i32; p.lens_k.len() * max_pages];
+    let mut next = 0;
+    for (b, &n) in need.iter().enumerate() {
+        for (i, &page) in order[next..next + n].iter().enumerate() {
+            table[b * max_pages + i] = page as i32;
+        }
+        next += n;
+    }
+    Some(PageLayout { page_size, num_pages, max_pages, table })
 }
 
 /// The file `dmattn-bench` writes and `peers.py` reads.
@@ -442,7 +498,8 @@ impl Case {
     /// Bytes a forward must read at least (q, k, v, and the mask and bias) and write (out):
     /// the memory traffic that bounds decoding. Elements are 2 bytes, dense mask entries 1,
     /// parametric masks none; `key_topk` needs only the kept keys' rows of k and v (its mask and
-    /// bias have one row); a packed batch (batch 1, the totals) its packed q, k, v and out. A
+    /// bias have one row); a packed batch (batch 1, the totals) its packed q, k, v and out (paged
+    /// K/V the same rows: a paged call reads each sequence's keys, not the pages' spare rows). A
     /// `select` case has no forward: the bytes it reads ([`Case::select_bytes`]).
     pub fn fwd_bytes(&self) -> f64 {
         if let Some((read, _)) = self.select_bytes() {
@@ -476,8 +533,9 @@ impl Case {
     }
 
     /// Short label of the masking, for tables: `dense`, `causal`, `topk1024+bias`, ...; a packed
-    /// batch adds its sequence count (`causal+varlen16`); for a `select` case its rows and
-    /// output: `per-query/indices`, `key-side+causal/mask`, ...
+    /// batch adds its sequence count (`causal+varlen16`), and paged K/V their page size
+    /// (`causal+varlen64+paged256`); for a `select` case its rows and output:
+    /// `per-query/indices`, `key-side+causal/mask`, ...
     pub fn variant(&self) -> String {
         if let Some(Mask::Select { rows, within_causal, output, .. }) = self.mask {
             let rows = match rows {
@@ -515,6 +573,9 @@ impl Case {
         }
         if let Some(p) = &self.seqlens {
             parts.push(format!("varlen{}", p.lens_q.len()));
+            if let Some(page_size) = p.page_size {
+                parts.push(format!("paged{page_size}"));
+            }
         }
         if self.bias {
             parts.push("bias".into());
@@ -759,10 +820,21 @@ fn packed(head_dim: usize, lens_q: Vec<usize>, lens_k: Vec<usize>, backward: boo
         bias: false,
         mask_heads: 1,
         backward,
-        seqlens: Some(Packed { lens_q, lens_k }),
+        seqlens: Some(Packed { lens_q, lens_k, page_size: None }),
     };
     c.id = format!("varlen/d{head_dim}/q{}/k{}/{}", c.seqlen_q, c.seqlen_k, c.variant());
     c
+}
+
+/// A packed case with its K and V as pages of `page_size` keys ([`page_table`]), forward only
+/// (dmattn has no backward of a paged call); its id is the contiguous case's with
+/// `+paged{page_size}`.
+fn paged(c: &Case, page_size: usize) -> Case {
+    let mut p = c.clone();
+    p.seqlens.as_mut().expect("a packed case").page_size = Some(page_size);
+    p.backward = false;
+    p.id = format!("varlen/d{}/q{}/k{}/{}", p.head_dim, p.seqlen_q, p.seqlen_k, p.variant());
+    p
 }
 
 /// The `varlen` group: packed variable-length batches (`dmattn::SeqLens`, `.seqlens(..)`), 32
@@ -770,8 +842,10 @@ fn packed(head_dim: usize, lens_q: Vec<usize>, lens_k: Vec<usize>, backward: boo
 /// [`packed_lengths`]. A training pack, 16 sequences of 128..=8192 tokens (q lengths = k lengths,
 /// about 64K tokens), at dims 128 and 64, forward and backward; next to it, the same number of
 /// tokens as one fixed-length causal call, batch 8 of 8192 (dim 128); batched decoding, 64
-/// sequences of 1..=8 queries over 1024..=65536 keys (dim 128), forward. `quick`: a pack of 8
-/// sequences of 128..=4096 tokens (dim 128) and decoding of 16 sequences over 1024..=16384 keys.
+/// sequences of 1..=8 queries over 1024..=65536 keys (dim 128), forward, then the same batch with
+/// K and V in a paged KV cache of 256-key pages (`.kv_pages(..)`, [`page_table`]). `quick`: a
+/// pack of 8 sequences of 128..=4096 tokens (dim 128) and decoding of 16 sequences over
+/// 1024..=16384 keys, contiguous and paged.
 fn varlen(quick: bool) -> Vec<Case> {
     let (seqs, tokens) = if quick { (8, 128..=4096) } else { (16, 128..=8192) };
     let pack = packed_lengths(seqs, tokens);
@@ -783,7 +857,9 @@ fn varlen(quick: bool) -> Vec<Case> {
         cases.push(packed(64, pack.clone(), pack, true));
     }
     let (seqs, keys) = if quick { (16, 1024..=16384) } else { (64, 1024..=65536) };
-    cases.push(packed(128, packed_lengths(seqs, 1..=8), packed_lengths(seqs, keys), false));
+    let decode = packed(128, packed_lengths(seqs, 1..=8), packed_lengths(seqs, keys), false);
+    let decode_paged = paged(&decode, 256);
+    cases.extend([decode, decode_paged]);
     cases
 }
 
@@ -1128,6 +1204,7 @@ mod tests {
                 "varlen/d128/b8/q8192/k8192/causal",
                 "varlen/d64/q67566/k67566/causal+varlen16",
                 "varlen/d128/q304/k2128486/causal+varlen64",
+                "varlen/d128/q304/k2128486/causal+varlen64+paged256",
             ]
         );
         for c in &all {
@@ -1151,11 +1228,22 @@ mod tests {
         assert!(seqs.lens_q.len() == 64 && seqs.lens_k.len() == 64);
         assert!(seqs.lens_q.iter().all(|n| (1..=8).contains(n)) && seqs.lens_k.iter().all(|n| (1024..=65536).contains(n)));
         assert!(!decode.backward && decode.is_decode());
+        // Then the same batch with K/V in 256-key pages, forward only; the same bytes and FLOPs.
+        let paged = &all[4];
+        assert_eq!(paged.seqlens.as_ref().unwrap(), &Packed { page_size: Some(256), ..seqs.clone() });
+        assert_eq!(&Case { id: decode.id.clone(), seqlens: decode.seqlens.clone(), ..paged.clone() }, decode);
+        assert!(!paged.backward && paged.is_decode() && paged.fwd_bytes() == decode.fwd_bytes() && paged.fwd_flops() == decode.fwd_flops());
+        assert!(all.iter().take(4).all(|c| c.seqlens.as_ref().is_none_or(|p| p.page_size.is_none())));
         // Every run draws the same lengths; quick packs fewer, shorter sequences.
         assert_eq!(grid(false, &["varlen".into()]), all);
         let quick = grid(true, &["varlen".into()]);
-        assert_eq!(quick.len(), 2);
+        let quick_ids: Vec<&str> = quick.iter().map(|c| c.id.as_str()).collect();
+        assert_eq!(
+            quick_ids,
+            ["varlen/d128/q20339/k20339/causal+varlen8", "varlen/d128/q77/k119835/causal+varlen16", "varlen/d128/q77/k119835/causal+varlen16+paged256"]
+        );
         assert!(quick[0].seqlen_q < all[0].seqlen_q && quick[1].seqlen_k < decode.seqlen_k && quick.iter().all(|c| c.seqlens.is_some()));
+        assert_eq!(quick[2].seqlens.as_ref().unwrap(), &Packed { page_size: Some(256), ..quick[1].seqlens.clone().unwrap() });
         assert!(quick[0].seqlens.as_ref().unwrap().lens_q.iter().all(|n| (128..=4096).contains(n)));
         // The lengths are in cases.json; other cases write no `seqlens`, and files without it
         // still read.
@@ -1165,6 +1253,36 @@ mod tests {
         let fixed = serde_json::to_string(&all[1]).unwrap();
         assert!(!fixed.contains("seqlens"), "{fixed}");
         assert_eq!(&serde_json::from_str::<Case>(&fixed).unwrap(), &all[1]);
+        // Only the paged case writes a page size.
+        assert!(!text.contains("page_size") && !serde_json::to_string(decode).unwrap().contains("page_size"));
+        let text = serde_json::to_string(paged).unwrap();
+        assert!(text.contains(r#"],"page_size":256}"#), "{text}");
+        assert_eq!(&serde_json::from_str::<Case>(&text).unwrap(), paged);
+    }
+
+    #[test]
+    fn page_table_places_every_sequence_in_its_own_pages() {
+        let p = Packed { lens_q: vec![1, 2, 1, 3], lens_k: vec![300, 0, 64, 513], page_size: Some(64) };
+        let layout = page_table(&p).unwrap();
+        // 5 + 0 + 1 + 9 pages; the longest sequence needs 9.
+        assert_eq!((layout.page_size, layout.num_pages, layout.max_pages, layout.table.len()), (64, 15, 9, 36));
+        let mut used: Vec<i32> = Vec::new();
+        for (b, &len) in p.lens_k.iter().enumerate() {
+            let row = &layout.table[b * 9..][..9];
+            let need = len.div_ceil(64);
+            assert!(row[..need].iter().all(|&page| (0..15).contains(&page)) && row[need..].iter().all(|&page| page == -1), "{row:?}");
+            used.extend(&row[..need]);
+        }
+        // Every page once, in a shuffled order.
+        used.sort();
+        assert_eq!(used, (0..15).collect::<Vec<i32>>());
+        assert_ne!(layout.table[..5], [0, 1, 2, 3, 4]);
+        assert_eq!(page_table(&p), Some(layout));
+        assert_eq!(page_table(&Packed { page_size: None, ..p }), None);
+        let order = page_order(1000, 256);
+        let mut sorted = order.clone();
+        sorted.sort();
+        assert!(sorted == (0..1000).collect::<Vec<_>>() && order != sorted && order == page_order(1000, 256));
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! Operands of a case, drawn as SCHEMA.md says: N(0, 1) data, Flash-DMA's top-k masks (per query
 //! row, or key-side and query-broadcast), random blocks or the sparse group's masks (a
 //! `SparseMask`, prepared once), generated in parallel on the host and copied to the GPU once.
-use dmattn::{Device, PreparedMask, SeqLens, SparseMask, Tensor};
-use dmattn_bench::cases::{Case, Mask, block_pattern, index_lists, key_scores, normal_quantile, top_keys};
+use dmattn::{Device, PageTable, PreparedMask, SeqLens, SparseMask, Tensor};
+use dmattn_bench::cases::{Case, Mask, PageLayout, block_pattern, index_lists, key_scores, normal_quantile, page_table, top_keys};
 use half::bf16;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use rand_distr::StandardNormal;
@@ -31,6 +31,27 @@ pub(crate) fn normals_as<T: Copy + Default + Send>(n: usize, seed: u64, f: impl 
 fn bf16_tensor(values: &[f32], shape: &[usize], dev: &Device) -> dmattn::Result<Tensor> {
     let data: Vec<bf16> = values.par_iter().map(|&x| bf16::from_f32(x)).collect();
     Tensor::from_vec(data, shape, dev)
+}
+
+/// The packed rows of k or v (`[total_k, kv_heads, head_dim]`, `width` values a row; sequence
+/// `b` has `lens_k[b]` of them) as bf16 pages `[num_pages, page_size, kv_heads, head_dim]` laid
+/// out as `pages` says ([`page_table`]); the page rows past a sequence's last key are zero.
+fn paged_rows(rows: &[f32], width: usize, lens_k: &[usize], pages: &PageLayout) -> Vec<bf16> {
+    let ps = pages.page_size;
+    // Each page's source: the first packed row it holds and how many.
+    let mut source = vec![(0usize, 0usize); pages.num_pages];
+    let mut start = 0;
+    for (b, &len) in lens_k.iter().enumerate() {
+        for i in 0..len.div_ceil(ps) {
+            source[pages.table[b * pages.max_pages + i] as usize] = (start + i * ps, ps.min(len - i * ps));
+        }
+        start += len;
+    }
+    let mut out = vec![bf16::ZERO; pages.num_pages * ps * width];
+    out.par_chunks_mut(ps * width).zip(source.par_iter()).for_each(|(page, &(first, n))| {
+        page[..n * width].iter_mut().zip(&rows[first * width..][..n * width]).for_each(|(x, &y)| *x = bf16::from_f32(y));
+    });
+    out
 }
 
 /// Visibility `[batch, mask_heads, sq, sk]` of a mask given densely (`topk`, `blocks`,
@@ -218,6 +239,9 @@ pub struct Operands {
     pub sparse: Option<Sparse>,
     /// A packed batch's sequences (`varlen`), on the GPU, built once per case.
     pub seqlens: Option<SeqLens>,
+    /// A paged case's block table ([`page_table`]), on the GPU, built once per case: every set's
+    /// k and v are paged alike, as `[num_pages, page_size, kv_heads, head_dim]`.
+    pub pages: Option<PageTable>,
     pub computed_fraction: f64,
 }
 
@@ -250,26 +274,41 @@ impl Operands {
         if c.seqlens.is_some() && (c.mask.is_some() || c.bias) {
             return Err(dmattn::Error::Unsupported { what: "a mask or bias with a packed batch".into(), backend: "dmattn-bench" });
         }
-        let mut draw = |shape: &[usize]| bf16_tensor(&normals(shape.iter().product(), rng.random()), shape, dev);
+        // A paged case's layout, the same for every set.
+        let (lens_k, pages) = match &c.seqlens {
+            Some(p) => (&p.lens_k[..], page_table(p)),
+            None => (&[][..], None),
+        };
         // A packed batch (batch 1, the totals): q `[total_q, heads, d]`, k and v `[total_k,
-        // kv_heads, d]`.
+        // kv_heads, d]`, or with pages the same draw of packed rows (so that a paged case runs on
+        // the rows its contiguous case would) scattered into `[num_pages, page_size, kv_heads, d]`.
+        let mut draw = |shape: &[usize], kv: bool| {
+            let values = normals(shape.iter().product(), rng.random());
+            match pages.as_ref().filter(|_| kv) {
+                None => bf16_tensor(&values, shape, dev),
+                Some(p) => Tensor::from_vec(paged_rows(&values, c.kv_heads * d, lens_k, p), &[p.num_pages, p.page_size, c.kv_heads, d], dev),
+            }
+        };
         let (q_shape, kv_shape) = match c.seqlens {
             Some(_) => (vec![sq, c.heads, d], vec![sk, c.kv_heads, d]),
             None => (vec![b, sq, c.heads, d], vec![b, sk, c.kv_heads, d]),
         };
         let sets = set_count(c);
-        let mut o = Operands { q: vec![], k: vec![], v: vec![], dout: vec![], mask: None, bias: None, sparse: None, seqlens: None, computed_fraction: 1.0 };
+        let mut o = Operands { q: vec![], k: vec![], v: vec![], dout: vec![], mask: None, bias: None, sparse: None, seqlens: None, pages: None, computed_fraction: 1.0 };
         for _ in 0..sets {
-            o.q.push(draw(&q_shape)?);
-            o.k.push(draw(&kv_shape)?);
-            o.v.push(draw(&kv_shape)?);
+            o.q.push(draw(&q_shape, false)?);
+            o.k.push(draw(&kv_shape, true)?);
+            o.v.push(draw(&kv_shape, true)?);
             if c.backward {
-                o.dout.push(draw(&q_shape)?);
+                o.dout.push(draw(&q_shape, false)?);
             }
         }
         if let Some(p) = &c.seqlens {
             // Made on the device once, outside the timed calls (as the layers of a model share it).
             o.seqlens = Some(SeqLens::from_lengths(&p.lens_q, &p.lens_k, dev)?);
+            if let Some(layout) = &pages {
+                o.pages = Some(PageTable::new(&layout.table, p.lens_k.len(), dev)?);
+            }
             o.computed_fraction = packed_fraction(&c.sequences().expect("packed"));
             return Ok(o);
         }
@@ -522,7 +561,7 @@ mod tests {
         let mut c = grid(true, &["varlen".into()])[0].clone();
         let (lens_q, lens_k) = (vec![70, 0, 130, 5], vec![70, 3, 130, 200]);
         (c.heads, c.kv_heads, c.head_dim, c.seqlen_q, c.seqlen_k) = (4, 2, 16, 205, 403);
-        c.seqlens = Some(dmattn_bench::cases::Packed { lens_q: lens_q.clone(), lens_k: lens_k.clone() });
+        c.seqlens = Some(dmattn_bench::cases::Packed { lens_q: lens_q.clone(), lens_k: lens_k.clone(), page_size: None });
         let o = Operands::new(&c, &Device::Cpu, &mut StdRng::seed_from_u64(3)).unwrap();
         assert_eq!((o.q[0].shape(), o.k[0].shape(), o.v[0].shape(), o.dout[0].shape()), (&[205, 4, 16][..], &[403, 2, 16][..], &[403, 2, 16][..], &[205, 4, 16][..]));
         let seqs = o.seqlens.as_ref().unwrap();
@@ -537,6 +576,52 @@ mod tests {
         // sequence of no queries has no area.
         let want = (0.75 * 4900.0 + 6.0 / 9.0 * 16900.0 + 1000.0) / (4900.0 + 16900.0 + 1000.0);
         assert!((o.computed_fraction - want).abs() < 1e-12, "{} vs {want}", o.computed_fraction);
+    }
+
+    /// A paged case's operands are its contiguous case's packed rows (the same draw), each set's
+    /// k and v scattered into the pages of the one shared table; dmattn run on them as main.rs
+    /// calls it (`.kv_pages(..)`) gives the contiguous case's output bit for bit.
+    #[test]
+    fn paged_operands_are_the_packed_rows_in_pages() {
+        let mut c = grid(true, &["varlen".into()])[2].clone();
+        let lens_k = vec![70, 3, 130, 200];
+        (c.heads, c.kv_heads, c.head_dim, c.seqlen_q, c.seqlen_k) = (4, 2, 16, 12, 403);
+        c.seqlens = Some(dmattn_bench::cases::Packed { lens_q: vec![1, 3, 0, 8], lens_k: lens_k.clone(), page_size: Some(64) });
+        let contiguous = Case { seqlens: Some(dmattn_bench::cases::Packed { page_size: None, ..c.seqlens.clone().unwrap() }), ..c.clone() };
+        let dev = Device::Cpu;
+        let paged = Operands::new(&c, &dev, &mut StdRng::seed_from_u64(4)).unwrap();
+        let packed = Operands::new(&contiguous, &dev, &mut StdRng::seed_from_u64(4)).unwrap();
+        assert!(packed.pages.is_none() && paged.sets() == packed.sets() && paged.sets() > 1);
+        // 2 + 1 + 3 + 4 pages of 64 keys; the longest sequence needs 4.
+        let layout = page_table(c.seqlens.as_ref().unwrap()).unwrap();
+        let table = paged.pages.as_ref().unwrap();
+        assert_eq!((table.batch(), table.max_pages(), layout.num_pages), (4, 4, 10));
+        let width = c.kv_heads * c.head_dim;
+        for s in 0..paged.sets() {
+            assert_eq!(paged.q[s].to_vec::<bf16>().unwrap(), packed.q[s].to_vec::<bf16>().unwrap());
+            for (pages, rows) in [(&paged.k[s], &packed.k[s]), (&paged.v[s], &packed.v[s])] {
+                assert_eq!(pages.shape(), &[10, 64, 2, 16]);
+                let (pages, rows) = (pages.to_vec::<bf16>().unwrap(), rows.to_vec::<bf16>().unwrap());
+                let mut row = 0;
+                for (b, &len) in lens_k.iter().enumerate() {
+                    for j in 0..len {
+                        let at = table.page(b, j / 64) as usize * 64 + j % 64;
+                        assert_eq!(pages[at * width..][..width], rows[row * width..][..width], "set {s} sequence {b} key {j}");
+                        row += 1;
+                    }
+                }
+            }
+            let run = |o: &Operands| {
+                let mut call = attention(&o.q[s], &o.k[s], &o.v[s]).seqlens(o.seqlens.as_ref().unwrap()).causal(c.causal);
+                if let Some(t) = &o.pages {
+                    call = call.kv_pages(t);
+                }
+                let fwd = call.forward().unwrap();
+                (fwd.out.to_vec::<bf16>().unwrap(), fwd.lse.to_vec::<f32>().unwrap())
+            };
+            let (got, want) = (run(&paged), run(&packed));
+            assert!(got.0 == want.0 && got.1.iter().map(|x| x.to_bits()).eq(want.1.iter().map(|x| x.to_bits())), "set {s}");
+        }
     }
 
     #[test]

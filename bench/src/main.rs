@@ -76,6 +76,9 @@ fn forward(imp: Impl, c: &Case, o: &Operands, set: usize) -> dmattn::Result<dmat
     if let Some(s) = &o.seqlens {
         call = call.seqlens(s);
     }
+    if let Some(t) = &o.pages {
+        call = call.kv_pages(t);
+    }
     match imp {
         Impl::Dmattn => call.forward(),
         Impl::CublasMaterialized => call.forward_materialized(),
@@ -246,7 +249,8 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             Some(p) => {
                 let range = |lens: &[usize]| format!("{}..={}", lens.iter().min().unwrap_or(&0), lens.iter().max().unwrap_or(&0));
                 let n = p.lens_q.len();
-                println!("\n{} (packed: {n} sequences, q {} k {}; h{} hk{} d{} total q{} k{})", c.id, range(&p.lens_q), range(&p.lens_k), c.heads, c.kv_heads, c.head_dim, c.seqlen_q, c.seqlen_k);
+                let pages = p.page_size.map_or(String::new(), |ps| format!("; k, v in {ps}-key pages"));
+                println!("\n{} (packed: {n} sequences, q {} k {}; h{} hk{} d{} total q{} k{}{pages})", c.id, range(&p.lens_q), range(&p.lens_k), c.heads, c.kv_heads, c.head_dim, c.seqlen_q, c.seqlen_k);
             }
             None => println!("\n{} (b{} h{} hk{} d{} sq{} sk{})", c.id, c.batch, c.heads, c.kv_heads, c.head_dim, c.seqlen_q, c.seqlen_k),
         }
