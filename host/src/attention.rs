@@ -101,9 +101,11 @@ impl<'a> Attention<'a> {
     /// `[total_k, kv_heads, head_dim]`, sequence `b` owning the rows `seqs` gives it, each
     /// sequence attending only to its own keys. Every option applies to each sequence as to a
     /// fixed-length call of its lengths (causal and windows aligned to its own bottom-right
-    /// corner); O has q's shape and LSE is `[heads, total_q]`. A bias is key-side,
-    /// `[total_k, {1|kv_heads|heads}]` (each query sees its keys' values; its gradient sums over
-    /// the sequence's queries), outside deterministic mode. Masks, index lists and sparse masks
+    /// corner); O has q's shape and LSE is `[heads, total_q]`. A bias, outside deterministic
+    /// mode, is key-side `[total_k, {1|kv_heads|heads}]` (each query sees its keys' values; its
+    /// gradient sums over the sequence's queries) or query-based `[total_q, {1|kv_heads|heads},
+    /// max_seqlen_k]` (query row `i`'s values for its sequence's keys `0..len_k`; the columns past
+    /// a sequence's keys are never read, and their gradient is 0). Masks, index lists and sparse masks
     /// with data are not taken yet (a typed error); parametric sparse masks are,
     /// prepared for at least the longest sequences' lengths ([`SeqLens::max_seqlen_q`] and `_k`).
     pub fn seqlens(mut self, seqs: &'a SeqLens) -> Self {

@@ -3,7 +3,7 @@ use crate::attention::{Gradients, Saved};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::problem::{Dims, KvPages, Problem};
+use crate::problem::{Dims, KvPages, PackedBias, Problem};
 use crate::seqlens::SeqLens;
 use std::ops::Range;
 use crate::reference::{self, Operands};
@@ -152,8 +152,9 @@ fn unpaged(pages: &[f64], kv: &KvPages, seqs: &SeqLens, width: usize) -> Vec<f64
 fn sequences(p: &Problem, seqs: &SeqLens) -> impl Iterator<Item = (Problem, Range<usize>, Range<usize>)> {
     (0..seqs.batch()).map(|b| seqs.rows(b)).filter(|(q, _)| !q.is_empty()).map(|(q, k)| {
         let dims = Dims { batch: 1, seqlen_q: q.len(), seqlen_k: k.len(), ..p.dims };
-        let bias = p.bias.map(|[_, heads, _, _]| [1, heads, 1, k.len()]);
-        (Problem { dims, bias, seqs: None, pages: None, ..p.clone() }, q, k)
+        let rows = if p.packed_bias == Some(PackedBias::PerQuery) { q.len() } else { 1 };
+        let bias = p.bias.map(|[_, heads, _, _]| [1, heads, rows, k.len()]);
+        (Problem { dims, bias, seqs: None, packed_bias: None, pages: None, ..p.clone() }, q, k)
     })
 }
 
@@ -162,16 +163,27 @@ fn rows_of(v: &[f64], rows: &Range<usize>, width: usize) -> Vec<f64> {
     v[rows.start * width..rows.end * width].to_vec()
 }
 
-/// Sequence `(q, k)`'s operands, a key-side bias `[total_k, heads]` as its `[1, heads, 1, sk]`.
-fn sequence_operands(ops: &Operands, d: &Dims, heads_b: usize, q: &Range<usize>, k: &Range<usize>) -> Operands {
-    let (q_width, k_width) = (d.heads * d.head_dim, d.kv_heads * d.head_dim);
-    let bias = ops.bias.as_ref().map(|b| (0..heads_b).flat_map(|h| k.clone().map(move |j| b[j * heads_b + h])).collect());
-    Operands { q: rows_of(&ops.q, q, q_width), k: rows_of(&ops.k, k, k_width), v: rows_of(&ops.v, k, k_width), mask: None, bias }
+/// Where sequence `(q, k)`'s bias value of (head `h`, query `i`, key `j`) is in a packed bias
+/// (`PackedBias`) of `p`'s shape.
+fn bias_index(p: &Problem, q: &Range<usize>, k: &Range<usize>, h: usize, i: usize, j: usize) -> usize {
+    let [_, heads, _, max_k] = p.bias.expect("a bias");
+    match p.packed_bias {
+        Some(PackedBias::PerQuery) => ((q.start + i) * heads + h) * max_k + j,
+        _ => (k.start + j) * heads + h,
+    }
 }
 
-/// A key-side bias's heads (1 without one).
-fn bias_heads(p: &Problem) -> usize {
-    p.bias.map_or(1, |s| s[1])
+/// Sequence `(q, k)`'s operands, its bias as its `[1, heads, {1|sq}, sk]`.
+fn sequence_operands(p: &Problem, ops: &Operands, q: &Range<usize>, k: &Range<usize>) -> Operands {
+    let d = &p.dims;
+    let (q_width, k_width) = (d.heads * d.head_dim, d.kv_heads * d.head_dim);
+    let rows = if p.packed_bias == Some(PackedBias::PerQuery) { q.len() } else { 1 };
+    let bias = ops.bias.as_ref().map(|b| {
+        let (heads, sk) = (p.bias.expect("a bias")[1], k.len());
+        let at = |(h, i, j)| b[bias_index(p, q, k, h, i, j)];
+        (0..heads).flat_map(|h| (0..rows).flat_map(move |i| (0..sk).map(move |j| (h, i, j)))).map(at).collect()
+    });
+    Operands { q: rows_of(&ops.q, q, q_width), k: rows_of(&ops.k, k, k_width), v: rows_of(&ops.v, k, k_width), mask: None, bias }
 }
 
 /// The reference forward of a packed batch: O `[total_q, h, d]`, LSE `[h, total_q]`.
@@ -181,7 +193,7 @@ fn packed_forward(p: &Problem, seqs: &SeqLens, ops: &Operands) -> (Vec<f64>, Vec
     let mut out = vec![0.0; total * q_width];
     let mut lse = vec![f64::NEG_INFINITY; d.heads * total];
     for (sp, q, k) in sequences(p, seqs) {
-        let (o, l) = reference::forward(&sp, &sequence_operands(ops, &d, bias_heads(p), &q, &k));
+        let (o, l) = reference::forward(&sp, &sequence_operands(p, ops, &q, &k));
         out[q.start * q_width..q.end * q_width].copy_from_slice(&o);
         for h in 0..d.heads {
             lse[h * total + q.start..][..q.len()].copy_from_slice(&l[h * q.len()..][..q.len()]);
@@ -190,26 +202,25 @@ fn packed_forward(p: &Problem, seqs: &SeqLens, ops: &Operands) -> (Vec<f64>, Vec
     (out, lse)
 }
 
-/// The reference backward of a packed batch: each sequence's dQ, dK and dV rows, and a key-side
-/// bias's gradient `[total_k, heads]` (zero at keys of sequences without queries).
+/// The reference backward of a packed batch: each sequence's dQ, dK and dV rows, and the bias's
+/// gradient in its layout (zero where no query reads it).
 type PackedGrads = (Vec<f64>, Vec<f64>, Vec<f64>, Option<Vec<f64>>);
 fn packed_backward(p: &Problem, seqs: &SeqLens, ops: &Operands, out: &[f64], lse: &[f64], dout: &[f64]) -> PackedGrads {
     let d = p.dims;
-    let (q_width, k_width, total, heads_b) = (d.heads * d.head_dim, d.kv_heads * d.head_dim, seqs.total_q(), bias_heads(p));
+    let (q_width, k_width, total) = (d.heads * d.head_dim, d.kv_heads * d.head_dim, seqs.total_q());
     let (mut dq, mut dk, mut dv) = (vec![0.0; ops.q.len()], vec![0.0; ops.k.len()], vec![0.0; ops.v.len()]);
     let mut dbias = ops.bias.as_ref().map(|b| vec![0.0; b.len()]);
     for (sp, q, k) in sequences(p, seqs) {
-        let seq_ops = sequence_operands(ops, &d, heads_b, &q, &k);
+        let seq_ops = sequence_operands(p, ops, &q, &k);
         let seq_lse: Vec<f64> = (0..d.heads).flat_map(|h| lse[h * total + q.start..][..q.len()].iter().copied()).collect();
         let (sq, sk, sv, sb) = reference::backward(&sp, &seq_ops, &rows_of(out, &q, q_width), &seq_lse, &rows_of(dout, &q, q_width));
         dq[q.start * q_width..q.end * q_width].copy_from_slice(&sq);
         dk[k.start * k_width..k.end * k_width].copy_from_slice(&sk);
         dv[k.start * k_width..k.end * k_width].copy_from_slice(&sv);
         if let (Some(db), Some(sb)) = (&mut dbias, sb) {
-            for h in 0..heads_b {
-                for (j, key) in k.clone().enumerate() {
-                    db[key * heads_b + h] = sb[h * k.len() + j];
-                }
+            let [_, heads, rows, sk] = sp.bias.expect("a bias");
+            for (h, i, j) in (0..heads).flat_map(|h| (0..rows).flat_map(move |i| (0..sk).map(move |j| (h, i, j)))) {
+                db[bias_index(p, &q, &k, h, i, j)] = sb[(h * rows + i) * sk + j];
             }
         }
     }

@@ -55,9 +55,11 @@ pub struct Problem {
     pub softcap: f64,
     /// Backward in a fixed order (bit-identical runs).
     pub deterministic: bool,
-    /// A packed variable-length batch: q/k/v are `[total, heads, head_dim]`, and a bias
-    /// `[total_k, heads]` (its shape above: `[1, heads, 1, total_k]`).
+    /// A packed variable-length batch: q/k/v are `[total, heads, head_dim]`, and a bias one of
+    /// [`PackedBias`]'s layouts.
     pub seqs: Option<SeqLens>,
+    /// A packed batch's bias layout.
+    pub packed_bias: Option<PackedBias>,
     /// A packed batch's K/V as pages of a paged KV cache (forward only).
     pub pages: Option<KvPages>,
 }
@@ -167,14 +169,34 @@ fn kv_pages(inp: &Inputs, seqs: Option<&SeqLens>) -> Result<Option<KvPages>> {
     Ok(Some(KvPages { table: table.clone(), page_size }))
 }
 
-/// A packed batch's key-side operand `[total_k, {1|hk|h}]` (each sequence's queries see its keys'
-/// values), as the broadcast shape `[1, heads, 1, total_k]` its kernels and reference read.
-fn packed_key_side(t: &Tensor, arg: &'static str, seqs: &SeqLens, d: &Dims) -> Result<[usize; 4]> {
-    let total = seqs.total_k();
-    let expected = format!("[{total}, {{1|{}|{}}}] (key-side: total_k rows, one value per key and head)", d.kv_heads, d.heads);
-    match <[usize; 2]>::try_from(t.shape()) {
-        Ok([rows, heads]) if rows == total && (heads == 1 || heads == d.kv_heads || heads == d.heads) => Ok([1, heads, 1, total]),
-        _ => Err(Error::Shape { arg, expected, got: t.shape().to_vec() }),
+/// The layout of a packed batch's bias, chosen by its rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PackedBias {
+    /// `[total_k, {1|hk|h}]`: each sequence's queries see its keys' values (`[1, heads, 1,
+    /// total_k]` in [`Problem::bias`]).
+    KeySide,
+    /// `[total_q, {1|hk|h}, max_seqlen_k]`: a value per query and key, keys counted from the
+    /// sequence's first (`[1, heads, total_q, max_seqlen_k]`).
+    PerQuery,
+}
+
+/// A packed batch's bias: key-side `[total_k, {1|hk|h}]` or query-based `[total_q, {1|hk|h},
+/// max_seqlen_k]`, as the broadcast shape its kernels and reference read (see [`PackedBias`]).
+fn packed_bias(t: &Tensor, seqs: &SeqLens, d: &Dims) -> Result<([usize; 4], PackedBias)> {
+    let heads_ok = |h: usize| h == 1 || h == d.kv_heads || h == d.heads;
+    let (tq, tk, mk) = (seqs.total_q(), seqs.total_k(), seqs.max_seqlen_k());
+    match *t.shape() {
+        [rows, heads] if rows == tk && heads_ok(heads) => Ok(([1, heads, 1, tk], PackedBias::KeySide)),
+        [rows, heads, keys] if rows == tq && heads_ok(heads) && keys == mk => Ok(([1, heads, tq, mk], PackedBias::PerQuery)),
+        _ => Err(Error::Shape {
+            arg: "bias",
+            expected: format!(
+                "[{tk}, {{1|{hk}|{h}}}] (key-side: total_k rows) or [{tq}, {{1|{hk}|{h}}}, {mk}] (query-based: total_q rows, max_seqlen_k keys)",
+                hk = d.kv_heads,
+                h = d.heads
+            ),
+            got: t.shape().to_vec(),
+        }),
     }
 }
 
@@ -290,6 +312,7 @@ impl Problem {
             }
             band.right = 0;
         }
+        let mut packed_layout = None;
         let bias = match inp.bias {
             Some(b) => {
                 if !b.dtype().is_float() {
@@ -298,7 +321,11 @@ impl Problem {
                 others.push(("bias", b));
                 match inp.seqs {
                     None => Some(broadcast_shape(b, "bias", &dims)?),
-                    Some(seqs) => Some(packed_key_side(b, "bias", seqs, &dims)?),
+                    Some(seqs) => {
+                        let (shape, layout) = packed_bias(b, seqs, &dims)?;
+                        packed_layout = Some(layout);
+                        Some(shape)
+                    }
                 }
             }
             None => None,
@@ -315,6 +342,6 @@ impl Problem {
         if !(inp.softcap.is_finite() && inp.softcap >= 0.0) {
             return Err(Error::Param { arg: "softcap", reason: format!("{} is not finite and >= 0", inp.softcap) });
         }
-        Ok(Problem { dims, dtype, mask, bias, band, scale, softcap: inp.softcap, deterministic: inp.deterministic, seqs: inp.seqs.cloned(), pages })
+        Ok(Problem { dims, dtype, mask, bias, band, scale, softcap: inp.softcap, deterministic: inp.deterministic, seqs: inp.seqs.cloned(), packed_bias: packed_layout, pages })
     }
 }

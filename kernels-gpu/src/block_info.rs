@@ -162,13 +162,13 @@ impl<'a> BlockInfo<'a> {
         2 * self.seq.paged_offset(self.p, stride, j)
     }
 
-    /// Byte address of the bias at (row0, the sequence's key 0): a packed batch's key-side bias
-    /// `[total_k, heads]` is one row of all keys, the sequence's from its first key row on.
+    /// Byte address of the bias at (row0, the sequence's key 0) (a packed batch's, see
+    /// `Seq::bias_offset`).
     #[inline(always)]
     pub fn bias(&self) -> u64 {
         let b = &self.p.bias;
         let head = div(self.head, self.p.bias_head_div) as u64;
-        b.ptr + 2 * (self.seq.batch * b.stride[0] + head * b.stride[1] + self.row0 as u64 * b.stride[2] + self.seq.k0 as u64 * b.stride[3])
+        b.ptr + 2 * (self.seq.bias_offset(&b.stride) + head * b.stride[1] + self.row0 as u64 * b.stride[2])
     }
 
     /// Byte address of the packed mask word of (row0, key 0).

@@ -67,6 +67,17 @@ impl Seq {
         self.batch * stride[0] + (self.k0 + j) as u64 * stride[1]
     }
 
+    /// Element offset of the sequence's (query 0, key 0) in a bias (or its gradient's
+    /// accumulator) with strides `stride`, before the head's: its batch entry; in a packed batch
+    /// (no batch dimension) its first query's row (`stride[2]`, 0 for a key-side bias) and first
+    /// key (`stride[0]`: the step per packed key of a key-side bias `[total_k, heads]`, 0 for a
+    /// query-based one `[total_q, heads, max_seqlen_k]`, whose keys count from the sequence's
+    /// first). (`k0` and `q0` are 0 in a fixed-length call.)
+    #[inline(always)]
+    pub fn bias_offset(&self, stride: &[u64; 4]) -> u64 {
+        (self.batch + self.k0 as u64) * stride[0] + self.q0 as u64 * stride[2]
+    }
+
     /// Index of (head `h`, query row `i`) in LSE and delta: `(batch * heads + h) * lse_rows`
     /// plus the row in the operands (see `dmattn_abi::Seqs::lse_rows`).
     #[inline(always)]
@@ -81,7 +92,7 @@ impl Seq {
 /// walks need no per-step loads or registers for it: its lengths as the problem's (a key tile
 /// past a shorter sequence's end gets no queries and no keys: it loads and writes nothing), and
 /// the bases of operands (batch stride 0, from the host; a key-side bias and its gradient at the
-/// sequence's first key), LSE, delta and the dQ turn counters
+/// sequence's first key, a query-based one at its first query), LSE, delta and the dQ turn counters
 /// moved so that the fixed-length indexing with batch `b` lands on its rows. The fields are
 /// rewritten with shared-memory stores: writes LLVM could see through a reference reorder the
 /// kernels' code into spills.
@@ -106,10 +117,14 @@ pub unsafe fn localize(dst: u32, (n_block, _, b): (u32, u32, u32), block_m: u32,
     to_row(offset_of!(BwdParams, fwd.v), &f.v, k0, 2);
     to_row(offset_of!(BwdParams, dk), &p.dk, k0, 2);
     to_row(offset_of!(BwdParams, dv), &p.dv, k0, 2);
-    // A key-side bias `[total_k, heads]` and its gradient's accumulator: the sequence's keys.
-    let to_key = |offset: usize, v: &View4, elem: u64| store(offset, v.ptr + elem * k0 * v.stride[3]);
-    to_key(offset_of!(BwdParams, fwd.bias), &f.bias, 2);
-    to_key(offset_of!(BwdParams, dbias_accum), &p.dbias_accum, 4);
+    // A packed bias and its gradient's accumulator: the sequence's (query 0, key 0), then no
+    // batch step (`Seq::bias_offset`).
+    let to_seq = |offset: usize, v: &View4, elem: u64| {
+        store(offset, v.ptr + elem * seq.bias_offset(&v.stride));
+        store(offset + offset_of!(View4, stride), 0);
+    };
+    to_seq(offset_of!(BwdParams, fwd.bias), &f.bias, 2);
+    to_seq(offset_of!(BwdParams, dbias_accum), &p.dbias_accum, 4);
     // LSE/delta `(b * h + head) * lse_rows + row` must land on `head * lse_rows + q0 + row`:
     // the base moves by `q0 - b * h * lse_rows` rows (wrapping; the sum is in bounds).
     let rows_back = (b as u64 * f.heads as u64 * f.seqs.lse_rows as u64).wrapping_sub(q0);

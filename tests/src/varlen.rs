@@ -17,8 +17,10 @@ pub struct VarlenCase {
     /// A parametric sparse mask applied to every sequence.
     pub band: Option<BandCtor>,
     pub softcap: f64,
-    /// A key-side bias `[total_k, heads]` with this many heads (1, kv_heads or heads).
+    /// A bias with this many heads (1, kv_heads or heads): key-side `[total_k, heads]`, or with
+    /// `bias_per_query` query-based `[total_q, heads, max_seqlen_k]`.
     pub bias_heads: Option<usize>,
+    pub bias_per_query: bool,
     pub dtype: DType,
     /// K/V as the pages of a paged KV cache of this page size (forward only).
     pub page_size: Option<usize>,
@@ -63,6 +65,23 @@ impl VarlenCase {
         SeqLens::from_lengths(&q, &k, device).unwrap()
     }
 
+    /// The bias's shape with `hb` heads.
+    fn bias_shape(&self, hb: usize) -> Vec<usize> {
+        let (tq, tk) = self.totals();
+        if self.bias_per_query { vec![tq, hb, self.max_k()] } else { vec![tk, hb] }
+    }
+
+    fn max_k(&self) -> usize {
+        self.lens.iter().map(|&(_, k)| k).max().unwrap_or(0)
+    }
+
+    /// Where sequence `b`'s bias value of (head `hh`, query `i`, key `j`) is in the packed bias
+    /// with `hb` heads.
+    fn bias_index(&self, b: usize, hb: usize, hh: usize, i: usize, j: usize) -> usize {
+        let (q0, k0) = self.lens[..b].iter().fold((0, 0), |(a, c), &(q, k)| (a + q, c + k));
+        if self.bias_per_query { ((q0 + i) * hb + hh) * self.max_k() + j } else { (k0 + j) * hb + hh }
+    }
+
     fn totals(&self) -> (usize, usize) {
         self.lens
             .iter()
@@ -90,7 +109,7 @@ impl VarlenCase {
             k: rand_tensor(&kv_shape),
             v: rand_tensor(&kv_shape),
             dout: rand_tensor(&q_shape),
-            bias: self.bias_heads.map(|hb| rand_tensor(&[tk, hb])),
+            bias: self.bias_heads.map(|hb| rand_tensor(&self.bias_shape(hb))),
             pages: None,
         };
         packed.pages = self.page_size.map(|ps| self.paged(&packed, ps, rng));
@@ -177,12 +196,17 @@ impl VarlenCase {
             causal: self.causal,
             softcap: self.softcap,
             dtype: self.dtype,
-            bias: self.bias_heads.map(|hb| [1, hb, 1, sk]),
+            bias: self.bias_heads.map(|hb| [1, hb, if self.bias_per_query { sq } else { 1 }, sk]),
             ..Case::new(1, sq, sk, self.heads, self.kv_heads, self.head_dim)
         };
-        // The key-side bias `[total_k, hb]` as the sequence's `[1, hb, 1, sk]`.
+        // The packed bias as the sequence's `[1, hb, {1|sq}, sk]`.
         let seq_bias = bias.zip(self.bias_heads).map(|(v, hb)| {
-            Tensor::from_fn(&[1, hb, 1, sk], self.dtype, &Device::Cpu, |i| v[(k0 + i % sk) * hb + i / sk]).unwrap()
+            let rows = if self.bias_per_query { sq } else { 1 };
+            Tensor::from_fn(&[1, hb, rows, sk], self.dtype, &Device::Cpu, |e| {
+                let (hh, i, j) = (e / (rows * sk), e / sk % rows, e % sk);
+                v[self.bias_index(b, hb, hh, i, j)]
+            })
+            .unwrap()
         });
         let seq_inputs = crate::Inputs {
             q: t(&inputs[0], q0, qw, case.q_shape()),
@@ -237,9 +261,10 @@ pub fn check_varlen(
     let mut want_lse = vec![f64::NEG_INFINITY; h * tq];
     let mut want = [vec![0.0; tq * qw], vec![0.0; tk * kw], vec![0.0; tk * kw]];
     let mut sizes = want.clone();
-    // dbias `[total_k, hb]`.
+    // dbias in the bias's layout.
     let hb = case.bias_heads.unwrap_or(0);
-    let (mut want_db, mut size_db) = (vec![0.0; tk * hb], vec![0.0; tk * hb]);
+    let db_len = case.bias_heads.map_or(0, |hb| case.bias_shape(hb).iter().product());
+    let (mut want_db, mut size_db) = (vec![0.0; db_len], vec![0.0; db_len]);
     let (mut q0, mut k0) = (0, 0);
     for (b, &(sq, sk)) in case.lens.iter().enumerate() {
         if sq > 0 && sk > 0 {
@@ -262,9 +287,11 @@ pub fn check_varlen(
                     sizes[i][at * w..][..rows * w].copy_from_slice(m[i].as_ref().unwrap());
                 }
                 if let (Some(gb), Some(mb)) = (&g[3], &m[3]) {
-                    for (hh, j) in (0..hb).flat_map(|hh| (0..sk).map(move |j| (hh, j))) {
-                        want_db[(k0 + j) * hb + hh] = gb[hh * sk + j];
-                        size_db[(k0 + j) * hb + hh] = mb[hh * sk + j];
+                    let rows = if case.bias_per_query { sq } else { 1 };
+                    for (hh, i, j) in (0..hb).flat_map(|hh| (0..rows).flat_map(move |i| (0..sk).map(move |j| (hh, i, j)))) {
+                        let at = case.bias_index(b, hb, hh, i, j);
+                        want_db[at] = gb[(hh * rows + i) * sk + j];
+                        size_db[at] = mb[(hh * rows + i) * sk + j];
                     }
                 }
             }
@@ -312,7 +339,7 @@ pub fn check_varlen(
                         "dk/dv of a sequence without queries not zero for {case:?}"
                     );
                 }
-                if let Some(db) = &got[3] {
+                if let (Some(db), false) = (&got[3], case.bias_per_query) {
                     prop_assert!(db[k0 * hb..][..sk * hb].iter().all(|&x| x == 0.0), "dbias of a sequence without queries not zero for {case:?}");
                 }
             }
@@ -328,7 +355,8 @@ fn seq_len(max: usize) -> impl Strategy<Value = usize> {
 }
 
 /// Random packed batches: 1-6 sequences of lengths 0..=`max_seqlen` (queries and keys drawn
-/// apart), 16-bit dtypes, every head dim, GQA, causal, windows, softcap and key-side biases,
+/// apart), 16-bit dtypes, every head dim, GQA, causal, windows, softcap and key-side or
+/// query-based biases,
 /// with a seed.
 pub fn varlen_cases(max_seqlen: usize) -> impl Strategy<Value = (VarlenCase, u64)> {
     let band = prop_oneof![
@@ -342,7 +370,7 @@ pub fn varlen_cases(max_seqlen: usize) -> impl Strategy<Value = (VarlenCase, u64
             prop::sample::select(vec![DType::BF16, DType::F16]),
             prop::sample::select(vec![32usize, 64, 96, 128, 192, 256]),
         ),
-        (1usize..=2, prop::sample::select(vec![1usize, 2, 3]), prop::sample::select(vec![None, Some(0usize), Some(1), Some(2)])),
+        (1usize..=2, prop::sample::select(vec![1usize, 2, 3]), prop::sample::select(vec![None, Some(0usize), Some(1), Some(2)]), any::<bool>()),
         (
             any::<bool>(),
             band,
@@ -351,8 +379,8 @@ pub fn varlen_cases(max_seqlen: usize) -> impl Strategy<Value = (VarlenCase, u64
         ),
     )
         .prop_map(
-            |(lens, (dtype, head_dim), (kv_heads, group, bias), (causal, band, softcap, seed))| {
-                // A key-side bias with 1, kv_heads or heads heads.
+            |(lens, (dtype, head_dim), (kv_heads, group, bias, bias_per_query), (causal, band, softcap, seed))| {
+                // A key-side or query-based bias with 1, kv_heads or heads heads.
                 let bias_heads = bias.map(|i| [1, kv_heads, kv_heads * group][i]);
                 (
                     VarlenCase {
@@ -364,6 +392,7 @@ pub fn varlen_cases(max_seqlen: usize) -> impl Strategy<Value = (VarlenCase, u64
                         band,
                         softcap,
                         bias_heads,
+                        bias_per_query,
                         dtype,
                         page_size: None,
                     },

@@ -15,6 +15,7 @@ fn case(lens: &[(usize, usize)], causal: bool, band: Option<BandCtor>) -> Varlen
         band,
         softcap: 0.0,
         bias_heads: None,
+        bias_per_query: false,
         dtype: DType::F64,
         page_size: None,
     }
@@ -32,13 +33,16 @@ fn packed_calls_equal_each_sequence_alone() {
     .into_iter()
     .enumerate()
     {
-        // A key-side bias of each head count, and none.
-        let c = VarlenCase {
-            softcap,
-            bias_heads: [None, Some(1), Some(2), Some(4)][i],
-            ..case(&lens, causal, band)
-        };
-        check_varlen(&c, &Device::Cpu, 17 + i as u64, true, false, 1e-12).unwrap();
+        // A key-side or query-based bias of each head count, and none.
+        for bias_per_query in [false, true] {
+            let c = VarlenCase {
+                softcap,
+                bias_heads: [None, Some(1), Some(2), Some(4)][i],
+                bias_per_query,
+                ..case(&lens, causal, band)
+            };
+            check_varlen(&c, &Device::Cpu, 17 + i as u64, true, false, 1e-12).unwrap();
+        }
     }
     // No queries at all, no keys at all.
     for lens in [&[(0, 4)][..], &[(0, 0), (2, 0)], &[(3, 0)]] {
@@ -120,6 +124,12 @@ fn malformed_seqlens_are_typed_errors() {
     shape(attention(&q, &kv, &kv).seqlens(&seqs).bias(&bias).forward(), "bias");
     let bias = Tensor::from_fn(&[6, 2], DType::F32, &cpu, |i| i as f64).unwrap();
     attention(&q, &kv, &kv).seqlens(&seqs).bias(&bias).forward().unwrap();
+    // Query-based `[total_q, {1|hk|h}, max_seqlen_k]`.
+    let per_query = |s: &[usize]| Tensor::from_fn(s, DType::F32, &cpu, |i| i as f64 * 0.01).unwrap();
+    attention(&q, &kv, &kv).seqlens(&seqs).bias(&per_query(&[5, 4, 4])).forward().unwrap();
+    shape(attention(&q, &kv, &kv).seqlens(&seqs).bias(&per_query(&[5, 4, 6])).forward(), "bias");
+    shape(attention(&q, &kv, &kv).seqlens(&seqs).bias(&per_query(&[6, 4, 4])).forward(), "bias");
+    shape(attention(&q, &kv, &kv).seqlens(&seqs).bias(&per_query(&[5, 3, 4])).forward(), "bias");
     assert!(matches!(attention(&q, &kv, &kv).seqlens(&seqs).bias(&bias).deterministic(true).forward(), Err(Error::Unsupported { .. })));
     attention(&q, &kv, &kv)
         .seqlens(&seqs)

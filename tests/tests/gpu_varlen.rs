@@ -59,6 +59,7 @@ fn varlen_deterministic_runs_are_bit_identical() {
         band: None,
         softcap: 0.0,
         bias_heads: None,
+        bias_per_query: false,
         dtype: DType::BF16,
         page_size: None,
     };
@@ -81,7 +82,7 @@ fn varlen_deterministic_runs_are_bit_identical() {
 fn varlen_empty_sides() {
     let Some(gpu) = gpu() else { return };
     for lens in [&[(0, 4)][..], &[(0, 0), (2, 0)], &[(3, 0)], &[(0, 300), (0, 1)]] {
-        let c = VarlenCase { lens: lens.to_vec(), heads: 2, kv_heads: 1, head_dim: 64, causal: true, band: None, softcap: 0.0, bias_heads: None, dtype: DType::BF16, page_size: None };
+        let c = VarlenCase { lens: lens.to_vec(), heads: 2, kv_heads: 1, head_dim: 64, causal: true, band: None, softcap: 0.0, bias_heads: None, bias_per_query: false, dtype: DType::BF16, page_size: None };
         check_varlen(&c, &gpu, 3, true, false, gpu_tolerance(c.dtype)).unwrap();
     }
 }
@@ -108,6 +109,7 @@ fn varlen_decoding_batches() {
                 band: None,
                 softcap: 0.0,
                 bias_heads: None,
+                bias_per_query: false,
                 dtype,
                 page_size: None,
             };
@@ -129,7 +131,7 @@ fn varlen_decoding_batches() {
 #[test]
 fn varlen_seqlens_from_device_tensors() {
     let Some(gpu) = gpu() else { return };
-    let c = VarlenCase { lens: vec![(129, 200), (0, 5), (64, 64)], heads: 4, kv_heads: 2, head_dim: 64, causal: true, band: None, softcap: 0.0, bias_heads: None, dtype: DType::BF16, page_size: None };
+    let c = VarlenCase { lens: vec![(129, 200), (0, 5), (64, 64)], heads: 4, kv_heads: 2, head_dim: 64, causal: true, band: None, softcap: 0.0, bias_heads: None, bias_per_query: false, dtype: DType::BF16, page_size: None };
     let inputs = c.inputs(&mut seeded_rng(11)).to(&gpu);
     let i32s = |v: &[i32]| Tensor::from_vec(v.to_vec(), &[v.len()], &gpu).unwrap();
     let from_device = SeqLens::from_tensors(&i32s(&[0, 129, 129, 193]), &i32s(&[0, 200, 205, 269])).unwrap();
@@ -194,6 +196,7 @@ fn paged_decoding_batches() {
             band: None,
             softcap: 0.0,
             bias_heads: Some(2),
+            bias_per_query: false,
             dtype,
             page_size: Some(page_size),
         };
@@ -207,7 +210,7 @@ fn paged_decoding_batches() {
 #[test]
 fn paged_table_from_device_tensor() {
     let Some(gpu) = gpu() else { return };
-    let c = VarlenCase { lens: vec![(3, 200), (1, 70)], heads: 4, kv_heads: 2, head_dim: 64, causal: true, band: None, softcap: 0.0, bias_heads: None, dtype: DType::BF16, page_size: Some(64) };
+    let c = VarlenCase { lens: vec![(3, 200), (1, 70)], heads: 4, kv_heads: 2, head_dim: 64, causal: true, band: None, softcap: 0.0, bias_heads: None, bias_per_query: false, dtype: DType::BF16, page_size: Some(64) };
     let inputs = c.inputs(&mut seeded_rng(5)).to(&gpu);
     let pages = inputs.pages.as_ref().unwrap();
     let seqs = c.seqlens(&gpu);

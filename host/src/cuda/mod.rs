@@ -16,7 +16,7 @@ use crate::cpu::lse_shape;
 use crate::device::CudaDevice;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::problem::{Dims, Problem};
+use crate::problem::{Dims, PackedBias, Problem};
 use crate::tensor::Tensor;
 use crate::memory::DeviceBuffer;
 use crate::sparse::MaskData;
@@ -166,11 +166,11 @@ fn fwd_params(p: &Problem, saved: &Saved, out: &Tensor, lse: &Tensor, gathered: 
         params.block_map = m.classes;
         params.mask_head_div = head_div(&d, m.planes[1]);
     }
-    if let (Some(bias), Some(_)) = (&saved.bias, &p.seqs) {
-        // Key-side `[total_k, heads]`: keys along stride[3], no query dimension; read element by
-        // element (a sequence's first key is not 16-byte aligned in general).
+    if let (Some(bias), Some(layout)) = (&saved.bias, p.packed_bias) {
+        // Read element by element (a sequence's first key or row is not 16-byte aligned in
+        // general); where a sequence starts is `Seq::bias_offset`'s.
         let (s, heads) = (bias.strides(), bias.shape()[1]);
-        let stride = [0, if heads == 1 { 0 } else { s[1] as u64 }, 0, s[0] as u64];
+        let stride = packed_bias_strides(layout, heads, |i| s[i] as u64);
         (params.bias, params.bias_head_div) = (View4 { ptr: bias.device_ptr().expect("CUDA tensor"), stride }, head_div(&d, heads));
     } else if let Some(bias) = &saved.bias {
         (params.bias, params.bias_head_div) = broadcast_operand(&d, bias);
@@ -247,13 +247,29 @@ fn contiguous(shape: [usize; 4]) -> [u64; 4] {
     stride
 }
 
-/// The f32 dbias accumulator's strides: the bias's own layout, contiguous (a packed batch's
-/// key-side `[total_k, heads]` seen as `[1, heads, 1, total_k]`), so that it converts to dbias
-/// element by element.
+/// A packed batch's bias (`[total_k, heads]` or `[total_q, heads, max_seqlen_k]`, dim `i`'s
+/// stride `s(i)`) as the kernels read it: `[·, heads, rows, keys]`, with `stride[0]` the step per
+/// packed key (`Seq::bias_offset`): the key stride of a key-side bias, 0 for a query-based one.
+fn packed_bias_strides(layout: PackedBias, heads: usize, s: impl Fn(usize) -> u64) -> [u64; 4] {
+    let head = if heads == 1 { 0 } else { s(1) };
+    match layout {
+        PackedBias::KeySide => [s(0), head, 0, s(0)],
+        PackedBias::PerQuery => [0, head, s(0), s(2)],
+    }
+}
+
+/// The f32 dbias accumulator's strides: the bias's own layout, contiguous (a packed batch's as
+/// [`packed_bias_strides`] reads it), so that it converts to dbias element by element.
 fn dbias_strides(p: &Problem) -> [u64; 4] {
-    match (p.bias, &p.seqs) {
+    match (p.bias, p.packed_bias) {
         (None, _) => [0; 4],
-        (Some([_, heads, _, _]), Some(_)) => [0, if heads == 1 { 0 } else { 1 }, 0, heads as u64],
+        (Some([_, heads, _, keys]), Some(layout)) => {
+            let dims = match layout {
+                PackedBias::KeySide => [keys, heads, 1],
+                PackedBias::PerQuery => [p.bias.expect("a bias")[2], heads, keys],
+            };
+            packed_bias_strides(layout, heads, |i| dims[i + 1..].iter().product::<usize>() as u64)
+        }
         (Some(shape), None) => contiguous(shape),
     }
 }
@@ -656,7 +672,7 @@ mod tests {
 
     fn problem(d: Dims, band: dmattn_abi::Band, bias: bool) -> Problem {
         let bias = bias.then_some([1, 1, 1, d.seqlen_k]);
-        Problem { dims: d, dtype: DType::BF16, mask: None, bias, band, scale: 0.125, softcap: 0.0, deterministic: false, seqs: None, pages: None }
+        Problem { dims: d, dtype: DType::BF16, mask: None, bias, band, scale: 0.125, softcap: 0.0, deterministic: false, seqs: None, packed_bias: None, pages: None }
     }
 
     /// The forward's plan: the lean kernel without modifiers, the modifier kernel with any, its
