@@ -129,8 +129,11 @@ pub struct FwdParams {
 /// `[total_q, h, d]` and k/v/dK/dV `[total_k, hk, d]` seen as batch 1 (`View4::stride[0]` 0),
 /// sequence `b` (grid z) at rows `cu_q[b]..cu_q[b + 1]` and keys `cu_k[b]..cu_k[b + 1]`
 /// (int32 prefix sums, validated on the host). `FwdParams::seqlen_q`/`seqlen_k` are then the
-/// longest sequence's lengths (the grid's extent), and LSE/delta are `[h, total_q]`. The
-/// kernels ask `Seq` (kernels-gpu's `seq`) for a sequence's bounds and first rows.
+/// longest sequence's lengths (the grid's extent), and LSE/delta are `[h, total_q]`. A bias (and
+/// its gradient's accumulator) is key-side `[total_k, h]` or query-based `[total_q, h,
+/// max_seqlen_k]`, seen as `[·, h, rows, keys]` whose `stride[0]` is the step per packed key (the
+/// key stride of a key-side bias, 0 for a query-based one). The kernels ask `Seq` (kernels-gpu's
+/// `seq`) for a sequence's bounds and first rows.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Seqs {
@@ -141,8 +144,8 @@ pub struct Seqs {
     /// + i`: `seqlen_q` for fixed lengths; `total_q` packed, where `b` is 0 and `i` counts from
     /// the packed tensor's first row.
     pub lse_rows: u32,
-    /// Paged K/V (forward only): log2 of the page size (at least 6: a 64-key half of a key tile
-    /// lies in one page); 0 with contiguous K/V.
+    /// Paged K/V (forward only): log2 of the page size (a power of two; each row's page is
+    /// looked up); unused with contiguous K/V.
     pub page_shift: u32,
     /// Paged K/V: the block table's device address, int32 `[batch, table_stride]` (sequence
     /// `b`'s key `j` is row `j % page_size` of page `table[b][j / page_size]` of k and v,

@@ -605,7 +605,7 @@ mod tests {
                 let mut row = 0;
                 for (b, &len) in lens_k.iter().enumerate() {
                     for j in 0..len {
-                        let at = table.page(b, j / 64) as usize * 64 + j % 64;
+                        let at = table.page(b, j / 64).unwrap() as usize * 64 + j % 64;
                         assert_eq!(pages[at * width..][..width], rows[row * width..][..width], "set {s} sequence {b} key {j}");
                         row += 1;
                     }

@@ -114,7 +114,7 @@ impl<'a> Attention<'a> {
     }
 
     /// K and V as the pages of a paged KV cache, `[num_pages, page_size, kv_heads, head_dim]`
-    /// (page_size a power of two, at least 64), sequence `b`'s keys where its row of `table`
+    /// (page_size a power of two), sequence `b`'s keys where its row of `table`
     /// says; with a packed batch ([`Attention::seqlens`], whose key lengths say how many of a
     /// sequence's keys there are), for the forward (the backward of a paged call is a typed
     /// error). A key-side bias stays in the packed `[total_k, ..]` order of `cu_seqlens_k`.
@@ -176,7 +176,12 @@ impl<'a> Attention<'a> {
     fn reads(&self) -> Vec<(&'static str, &'a Tensor)> {
         let i = &self.inputs;
         let optional = [("mask", i.mask), ("indices", i.indices), ("bias", i.bias)].into_iter().filter_map(|(a, t)| t.map(|t| (a, t)));
-        [("q", i.q), ("k", i.k), ("v", i.v)].into_iter().chain(optional).collect()
+        let seqs = i.seqs.into_iter().flat_map(|s| {
+            let (q, k) = s.device_tensors();
+            [("cu_seqlens_q", q), ("cu_seqlens_k", k)]
+        });
+        let table = i.pages.map(|t| ("block_table", t.device_tensor()));
+        [("q", i.q), ("k", i.k), ("v", i.v)].into_iter().chain(optional).chain(seqs).chain(table).collect()
     }
 
     /// The unfused path: materialises S and P, O(batch·heads·sq·sk) memory; for baselines and

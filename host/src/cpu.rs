@@ -140,7 +140,8 @@ fn unpaged(pages: &[f64], kv: &KvPages, seqs: &SeqLens, width: usize) -> Vec<f64
     let mut rows = Vec::with_capacity(seqs.total_k() * width);
     for b in 0..seqs.batch() {
         for j in 0..seqs.rows(b).1.len() {
-            let row = kv.table.page(b, j / kv.page_size) as usize * kv.page_size + j % kv.page_size;
+            let page = kv.table.page(b, j / kv.page_size).expect("a validated table");
+            let row = page as usize * kv.page_size + j % kv.page_size;
             rows.extend_from_slice(&pages[row * width..][..width]);
         }
     }

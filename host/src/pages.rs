@@ -51,8 +51,9 @@ impl PageTable {
         Self::checked(table.to_vec(), batch, max_pages, tensor)
     }
 
-    /// From an int32 `[batch, max_pages]` tensor, on its device (a CUDA tensor is read back once:
-    /// the call waits for the device).
+    /// From an int32 `[batch, max_pages]` tensor, on its device: read back once (a CUDA tensor's
+    /// read waits for the device) and copied, so that later writes to the tensor (a framework's
+    /// table, updated in place between decoding steps) need a new `PageTable`.
     pub fn from_tensor(table: &Tensor) -> Result<PageTable> {
         if table.dtype() != DType::I32 {
             return Err(Error::DType { arg: "block_table", expected: "I32".into(), got: table.dtype() });
@@ -62,7 +63,8 @@ impl PageTable {
             .filter(|s| s.iter().all(|&n| n > 0))
             .ok_or_else(|| Error::Shape { arg: "block_table", expected: "[batch, max_pages], both at least 1".into(), got: table.shape().to_vec() })?;
         let entries = table.to_vec::<i32>()?;
-        let tensor = if table.layout().is_contiguous() { table.clone() } else { Tensor::from_vec(entries.clone(), &[batch, max_pages], &table.device())? };
+        // A copy: the kernels read what was validated, whatever the caller's tensor holds later.
+        let tensor = Tensor::from_vec(entries.clone(), &[batch, max_pages], &table.device())?;
         Self::checked(entries, batch, max_pages, tensor)
     }
 
@@ -84,12 +86,18 @@ impl PageTable {
         self.inner.max_pages
     }
 
+    /// The device the table is on (a call's must be its q's).
     pub fn device(&self) -> Device {
         self.inner.device.device()
     }
 
-    /// Sequence `b`'s `i`-th page.
-    pub fn page(&self, b: usize, i: usize) -> i32 {
+    /// Sequence `b`'s `i`-th entry; `None` past the table.
+    pub fn page(&self, b: usize, i: usize) -> Option<i32> {
+        (b < self.inner.batch && i < self.inner.max_pages).then(|| self.inner.table[b * self.inner.max_pages + i])
+    }
+
+    /// An entry a validated call reads.
+    fn entry(&self, b: usize, i: usize) -> i32 {
         self.inner.table[b * self.inner.max_pages + i]
     }
 
@@ -99,7 +107,8 @@ impl PageTable {
     }
 
     /// Checks that the table serves `seqs` with `num_pages` pages of `page_size` keys: a row per
-    /// sequence, and every entry a sequence's keys reach a page of k and v.
+    /// sequence, and every entry a sequence's keys reach a page of k and v. Then the page of
+    /// sequence `b`'s key `j` is `self.page(b, j / page_size)`, in range.
     pub(crate) fn check(&self, seqs: &SeqLens, num_pages: usize, page_size: usize) -> Result<()> {
         if self.batch() != seqs.batch() {
             return Err(Error::Shape { arg: "block_table", expected: format!("[{}, max_pages] (a row per sequence of seqlens)", seqs.batch()), got: vec![self.batch(), self.max_pages()] });
@@ -110,8 +119,8 @@ impl PageTable {
                 let reason = format!("row {b} has {} entries, its {} keys need {pages} pages of {page_size}", self.max_pages(), seqs.rows(b).1.len());
                 return Err(Error::Param { arg: "block_table", reason });
             }
-            if let Some(i) = (0..pages).find(|&i| !(0..num_pages as i64).contains(&(self.page(b, i) as i64))) {
-                let reason = format!("entry [{b}][{i}] is {}, not a page of k and v (0..{num_pages})", self.page(b, i));
+            if let Some(i) = (0..pages).find(|&i| !(0..num_pages as i64).contains(&(self.entry(b, i) as i64))) {
+                let reason = format!("entry [{b}][{i}] is {}, not a page of k and v (0..{num_pages})", self.entry(b, i));
                 return Err(Error::Param { arg: "block_table", reason });
             }
         }

@@ -147,12 +147,11 @@ fn qk_shapes(inp: &Inputs) -> Result<([usize; 4], [usize; 4])> {
 }
 
 /// Paged k `[num_pages, page_size, kv_heads, head_dim]`: a page size the kernels take (a power
-/// of two, at least 64: a 64-key run of a key tile lies in one page), and a page's elements
-/// within 32 bits (their offsets are 32-bit).
+/// of two: a key's page and row in it are a shift and a mask), at least one page.
 fn paged_shape(k: &Tensor, head_dim: usize) -> Result<[usize; 4]> {
-    let expected = format!("[num_pages, page_size, kv_heads, {head_dim}] (page_size a power of two, at least 64; head_dim of q)");
+    let expected = format!("[num_pages, page_size, kv_heads, {head_dim}] (page_size a power of two; head_dim of q)");
     match <[usize; 4]>::try_from(k.shape()) {
-        Ok(s) if s[3] == head_dim && s[1] >= 64 && s[1].is_power_of_two() && s[0] > 0 && s[2] > 0 && s[1] * s[2] * s[3] <= u32::MAX as usize => Ok(s),
+        Ok(s) if s[3] == head_dim && s[1].is_power_of_two() && s[0] > 0 && s[2] > 0 => Ok(s),
         _ => Err(Error::Shape { arg: "k", expected, got: k.shape().to_vec() }),
     }
 }
@@ -218,7 +217,7 @@ impl Problem {
             return Err(Error::Shape {
                 arg: "k",
                 expected: format!("kv_heads dividing the {heads} query heads"),
-                got: k.to_vec(),
+                got: inp.k.shape().to_vec(),
             });
         }
         let dims = Dims { batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim };

@@ -41,8 +41,7 @@ impl Seq {
 
     /// Paged K/V (`Seqs::block_table`, never in a kernel without `PACKED`): the element offset,
     /// before the head's, of the row holding the sequence's key `j` in k or v
-    /// `[num_pages, page_size, hk, d]` with strides `stride`. One cached load of the table;
-    /// callers look up one key per 64 (a 64-aligned run of 64 keys lies in one page).
+    /// `[num_pages, page_size, hk, d]` with strides `stride`: one cached load of the table.
     #[inline(always)]
     pub fn paged_offset(&self, p: &FwdParams, stride: &[u64; 4], j: u32) -> u64 {
         let s = &p.seqs;
@@ -88,7 +87,7 @@ impl Seq {
 
 /// Makes a backward's shared-memory copy of its parameters (at `dst`) the fixed-length
 /// problem of its packed sequence, for the CTA at grid position `(n_block, kv_head, b)` (packed
-/// calls have no work order and no bias, so the grid is never reordered), so that the kernel's
+/// calls have no work order, so the grid is never reordered), so that the kernel's
 /// walks need no per-step loads or registers for it: its lengths as the problem's (a key tile
 /// past a shorter sequence's end gets no queries and no keys: it loads and writes nothing), and
 /// the bases of operands (batch stride 0, from the host; a key-side bias and its gradient at the

@@ -65,6 +65,21 @@ impl VarlenCase {
         SeqLens::from_lengths(&q, &k, device).unwrap()
     }
 
+    /// A query-based bias with NaN in the columns past each row's sequence's keys (never read:
+    /// a read shows in the output); a key-side one as it is.
+    fn pad_with_nan(&self, bias: Tensor, hb: usize) -> Tensor {
+        if !self.bias_per_query {
+            return bias;
+        }
+        let (values, mk, keys) = (bias.to_f64_vec().unwrap(), self.max_k(), self.row_keys());
+        Tensor::from_fn(bias.shape(), self.dtype, &Device::Cpu, |i| if i % mk >= keys[i / (hb * mk)] { f64::NAN } else { values[i] }).unwrap()
+    }
+
+    /// Each packed query row's sequence's key count.
+    fn row_keys(&self) -> Vec<usize> {
+        self.lens.iter().flat_map(|&(q, k)| std::iter::repeat_n(k, q)).collect()
+    }
+
     /// The bias's shape with `hb` heads.
     fn bias_shape(&self, hb: usize) -> Vec<usize> {
         let (tq, tk) = self.totals();
@@ -109,7 +124,7 @@ impl VarlenCase {
             k: rand_tensor(&kv_shape),
             v: rand_tensor(&kv_shape),
             dout: rand_tensor(&q_shape),
-            bias: self.bias_heads.map(|hb| rand_tensor(&self.bias_shape(hb))),
+            bias: self.bias_heads.map(|hb| self.pad_with_nan(rand_tensor(&self.bias_shape(hb)), hb)),
             pages: None,
         };
         packed.pages = self.page_size.map(|ps| self.paged(&packed, ps, rng));
@@ -327,6 +342,12 @@ pub fn check_varlen(
             &[Some(sq), Some(sk), Some(sv), case.bias_heads.map(|_| size_db)],
             tol,
         )?;
+        // A query-based bias's columns past its row's keys: exactly zero.
+        if let (Some(db), true) = (&got[3], case.bias_per_query) {
+            let (mk, keys) = (case.max_k(), case.row_keys());
+            let stray = db.iter().enumerate().find(|&(i, &x)| i % mk >= keys[i / (hb * mk)] && x != 0.0);
+            prop_assert!(stray.is_none(), "dbias {stray:?} past its row's keys is not zero for {case:?}");
+        }
         // Keys of sequences no query reads: exactly zero.
         let mut k0 = 0;
         for &(sq, sk) in &case.lens {

@@ -179,15 +179,16 @@ fn malformed_page_tables_are_typed_errors() {
     expect(run(&kv, &PageTable::new(&[2, 0, -1, 0], 2, &cpu).unwrap()), "block_table");
     expect(run(&kv, &PageTable::new(&[2, 1], 2, &cpu).unwrap()), "block_table");
     expect(run(&kv, &PageTable::new(&[2, 0, 1, -1, 0, 0], 3, &cpu).unwrap()), "block_table");
-    // Page sizes: a power of two, at least 64.
-    expect(run(&pages(3, 32), &PageTable::new(&[2, 0, 1, 1, 1, 1], 2, &cpu).unwrap()), "k");
+    // Page sizes: powers of two (16-key pages, as vLLM's, are taken).
+    run(&pages(6, 16), &PageTable::new(&[5, 4, 3, 2, 1, 0, -1, -1, -1, -1], 2, &cpu).unwrap()).unwrap();
+    expect(run(&pages(3, 48), &PageTable::new(&[2, 0, 1, 1, 1, 1], 2, &cpu).unwrap()), "k");
     expect(run(&pages(3, 96), &PageTable::new(&[2, 0, 1, -1], 2, &cpu).unwrap()), "k");
     // Malformed tables, and pages without a packed batch.
     assert!(matches!(PageTable::new(&[0, 1, 2], 2, &cpu), Err(Error::Shape { arg: "block_table", .. })));
     let floats = Tensor::from_fn(&[2, 2], DType::F32, &cpu, |i| i as f64).unwrap();
     assert!(matches!(PageTable::from_tensor(&floats), Err(Error::DType { arg: "block_table", .. })));
     let table = PageTable::from_tensor(&Tensor::from_vec(vec![2i32, 0, 1, -1], &[2, 2], &cpu).unwrap()).unwrap();
-    assert_eq!((table.batch(), table.max_pages(), table.page(1, 0)), (2, 2, 1));
+    assert_eq!((table.batch(), table.max_pages(), table.page(1, 0), table.page(2, 0)), (2, 2, Some(1), None));
     let q4 = Tensor::from_fn(&[1, 2, 4, 8], DType::F32, &cpu, |i| i as f64).unwrap();
     expect(attention(&q4, &kv, &kv).kv_pages(&table).forward(), "block_table");
 }

@@ -196,9 +196,13 @@ fn seqs_params(p: &Problem, saved: &Saved) -> Result<Seqs> {
     if let Some(pages) = &p.pages {
         // The kernels offset pages and rows in them in 32 bits (`Seq::paged_offset`).
         for (t, arg) in [(&saved.k, "k"), (&saved.v, "v")] {
-            let st = t.strides();
-            if st[0] > u32::MAX as usize || (pages.page_size - 1) * st[1] + (t.shape()[2] - 1) * st[2] + t.shape()[3] > u32::MAX as usize {
-                return Err(Error::Layout { arg, backend: BACKEND, reason: format!("page stride {} or a page's extent past 2^32 elements", st[0]) });
+            let (shape, st) = (t.shape(), t.strides());
+            let extent: usize = (1..4).map(|i| (shape[i] - 1) * st[i]).sum::<usize>() + 1;
+            if extent > u32::MAX as usize {
+                return Err(Error::Layout { arg, backend: BACKEND, reason: format!("a page spans {extent} elements, past 2^32") });
+            }
+            if shape[0] > 1 && st[0] > u32::MAX as usize {
+                return Err(Error::Layout { arg, backend: BACKEND, reason: format!("page stride {} is past 2^32 elements", st[0]) });
             }
         }
         seqs.page_shift = pages.page_size.trailing_zeros();
@@ -263,10 +267,10 @@ fn packed_bias_strides(layout: PackedBias, heads: usize, s: impl Fn(usize) -> u6
 fn dbias_strides(p: &Problem) -> [u64; 4] {
     match (p.bias, p.packed_bias) {
         (None, _) => [0; 4],
-        (Some([_, heads, _, keys]), Some(layout)) => {
+        (Some([_, heads, rows, keys]), Some(layout)) => {
             let dims = match layout {
                 PackedBias::KeySide => [keys, heads, 1],
-                PackedBias::PerQuery => [p.bias.expect("a bias")[2], heads, keys],
+                PackedBias::PerQuery => [rows, heads, keys],
             };
             packed_bias_strides(layout, heads, |i| dims[i + 1..].iter().product::<usize>() as u64)
         }
