@@ -174,16 +174,19 @@ fn bias_index(p: &Problem, q: &Range<usize>, k: &Range<usize>, h: usize, i: usiz
     }
 }
 
-/// Sequence `(q, k)`'s operands, its bias as its `[1, heads, {1|sq}, sk]`.
-fn sequence_operands(p: &Problem, ops: &Operands, q: &Range<usize>, k: &Range<usize>) -> Operands {
+/// The (head, query, key) cells of a sequence's bias (`sp`'s `[1, heads, {1|sq}, sk]`), in its
+/// element order; none without a bias.
+fn bias_cells(sp: &Problem) -> impl Iterator<Item = (usize, usize, usize)> {
+    let [_, heads, rows, sk] = sp.bias.unwrap_or([0; 4]);
+    (0..heads).flat_map(move |h| (0..rows).flat_map(move |i| (0..sk).map(move |j| (h, i, j))))
+}
+
+/// Sequence `(q, k)` of packed batch `p` (`sp`, from [`sequences`]): its operands, its bias as
+/// `sp`'s.
+fn sequence_operands(p: &Problem, sp: &Problem, ops: &Operands, q: &Range<usize>, k: &Range<usize>) -> Operands {
     let d = &p.dims;
     let (q_width, k_width) = (d.heads * d.head_dim, d.kv_heads * d.head_dim);
-    let rows = if p.packed_bias == Some(PackedBias::PerQuery) { q.len() } else { 1 };
-    let bias = ops.bias.as_ref().map(|b| {
-        let (heads, sk) = (p.bias.expect("a bias")[1], k.len());
-        let at = |(h, i, j)| b[bias_index(p, q, k, h, i, j)];
-        (0..heads).flat_map(|h| (0..rows).flat_map(move |i| (0..sk).map(move |j| (h, i, j)))).map(at).collect()
-    });
+    let bias = ops.bias.as_ref().map(|b| bias_cells(sp).map(|(h, i, j)| b[bias_index(p, q, k, h, i, j)]).collect());
     Operands { q: rows_of(&ops.q, q, q_width), k: rows_of(&ops.k, k, k_width), v: rows_of(&ops.v, k, k_width), mask: None, bias }
 }
 
@@ -194,7 +197,7 @@ fn packed_forward(p: &Problem, seqs: &SeqLens, ops: &Operands) -> (Vec<f64>, Vec
     let mut out = vec![0.0; total * q_width];
     let mut lse = vec![f64::NEG_INFINITY; d.heads * total];
     for (sp, q, k) in sequences(p, seqs) {
-        let (o, l) = reference::forward(&sp, &sequence_operands(p, ops, &q, &k));
+        let (o, l) = reference::forward(&sp, &sequence_operands(p, &sp, ops, &q, &k));
         out[q.start * q_width..q.end * q_width].copy_from_slice(&o);
         for h in 0..d.heads {
             lse[h * total + q.start..][..q.len()].copy_from_slice(&l[h * q.len()..][..q.len()]);
@@ -212,16 +215,15 @@ fn packed_backward(p: &Problem, seqs: &SeqLens, ops: &Operands, out: &[f64], lse
     let (mut dq, mut dk, mut dv) = (vec![0.0; ops.q.len()], vec![0.0; ops.k.len()], vec![0.0; ops.v.len()]);
     let mut dbias = ops.bias.as_ref().map(|b| vec![0.0; b.len()]);
     for (sp, q, k) in sequences(p, seqs) {
-        let seq_ops = sequence_operands(p, ops, &q, &k);
+        let seq_ops = sequence_operands(p, &sp, ops, &q, &k);
         let seq_lse: Vec<f64> = (0..d.heads).flat_map(|h| lse[h * total + q.start..][..q.len()].iter().copied()).collect();
         let (sq, sk, sv, sb) = reference::backward(&sp, &seq_ops, &rows_of(out, &q, q_width), &seq_lse, &rows_of(dout, &q, q_width));
         dq[q.start * q_width..q.end * q_width].copy_from_slice(&sq);
         dk[k.start * k_width..k.end * k_width].copy_from_slice(&sk);
         dv[k.start * k_width..k.end * k_width].copy_from_slice(&sv);
         if let (Some(db), Some(sb)) = (&mut dbias, sb) {
-            let [_, heads, rows, sk] = sp.bias.expect("a bias");
-            for (h, i, j) in (0..heads).flat_map(|h| (0..rows).flat_map(move |i| (0..sk).map(move |j| (h, i, j)))) {
-                db[bias_index(p, &q, &k, h, i, j)] = sb[(h * rows + i) * sk + j];
+            for ((h, i, j), g) in bias_cells(&sp).zip(sb) {
+                db[bias_index(p, &q, &k, h, i, j)] = g;
             }
         }
     }

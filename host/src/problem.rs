@@ -158,8 +158,8 @@ fn paged_shape(k: &Tensor, head_dim: usize) -> Result<[usize; 4]> {
 
 /// A packed batch's K/V pages (`qk_shapes` took no pages without one): the table serves the
 /// sequences with k's pages, on q's device.
-fn kv_pages(inp: &Inputs, seqs: Option<&SeqLens>) -> Result<Option<KvPages>> {
-    let (Some(table), Some(seqs)) = (inp.pages, seqs) else { return Ok(None) };
+fn kv_pages(inp: &Inputs) -> Result<Option<KvPages>> {
+    let (Some(table), Some(seqs)) = (inp.pages, inp.seqs) else { return Ok(None) };
     if !table.device().same(&inp.q.device()) {
         return Err(Error::Device { arg: "block_table", expected: format!("{} (the device of q)", inp.q.device()), got: table.device().to_string() });
     }
@@ -221,7 +221,7 @@ impl Problem {
             });
         }
         let dims = Dims { batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim };
-        let pages = kv_pages(inp, inp.seqs)?;
+        let pages = kv_pages(inp)?;
 
         let dtype = inp.q.dtype();
         if !dtype.is_float() {
@@ -311,23 +311,21 @@ impl Problem {
             }
             band.right = 0;
         }
-        let mut packed_layout = None;
-        let bias = match inp.bias {
+        let (bias, packed_layout) = match inp.bias {
             Some(b) => {
                 if !b.dtype().is_float() {
                     return Err(Error::DType { arg: "bias", expected: "f16, bf16, f32 or f64".into(), got: b.dtype() });
                 }
                 others.push(("bias", b));
                 match inp.seqs {
-                    None => Some(broadcast_shape(b, "bias", &dims)?),
+                    None => (Some(broadcast_shape(b, "bias", &dims)?), None),
                     Some(seqs) => {
                         let (shape, layout) = packed_bias(b, seqs, &dims)?;
-                        packed_layout = Some(layout);
-                        Some(shape)
+                        (Some(shape), Some(layout))
                     }
                 }
             }
-            None => None,
+            None => (None, None),
         };
         for (arg, t) in others {
             if !t.device().same(&device) {

@@ -152,9 +152,9 @@ unsafe fn load_k_side<const D: usize, const BM: usize, const BN: usize, const GA
 }
 
 /// The next key tile at or after `n` this CTA visits (its split's share): the band and the
-/// mask's block map decide in the modifier variant; the lean one never has a mask, so it visits
-/// every tile of the band, full, and holds no cursor state; the gather variant visits the tiles
-/// of its rows' runs.
+/// mask's block map decide in the modifier variant; the lean and paged ones never have a mask,
+/// so they visit every tile of the band, full, and hold no cursor state; the gather variant
+/// visits the tiles of its rows' runs.
 #[inline(always)]
 fn next_tile<const BM: usize, const BN: usize, const MODS: bool, const GATHER: bool, const PAGED: bool>(
     b: &BlockInfo,

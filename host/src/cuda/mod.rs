@@ -240,17 +240,6 @@ fn row_blocks(rows: &QueryRows) -> u32 {
     rows.count().div_ceil(per_block).clamp(1, 4096)
 }
 
-/// Element strides of a contiguous tensor of `shape`, 0 along its size-1 dimensions.
-fn contiguous(shape: [usize; 4]) -> [u64; 4] {
-    let mut stride = [0u64; 4];
-    let mut acc = 1u64;
-    for i in (0..4).rev() {
-        stride[i] = if shape[i] == 1 { 0 } else { acc };
-        acc *= shape[i] as u64;
-    }
-    stride
-}
-
 /// A packed batch's bias (`[total_k, heads]` or `[total_q, heads, max_seqlen_k]`, dim `i`'s
 /// stride `s(i)`) as the kernels read it: `[·, heads, rows, keys]`, with `stride[0]` the step per
 /// packed key (`Seq::bias_offset`): the key stride of a key-side bias, 0 for a query-based one.
@@ -274,7 +263,7 @@ fn dbias_strides(p: &Problem) -> [u64; 4] {
             };
             packed_bias_strides(layout, heads, |i| dims[i + 1..].iter().product::<usize>() as u64)
         }
-        (Some(shape), None) => contiguous(shape),
+        (Some(shape), None) => prepare::strides(shape),
     }
 }
 
@@ -610,7 +599,7 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, into: Gra
     let mut params = BwdParams {
         fwd: fwd_p,
         dout: dout_view,
-        dq_accum: View4 { ptr: dq_acc, stride: contiguous(q_shape) },
+        dq_accum: View4 { ptr: dq_acc, stride: prepare::strides(q_shape) },
         dk: qkv_view(&dk, "dk")?,
         dv: qkv_view(&dv, "dv")?,
         dbias_accum: View4 { ptr: dbias_acc, stride: dbias_strides(p) },
