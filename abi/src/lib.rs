@@ -247,7 +247,9 @@ pub struct BwdParams {
     pub dq_turns: u64,
     /// Deterministic mode with a bias shared across CTAs: u32 per dbias column slot.
     pub dbias_turns: u64,
-    /// The bias's shape `[mb, mh, mq, mk]`.
+    /// The bias's shape `[mb, mh, mq, mk]` as the dbias turns read it (size 1: CTAs of several
+    /// batch entries, kv heads or key tiles add to one element); a packed batch's never shares
+    /// along its sequences or keys.
     pub bias_dims: [u32; 4],
     pub kv_heads: u32,
     /// Nonzero: the grid is `(kv_heads, key tiles, batch)`, not `(key tiles, kv_heads, batch)`
@@ -542,21 +544,31 @@ pub const fn mask_bits_of_bytes(x: u32, k: u32) -> u64 {
 /// Parameters of the kernel that prepares a score mask `[mb, mh, mq, sk]` (zero strides where
 /// broadcast, a key-broadcast mask given as stride 0 over `sk` keys) for the attention kernels:
 /// - `classes`: u8 `[mb, mh, q_blocks, k_blocks]`, one [`block_class`] per 64x64 block;
-/// - `bits`: u64 `[mb, mh, mq, k_blocks]`, the mask packed in [`mask_bit`] order, zero past `sk`.
+/// - `bits`: u64 words `[mb, mh, mq, k_blocks]`, the mask packed in [`mask_bit`] order, zero past
+///   `sk`;
+///
+/// each written through its view's strides (in bytes and in words; unit along `k_blocks`).
+///
+/// A packed batch (`seqs.cu_q` set) gives a mask of each sequence `b` of `mb`: its rows and key 0
+/// placed in the mask and in both outputs by the kernels' `Seq::origin` (`stride[0]` per packed
+/// key, `stride[2]` per packed query row), its lengths from `seqs`; its rows are its queries
+/// where `seq_rows` is set (a query-based mask), else `mq` = 1 row (key-side). Blocks past a
+/// sequence's lengths are not written.
 ///
 /// The mask is bool bytes (nonzero = visible), or where `packed` is set, bits: key `j` of a row
-/// is bit `j % 8` of the row's byte `j / 8` (bytes contiguous along the keys, `stride[3]` unused).
+/// is bit `j % 8` of the row's byte `j / 8` (bytes contiguous along the keys, `stride[3]` unused;
+/// fixed lengths only).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct MaskPackParams {
     pub mask: View4,
-    pub classes: u64,
-    pub bits: u64,
-    /// `[mb, mh, mq, sk]`.
+    pub classes: View4,
+    pub bits: View4,
+    /// `[mb, mh, mq, sk]`; a packed batch's `[sequences, mh, {1|max_seqlen_q}, max_seqlen_k]`.
     pub dims: [u32; 4],
-    pub q_blocks: u32,
-    pub k_blocks: u32,
     pub packed: u32,
+    pub seq_rows: u32,
+    pub seqs: Seqs,
 }
 
 /// Parameters of the kernel that applies a block mask to the 64x64 block classes: output class
@@ -744,7 +756,7 @@ pub const SELECT_THREADS: u32 = 256;
 /// `__launch_bounds__`: (kernel name, threads per block, CTAs per SM to fit). ptxas then keeps
 /// each thread's registers within what that many CTAs leave; the host launches these kernels
 /// with exactly these threads.
-pub const LAUNCH_BOUNDS: [(&str, u32, u32); 22] = [
+pub const LAUNCH_BOUNDS: [(&str, u32, u32); 26] = [
     (names::SELECT_KEYS_16, SELECT_THREADS, select_ctas_per_sm(2)),
     (names::SELECT_KEYS_32, SELECT_THREADS, select_ctas_per_sm(4)),
     (names::FWD_BF16_D64_GATHER_NARROW, 128, GATHER_NARROW_CTAS_PER_SM),
@@ -754,18 +766,22 @@ pub const LAUNCH_BOUNDS: [(&str, u32, u32); 22] = [
     ("dmattn_fwd_sm90_bf16_d64", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d64_mods", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d64_mods_gather", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_bf16_d64_mods_packed", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d64_mods_paged", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d64", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d64_mods", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d64_mods_gather", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_f16_d64_mods_packed", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d64_mods_paged", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d128", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d128_mods", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d128_mods_gather", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_bf16_d128_mods_packed", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d128_mods_paged", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d128", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d128_mods", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d128_mods_gather", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_f16_d128_mods_packed", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d128_mods_paged", 256, FWD_SM90_CTAS_PER_SM),
 ];
 
@@ -1023,9 +1039,13 @@ pub mod names {
     /// Appended to a forward kernel's modifier-variant name (`dmattn_fwd_<elem>_d<dim>_mods`)
     /// for its gather-attention variant ([`super::FwdParams::key_ranks`]).
     pub const GATHER_SUFFIX: &str = "_gather";
+    /// Appended to a forward kernel's modifier-variant name for its packed-batch variant
+    /// ([`super::Seqs`]; its own kernel: the sequences' loads in the fixed-length one spilled
+    /// it once the mask's origin moved per sequence).
+    pub const PACKED_SUFFIX: &str = "_packed";
     /// Appended to a forward kernel's modifier-variant name for its paged-K/V variant
-    /// ([`super::Seqs::block_table`]; its own kernel, without mask tiles: a branch in the
-    /// modifier variants spilled them).
+    /// ([`super::Seqs::block_table`], a packed batch's; its own kernel, without mask tiles: a
+    /// branch in the modifier variants spilled them).
     pub const PAGED_SUFFIX: &str = "_paged";
     /// Appended to a gather variant's name for its narrow tile ([`super::FwdVariants::gather_narrow`]).
     pub const NARROW_SUFFIX: &str = "_narrow";
@@ -1038,7 +1058,7 @@ pub mod names {
     pub const CONVERT_PREFIX: &str = "dmattn_convert_";
     pub const COMBINE_PREFIX: &str = "dmattn_fwd_combine_";
     pub const FWD_PREFIX: &str = "dmattn_fwd_";
-    /// `dmattn_fwd_sm90_<elem>_d<dim>[_mods[_gather[_narrow]|_paged]]`: the Hopper forward
+    /// `dmattn_fwd_sm90_<elem>_d<dim>[_mods[_gather[_narrow]|_packed|_paged]]`: the Hopper forward
     /// ([`super::FWD_TILES_SM90`]).
     pub const FWD_WGMMA_PREFIX: &str = "dmattn_fwd_sm90_";
     /// `dmattn_fwd_order_d<dim>`: the work order of that head dim's modifier variant.

@@ -65,7 +65,11 @@ impl<'a> Attention<'a> {
     /// better prepared once ([`SparseMask::dense`], [`Attention::sparse_mask`]). A mask without a
     /// query dimension (`[.., .., 1, seqlen_k]`, a key-side mask) keeping at most half the keys
     /// runs on the GPU as gather attention, O(seqlen_q x kept keys); its preparation reads the
-    /// kept-key counts back from the device (see [`crate::CudaDevice`]).
+    /// kept-key counts back from the device (see [`crate::CudaDevice`]). With a packed batch
+    /// ([`Attention::seqlens`]) the mask is key-side `[total_k, {1|kv_heads|heads}]` or
+    /// query-based `[total_q, {1|kv_heads|heads}, max_seqlen_k]`, as its bias may be (columns
+    /// past a sequence's keys are never read). ANDed with [`Attention::causal`] and with a
+    /// parametric [`Attention::sparse_mask`] (a window, compressed causal, sinks).
     pub fn mask(mut self, mask: &'a Tensor) -> Self {
         self.inputs.mask = Some(mask);
         self
@@ -73,8 +77,9 @@ impl<'a> Attention<'a> {
 
     /// A prepared [`SparseMask`]: windows, compressed causal, sinks, block masks, dense or
     /// bit-packed score masks, and their combinations. It must have been prepared for this call's
-    /// sequence lengths, on q's device (a parametric mask: any device). Instead of
-    /// [`Attention::mask`]; ANDed with [`Attention::causal`].
+    /// sequence lengths, on q's device (a parametric mask: any device). ANDed with
+    /// [`Attention::causal`], and a parametric one with [`Attention::mask`] (one with data
+    /// replaces it: combine the two with [`SparseMask::and`] instead).
     pub fn sparse_mask(mut self, mask: &'a PreparedMask) -> Self {
         self.inputs.sparse = Some(mask);
         self
@@ -101,13 +106,15 @@ impl<'a> Attention<'a> {
     /// `[total_k, kv_heads, head_dim]`, sequence `b` owning the rows `seqs` gives it, each
     /// sequence attending only to its own keys. Every option applies to each sequence as to a
     /// fixed-length call of its lengths (causal and windows aligned to its own bottom-right
-    /// corner); O has q's shape and LSE is `[heads, total_q]`. A bias, outside deterministic
-    /// mode, is key-side `[total_k, {1|kv_heads|heads}]` (each query sees its keys' values; its
+    /// corner); O has q's shape and LSE is `[heads, total_q]`. A bias is key-side `[total_k,
+    /// {1|kv_heads|heads}]` (each query sees its keys' values; its
     /// gradient sums over the sequence's queries) or query-based `[total_q, {1|kv_heads|heads},
     /// max_seqlen_k]` (query row `i`'s values for its sequence's keys `0..len_k`; the columns past
-    /// a sequence's keys are never read, and their gradient is 0). Masks, index lists and sparse masks
-    /// with data are not taken yet (a typed error); parametric sparse masks are,
-    /// prepared for at least the longest sequences' lengths ([`SeqLens::max_seqlen_q`] and `_k`).
+    /// a sequence's keys are never read, and their gradient is 0). A bool mask takes the same
+    /// two layouts ([`Attention::mask`]), either with either layout of bias. Parametric sparse
+    /// masks are taken, prepared for at least the longest sequences' lengths
+    /// ([`SeqLens::max_seqlen_q`] and `_k`); index lists and sparse masks with data are not yet
+    /// (a typed error).
     pub fn seqlens(mut self, seqs: &'a SeqLens) -> Self {
         self.inputs.seqs = Some(seqs);
         self
@@ -216,7 +223,10 @@ impl<'a> Attention<'a> {
         .collect();
         buffers::check(&i.q.device(), &dests, &self.reads())?;
         let mask = match (i.mask, i.indices, i.sparse) {
-            (Some(m), _, _) => Some(SparseMask::dense(m).prepare(d.seqlen_q, d.seqlen_k)?),
+            (Some(m), _, _) => Some(match (&problem.seqs, problem.packed_mask) {
+                (Some(seqs), Some(layout)) => PreparedMask::packed(m, layout, seqs)?,
+                _ => SparseMask::dense(m).prepare(d.seqlen_q, d.seqlen_k)?,
+            }),
             (None, Some(t), _) => Some(SparseMask::indices(t).prepare(d.seqlen_q, d.seqlen_k)?),
             (None, None, sparse) => sparse.cloned(),
         };

@@ -3,9 +3,10 @@ use crate::attention::{Gradients, Saved};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::problem::{Dims, KvPages, PackedBias, Problem};
+use crate::problem::{Dims, KvPages, PackedLayout, Problem};
 use crate::seqlens::SeqLens;
 use std::ops::Range;
+use std::sync::Arc;
 use crate::reference::{self, Operands};
 use crate::sparse::{DenseMask, MaskData, Part, bcsr_to_bitset, check_block, check_part_shape, combine_planes, indices_keep};
 use crate::tensor::Tensor;
@@ -153,9 +154,9 @@ fn unpaged(pages: &[f64], kv: &KvPages, seqs: &SeqLens, width: usize) -> Vec<f64
 fn sequences(p: &Problem, seqs: &SeqLens) -> impl Iterator<Item = (Problem, Range<usize>, Range<usize>)> {
     (0..seqs.batch()).map(|b| seqs.rows(b)).filter(|(q, _)| !q.is_empty()).map(|(q, k)| {
         let dims = Dims { batch: 1, seqlen_q: q.len(), seqlen_k: k.len(), ..p.dims };
-        let rows = if p.packed_bias == Some(PackedBias::PerQuery) { q.len() } else { 1 };
+        let rows = if p.packed_bias == Some(PackedLayout::PerQuery) { q.len() } else { 1 };
         let bias = p.bias.map(|[_, heads, _, _]| [1, heads, rows, k.len()]);
-        (Problem { dims, bias, seqs: None, packed_bias: None, pages: None, ..p.clone() }, q, k)
+        (Problem { dims, bias, seqs: None, packed_bias: None, packed_mask: None, pages: None, ..p.clone() }, q, k)
     })
 }
 
@@ -164,14 +165,19 @@ fn rows_of(v: &[f64], rows: &Range<usize>, width: usize) -> Vec<f64> {
     v[rows.start * width..rows.end * width].to_vec()
 }
 
-/// Where sequence `(q, k)`'s bias value of (head `h`, query `i`, key `j`) is in a packed bias
-/// (`PackedBias`) of `p`'s shape.
+/// Where sequence `(q, k)`'s value of (head `h`, query `i`, key `j`) is in a packed bias or mask
+/// of layout `layout` with `heads` heads (`PackedLayout`; a query-based one is `max_k` keys wide).
+fn packed_index(layout: PackedLayout, heads: usize, max_k: usize, q: &Range<usize>, k: &Range<usize>, h: usize, i: usize, j: usize) -> usize {
+    match layout {
+        PackedLayout::PerQuery => ((q.start + i) * heads + h) * max_k + j,
+        PackedLayout::KeySide => (k.start + j) * heads + h,
+    }
+}
+
+/// [`packed_index`] of `p`'s bias.
 fn bias_index(p: &Problem, q: &Range<usize>, k: &Range<usize>, h: usize, i: usize, j: usize) -> usize {
     let [_, heads, _, max_k] = p.bias.expect("a bias");
-    match p.packed_bias {
-        Some(PackedBias::PerQuery) => ((q.start + i) * heads + h) * max_k + j,
-        _ => (k.start + j) * heads + h,
-    }
+    packed_index(p.packed_bias.expect("a packed bias"), heads, max_k, q, k, h, i, j)
 }
 
 /// The (head, query, key) cells of a sequence's bias (`sp`'s `[1, heads, {1|sq}, sk]`), in its
@@ -187,7 +193,14 @@ fn sequence_operands(p: &Problem, sp: &Problem, ops: &Operands, q: &Range<usize>
     let d = &p.dims;
     let (q_width, k_width) = (d.heads * d.head_dim, d.kv_heads * d.head_dim);
     let bias = ops.bias.as_ref().map(|b| bias_cells(sp).map(|(h, i, j)| b[bias_index(p, q, k, h, i, j)]).collect());
-    Operands { q: rows_of(&ops.q, q, q_width), k: rows_of(&ops.k, k, k_width), v: rows_of(&ops.v, k, k_width), mask: None, bias }
+    // The mask's flags (`PreparedMask::packed`) as the sequence's dense `[1, heads, sq, sk]`.
+    let mask = ops.mask.as_ref().zip(p.packed_mask).map(|(m, layout)| {
+        let (heads, max_k) = (m.planes[1], p.seqs.as_ref().map_or(0, |s| s.max_seqlen_k()));
+        let cells = (0..heads).flat_map(|h| (0..q.len()).flat_map(move |i| (0..k.len()).map(move |j| (h, i, j))));
+        let keep = cells.map(|(h, i, j)| m.keep[packed_index(layout, heads, max_k, q, k, h, i, j)]).collect();
+        Arc::new(DenseMask { planes: m.planes, keep })
+    });
+    Operands { q: rows_of(&ops.q, q, q_width), k: rows_of(&ops.k, k, k_width), v: rows_of(&ops.v, k, k_width), mask, bias }
 }
 
 /// The reference forward of a packed batch: O `[total_q, h, d]`, LSE `[h, total_q]`.

@@ -55,11 +55,13 @@ pub struct Problem {
     pub softcap: f64,
     /// Backward in a fixed order (bit-identical runs).
     pub deterministic: bool,
-    /// A packed variable-length batch: q/k/v are `[total, heads, head_dim]`, and a bias one of
-    /// [`PackedBias`]'s layouts.
+    /// A packed variable-length batch: q/k/v are `[total, heads, head_dim]`, and a mask or bias
+    /// one of [`PackedLayout`]'s layouts.
     pub seqs: Option<SeqLens>,
     /// A packed batch's bias layout.
-    pub packed_bias: Option<PackedBias>,
+    pub packed_bias: Option<PackedLayout>,
+    /// A packed batch's mask layout (its planes are `[1, heads]` in [`Problem::mask`]).
+    pub packed_mask: Option<PackedLayout>,
     /// A packed batch's K/V as pages of a paged KV cache (forward only).
     pub pages: Option<KvPages>,
 }
@@ -168,27 +170,29 @@ fn kv_pages(inp: &Inputs) -> Result<Option<KvPages>> {
     Ok(Some(KvPages { table: table.clone(), page_size }))
 }
 
-/// The layout of a packed batch's bias, chosen by its rank.
+/// The layout of a packed batch's bias or mask, chosen by its rank.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PackedBias {
-    /// `[total_k, {1|hk|h}]`: each sequence's queries see its keys' values (`[1, heads, 1,
-    /// total_k]` in [`Problem::bias`]).
+pub enum PackedLayout {
+    /// `[total_k, {1|hk|h}]`: each sequence's queries see its keys' values (a bias is `[1,
+    /// heads, 1, total_k]` in [`Problem::bias`]).
     KeySide,
     /// `[total_q, {1|hk|h}, max_seqlen_k]`: a value per query and key, keys counted from the
-    /// sequence's first (`[1, heads, total_q, max_seqlen_k]`).
+    /// sequence's first (`[1, heads, total_q, max_seqlen_k]`); columns past a sequence's keys
+    /// are never read.
     PerQuery,
 }
 
-/// A packed batch's bias: key-side `[total_k, {1|hk|h}]` or query-based `[total_q, {1|hk|h},
-/// max_seqlen_k]`, as the broadcast shape its kernels and reference read (see [`PackedBias`]).
-fn packed_bias(t: &Tensor, seqs: &SeqLens, d: &Dims) -> Result<([usize; 4], PackedBias)> {
+/// A packed batch's bias or mask (`arg`): key-side `[total_k, {1|hk|h}]` or query-based
+/// `[total_q, {1|hk|h}, max_seqlen_k]`, as the broadcast shape its kernels and reference read
+/// (see [`PackedLayout`]).
+fn packed_layout(t: &Tensor, arg: &'static str, seqs: &SeqLens, d: &Dims) -> Result<([usize; 4], PackedLayout)> {
     let heads_ok = |h: usize| h == 1 || h == d.kv_heads || h == d.heads;
     let (tq, tk, mk) = (seqs.total_q(), seqs.total_k(), seqs.max_seqlen_k());
     match *t.shape() {
-        [rows, heads] if rows == tk && heads_ok(heads) => Ok(([1, heads, 1, tk], PackedBias::KeySide)),
-        [rows, heads, keys] if rows == tq && heads_ok(heads) && keys == mk => Ok(([1, heads, tq, mk], PackedBias::PerQuery)),
+        [rows, heads] if rows == tk && heads_ok(heads) => Ok(([1, heads, 1, tk], PackedLayout::KeySide)),
+        [rows, heads, keys] if rows == tq && heads_ok(heads) && keys == mk => Ok(([1, heads, tq, mk], PackedLayout::PerQuery)),
         _ => Err(Error::Shape {
-            arg: "bias",
+            arg,
             expected: format!(
                 "[{tk}, {{1|{hk}|{h}}}] (key-side: total_k rows) or [{tq}, {{1|{hk}|{h}}}, {mk}] (query-based: total_q rows, max_seqlen_k keys)",
                 hk = d.kv_heads,
@@ -234,16 +238,24 @@ impl Problem {
         }
         let device = inp.q.device();
         let mut others = vec![("k", inp.k), ("v", inp.v)];
-        let mask = match inp.mask {
+        let (mask, packed_mask) = match inp.mask {
             Some(m) => {
                 if m.dtype() != DType::Bool {
                     return Err(Error::DType { arg: "mask", expected: "Bool".into(), got: m.dtype() });
                 }
                 others.push(("mask", m));
-                let s = broadcast_shape(m, "mask", &dims)?;
-                Some([s[0], s[1]])
+                match inp.seqs {
+                    None => {
+                        let s = broadcast_shape(m, "mask", &dims)?;
+                        (Some([s[0], s[1]]), None)
+                    }
+                    Some(seqs) => {
+                        let (s, layout) = packed_layout(m, "mask", seqs, &dims)?;
+                        (Some([1, s[1]]), Some(layout))
+                    }
+                }
             }
-            None => None,
+            None => (None, None),
         };
         let mask = match inp.indices {
             None => mask,
@@ -260,17 +272,22 @@ impl Problem {
                 Some([s[0], s[1]])
             }
         };
-        if inp.seqs.is_some() && (mask.is_some() || inp.sparse.is_some_and(|sp| sp.data.is_some()) || inp.bias.is_some() && inp.deterministic) {
-            let what = "a mask, index lists, a sparse mask with data (parametric ones are taken), or a bias in deterministic mode, with a packed batch".into();
+        if inp.seqs.is_some() && (inp.indices.is_some() || inp.sparse.is_some_and(|sp| sp.data.is_some())) {
+            let what = "index lists or a sparse mask with data (parametric ones and bool masks are taken) with a packed batch".into();
             return Err(Error::Unsupported { what, backend: "CPU or CUDA" });
+        }
+        if pages.is_some() && inp.mask.is_some() {
+            return Err(Error::Unsupported { what: "a mask with paged K/V (a bias is taken)".into(), backend: "CPU or CUDA" });
         }
         let mut band = Band::ALL;
         let mask = match inp.sparse {
             None => mask,
-            Some(_) if mask.is_some() => {
+            // A parametric rule ANDs with a bool mask as causal does; parts with data combine
+            // when prepared.
+            Some(sp) if mask.is_some() && sp.data.is_some() => {
                 return Err(Error::Param {
                     arg: "mask",
-                    reason: "given with a sparse mask: combine them (SparseMask::dense(mask).and(..)) and prepare that".into(),
+                    reason: "given with a sparse mask that has data: combine them (SparseMask::dense(mask).and(..)) and prepare that".into(),
                 });
             }
             Some(sp) => {
@@ -299,7 +316,7 @@ impl Problem {
                 if sp.data.is_some() && !sp.device().same(&device) {
                     return Err(Error::Device { arg: "sparse_mask", expected: format!("{device} (the device of q)"), got: sp.device().to_string() });
                 }
-                sp.data.as_ref().map(|_| sp.planes)
+                sp.data.as_ref().map(|_| sp.planes).or(mask)
             }
         };
         if inp.causal {
@@ -311,7 +328,7 @@ impl Problem {
             }
             band.right = 0;
         }
-        let (bias, packed_layout) = match inp.bias {
+        let (bias, bias_layout) = match inp.bias {
             Some(b) => {
                 if !b.dtype().is_float() {
                     return Err(Error::DType { arg: "bias", expected: "f16, bf16, f32 or f64".into(), got: b.dtype() });
@@ -320,7 +337,7 @@ impl Problem {
                 match inp.seqs {
                     None => (Some(broadcast_shape(b, "bias", &dims)?), None),
                     Some(seqs) => {
-                        let (shape, layout) = packed_bias(b, seqs, &dims)?;
+                        let (shape, layout) = packed_layout(b, "bias", seqs, &dims)?;
                         (Some(shape), Some(layout))
                     }
                 }
@@ -339,6 +356,6 @@ impl Problem {
         if !(inp.softcap.is_finite() && inp.softcap >= 0.0) {
             return Err(Error::Param { arg: "softcap", reason: format!("{} is not finite and >= 0", inp.softcap) });
         }
-        Ok(Problem { dims, dtype, mask, bias, band, scale, softcap: inp.softcap, deterministic: inp.deterministic, seqs: inp.seqs.cloned(), packed_bias: packed_layout, pages })
+        Ok(Problem { dims, dtype, mask, bias, band, scale, softcap: inp.softcap, deterministic: inp.deterministic, seqs: inp.seqs.cloned(), packed_bias: bias_layout, packed_mask, pages })
     }
 }

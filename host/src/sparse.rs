@@ -14,6 +14,8 @@ use crate::cuda;
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::problem::PackedLayout;
+use crate::seqlens::SeqLens;
 use crate::tensor::Tensor;
 use dmattn_abi::Band;
 use std::sync::Arc;
@@ -274,7 +276,7 @@ pub(crate) enum MaskData {
 }
 
 /// The CPU's prepared form: the equivalent dense mask `[planes.0, planes.1, sq, sk]`, band not
-/// included.
+/// included; for a packed batch, its mask's flags in their layout (`Problem::packed_mask`).
 pub(crate) struct DenseMask {
     pub planes: [usize; 2],
     pub keep: Vec<bool>,
@@ -289,6 +291,18 @@ impl PreparedMask {
     /// The same mask (band, lengths, planes) in another form of device data.
     pub(crate) fn with_data(&self, data: MaskData) -> Self {
         PreparedMask { data: Some(data), ..self.clone() }
+    }
+
+    /// A packed batch's bool mask (`layout`, checked by `Problem::new`) for its call, planes `[1,
+    /// heads]`: on the GPU packed per sequence (`cuda::pack_sequences`); on the CPU its flags in
+    /// their packed layout, which the CPU backend cuts per sequence.
+    pub(crate) fn packed(t: &Tensor, layout: PackedLayout, seqs: &SeqLens) -> Result<Self> {
+        let heads = t.shape()[1];
+        let data = match t.device() {
+            Device::Cpu => MaskData::Cpu(Arc::new(DenseMask { planes: [1, heads], keep: t.to_f64_vec()?.into_iter().map(|x| x != 0.0).collect() })),
+            Device::Cuda(dev) => MaskData::Cuda(cuda::pack_sequences(&dev, t, layout, seqs)?),
+        };
+        Ok(Self::on_device(data, [1, heads], seqs.max_seqlen_q(), seqs.max_seqlen_k(), t.device()))
     }
 
     /// The device the mask was prepared on (any device's tensors may use a parametric mask).

@@ -29,20 +29,21 @@ pub struct BlockInfo<'a> {
 impl<'a> BlockInfo<'a> {
     /// For the CTA running this code at grid position `at` (see [`position`]).
     #[inline(always)]
-    pub fn new<const MODS: bool>(p: &'a FwdParams, block_m: u32, at: (u32, u32, u32)) -> Self {
-        Self::at::<MODS>(p, block_m, grid_dim_x(), at)
+    pub fn new<const MODS: bool, const PACKED: bool>(p: &'a FwdParams, block_m: u32, at: (u32, u32, u32)) -> Self {
+        Self::at::<MODS, PACKED>(p, block_m, grid_dim_x(), at)
     }
 
     /// For grid position `(bx, head, z)` of a grid `grid_x` query tiles wide. `MODS` compiles
-    /// split-KV in (the modifier variant; the lean one has no registers left).
+    /// split-KV in (the modifier variant; the lean one has no registers left), `PACKED` packed
+    /// batches (their own variant: the sequence's bounds and origin are loads, where a
+    /// fixed-length kernel's fold into constants).
     #[inline(always)]
-    pub fn at<const MODS: bool>(p: &'a FwdParams, block_m: u32, grid_x: u32, (bx, head, z): (u32, u32, u32)) -> Self {
+    pub fn at<const MODS: bool, const PACKED: bool>(p: &'a FwdParams, block_m: u32, grid_x: u32, (bx, head, z): (u32, u32, u32)) -> Self {
         // Heaviest query tiles (the last ones, under causal) start first.
         let m_block = grid_x - 1 - bx;
         let row0 = m_block * block_m;
         let (batch, split) = if MODS && p.splits > 1 { (z / p.splits, z % p.splits) } else { (z, 0) };
-        // Packed batches run in the modifier variant (the lean one has no registers to spare).
-        let seq = Seq::of::<MODS>(p, batch);
+        let seq = Seq::of::<PACKED>(p, batch);
         Self {
             p,
             seq,
@@ -163,26 +164,26 @@ impl<'a> BlockInfo<'a> {
     }
 
     /// Byte address of the bias at (row0, the sequence's key 0) (a packed batch's, see
-    /// `Seq::bias_offset`).
+    /// `Seq::origin`).
     #[inline(always)]
     pub fn bias(&self) -> u64 {
         let b = &self.p.bias;
         let head = div(self.head, self.p.bias_head_div) as u64;
-        b.ptr + 2 * (self.seq.bias_offset(&b.stride) + head * b.stride[1] + self.row0 as u64 * b.stride[2])
+        b.ptr + 2 * (self.seq.origin(&b.stride) + head * b.stride[1] + self.row0 as u64 * b.stride[2])
     }
 
-    /// Byte address of the packed mask word of (row0, key 0).
+    /// Byte address of the packed mask word of (row0, the sequence's key 0).
     #[inline(always)]
     pub fn mask_bits(&self) -> u64 {
         let m = &self.p.mask_bits;
-        m.ptr + 8 * (self.seq.batch * m.stride[0] + self.mask_head() * m.stride[1] + self.row0 as u64 * m.stride[2])
+        m.ptr + 8 * (self.seq.origin(&m.stride) + self.mask_head() * m.stride[1] + self.row0 as u64 * m.stride[2])
     }
 
-    /// Byte address of this (batch, head)'s block-map plane.
+    /// Byte address of this (sequence, head)'s block-map plane.
     #[inline(always)]
     pub fn block_map(&self) -> u64 {
         let m = &self.p.block_map;
-        m.ptr + self.seq.batch * m.stride[0] + self.mask_head() * m.stride[1]
+        m.ptr + self.seq.origin(&m.stride) + self.mask_head() * m.stride[1]
     }
 
     /// Index of the LSE of the tile's row `r`.

@@ -111,7 +111,7 @@ unsafe fn load_bias_at_keys<const BN: usize>(sm: &Smem, row: u64, key_stride: u6
 /// Starts the copies of key tile `tile`'s K and the bias and packed-mask tiles that go with it
 /// (no mask copy for a full tile), keys from `keys_end` on zero-filled. All threads call this.
 #[inline(always)]
-unsafe fn load_k_side<const D: usize, const BM: usize, const BN: usize, const GATHER: bool, const PAGED: bool>(
+unsafe fn load_k_side<const D: usize, const BM: usize, const BN: usize, const GATHER: bool, const PACKED: bool, const PAGED: bool>(
     b: &BlockInfo,
     sm: &Smem,
     mods: Mods,
@@ -131,7 +131,12 @@ unsafe fn load_k_side<const D: usize, const BM: usize, const BN: usize, const GA
     if mods.bias {
         let s = p.bias.stride;
         unsafe {
-            if GATHER && p.flags & flags::BIAS_ROW != 0 {
+            if PACKED {
+                // A packed batch's bias is read element by element (the host sets neither
+                // vector flag: a sequence's rows are not aligned).
+                let src = b.bias() + 2 * col0 as u64 * s[3];
+                sm.bias.load_strided(2, src, s[2], s[3], b.rows_valid, keys, tid, threads);
+            } else if GATHER && p.flags & flags::BIAS_ROW != 0 {
                 load_bias_at_keys::<BN>(sm, b.bias(), s[3], tile.n, keys, tid, threads);
             } else if p.flags & flags::BIAS_ROW != 0 {
                 sm.bias.load_first_row_async(b.bias() + 2 * col0 as u64, 2 * keys, tid);
@@ -275,7 +280,9 @@ fn copies_landed<const WGMMA: bool>() {
 /// sized by const-generic arithmetic. `MODS` selects the variant with every modifier and split-KV
 /// (`modifiers::ALL`; see [`Mods`]) over the lean one (`NONE`); `GATHER` (with `MODS`) the gather
 /// variant, whose keys are gathered rows and whose mask is their ranks (no mask tiles);
-/// `PAGED` (with `MODS`) the paged one, whose K/V are pages (`dmattn_abi::Seqs::block_table`).
+/// `PACKED` (with `MODS`) the packed-batch one (`dmattn_abi::Seqs`; the others serve fixed
+/// lengths only) and `PAGED` (with `PACKED`) its paged one, whose K/V are pages
+/// (`dmattn_abi::Seqs::block_table`).
 /// `WGMMA` (sm_90a, `FwdTile::wgmma`): the products are warpgroup `wgmma`s (`MT` = 1).
 #[inline(always)]
 pub unsafe fn forward<
@@ -290,6 +297,7 @@ pub unsafe fn forward<
     const DT: usize,
     const MODS: bool,
     const GATHER: bool,
+    const PACKED: bool,
     const PAGED: bool,
     const WGMMA: bool,
 >(
@@ -300,7 +308,8 @@ pub unsafe fn forward<
         assert!(MT * 16 * (THREADS / 32) == BM && NT * 8 == BN && KT * 16 == D && DT * 8 == D);
         assert!(NT % 2 == 0 && DT % 2 == 0 && BM % 64 == 0 && BN % 64 == 0);
         assert!(MODS || !GATHER);
-        assert!(!PAGED || MODS && !GATHER);
+        assert!(!PACKED || MODS && !GATHER);
+        assert!(!PAGED || PACKED);
         // The rows' runs fit where the mask tile would be.
         assert!(BM * 8 <= mask_tile_bytes(BM as u32, BN as u32) as usize);
     }
@@ -308,7 +317,7 @@ pub unsafe fn forward<
     let sm = Smem::new(D, BM, BN);
     let mods = Mods::of(p, if MODS { modifiers::ALL } else { modifiers::NONE });
     // The gather variant's mask is its rows' runs, kept where the mask tile would be.
-    // The paged variant serves packed batches, which take no mask.
+    // The paged variant takes no mask (its lookups left no registers for the mask tiles).
     let mods = Mods { mask: mods.mask && !GATHER && !PAGED, ..mods };
 
     let mut o = [[[0f32; 4]; DT]; MT];
@@ -316,7 +325,7 @@ pub unsafe fn forward<
     let mut cursor = TileCursor::new();
     let tid = thread_idx();
 
-    let b = BlockInfo::new::<MODS>(p, BM as u32, position::<MODS>(p, sm.position));
+    let b = BlockInfo::new::<MODS, PACKED>(p, BM as u32, position::<MODS>(p, sm.position));
     if !b.has_rows() {
         return;
     }
@@ -340,7 +349,7 @@ pub unsafe fn forward<
         }
         let q_row = 2 * p.q.stride[1];
         unsafe { sm.q.load_async(b.q(), q_row, b.rows_valid, (D * 2) as u32, tid, threads) };
-        unsafe { load_k_side::<D, BM, BN, GATHER, PAGED>(&b, &sm, mods, tile, keys_end, tid, threads) };
+        unsafe { load_k_side::<D, BM, BN, GATHER, PACKED, PAGED>(&b, &sm, mods, tile, keys_end, tid, threads) };
         if GATHER && (tile.n + 1) * (BN as u32) < keys_end {
             unsafe { load_key_pos::<BN>(&b, &sm, tile.n + 1, keys_end, tid) };
         }
@@ -349,7 +358,7 @@ pub unsafe fn forward<
             // Everything per-thread or per-CTA is rebuilt from opaque indices each iteration
             // (see `block_info`), so none of it is held in registers across the loop.
             let tid = opaque(tid);
-            let b = BlockInfo::new::<MODS>(p, BM as u32, reread_position::<MODS>(sm.position));
+            let b = BlockInfo::new::<MODS, PACKED>(p, BM as u32, reread_position::<MODS>(sm.position));
             let rows = GatheredRows::new(sm.mask, b.rows_valid, BM as u32);
             let lane = tid % 32;
             let (g, t) = (lane / 4, lane % 4);
@@ -404,7 +413,7 @@ pub unsafe fn forward<
             if let Some(next) = next {
                 // Reread, not held across the products above.
                 let keys_end = key_bound::<GATHER>(&b, &rows);
-                unsafe { load_k_side::<D, BM, BN, GATHER, PAGED>(&b, &sm, mods, next, keys_end, tid, threads) };
+                unsafe { load_k_side::<D, BM, BN, GATHER, PACKED, PAGED>(&b, &sm, mods, next, keys_end, tid, threads) };
                 // The tile after's positions, into this tile's slot (its V is already on its way).
                 if GATHER && (next.n + 1) * (BN as u32) < keys_end {
                     unsafe { load_key_pos::<BN>(&b, &sm, next.n + 1, keys_end, tid) };
@@ -441,7 +450,7 @@ pub unsafe fn forward<
     // Opaque indices again, or LLVM merges these addresses with the prologue's identical ones
     // and holds them across the whole loop.
     let tid = opaque(tid);
-    let b = BlockInfo::new::<MODS>(p, BM as u32, reread_position::<MODS>(sm.position));
+    let b = BlockInfo::new::<MODS, PACKED>(p, BM as u32, reread_position::<MODS>(sm.position));
     let lane = tid % 32;
     let (g, t) = (lane / 4, lane % 4);
     let warp_row0 = (tid / 32) * (MT as u32) * 16;

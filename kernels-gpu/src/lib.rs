@@ -152,25 +152,27 @@ const fn variants(head_dim: u32) -> FwdVariants {
 }
 
 /// Forward entry points per (element type, head dim): `dmattn_fwd_<elem>_d<dim>_mods` (all
-/// score modifiers), its gather variant `.._mods_gather` (`names::GATHER_SUFFIX`), its paged-K/V
+/// score modifiers, fixed lengths), its gather variant `.._mods_gather` (`names::GATHER_SUFFIX`),
+/// its packed-batch variant `.._mods_packed` (`names::PACKED_SUFFIX`), that one's paged-K/V
 /// variant `.._mods_paged` (`names::PAGED_SUFFIX`) and, where the tile table ships
 /// one, the lean `dmattn_fwd_<elem>_d<dim>` (no mask, bias or softcap): the
 /// names `dmattn_abi::names` gives the host.
 macro_rules! fwd_kernels {
-    ($($elem:ty, $d:literal: $mods:ident, $gather:ident, $paged:ident $(, $plain:ident)?;)*) => {$(
-        fwd_kernels!(@one $mods, $elem, $d, variants($d).mods, true, false, false);
-        fwd_kernels!(@one $gather, $elem, $d, variants($d).mods, true, true, false);
-        fwd_kernels!(@one $paged, $elem, $d, variants($d).mods, true, false, true);
-        $(fwd_kernels!(@one $plain, $elem, $d, match variants($d).plain { Some(t) => t, None => panic!() }, false, false, false);)?
+    ($($elem:ty, $d:literal: $mods:ident, $gather:ident, $packed:ident, $paged:ident $(, $plain:ident)?;)*) => {$(
+        fwd_kernels!(@one $mods, $elem, $d, variants($d).mods, true, false, false, false);
+        fwd_kernels!(@one $gather, $elem, $d, variants($d).mods, true, true, false, false);
+        fwd_kernels!(@one $packed, $elem, $d, variants($d).mods, true, false, true, false);
+        fwd_kernels!(@one $paged, $elem, $d, variants($d).mods, true, false, true, true);
+        $(fwd_kernels!(@one $plain, $elem, $d, match variants($d).plain { Some(t) => t, None => panic!() }, false, false, false, false);)?
     )*};
-    (@one $name:ident, $elem:ty, $d:literal, $tile:expr, $with_mods:literal, $gather:literal, $paged:literal) => {
+    (@one $name:ident, $elem:ty, $d:literal, $tile:expr, $with_mods:literal, $gather:literal, $packed:literal, $paged:literal) => {
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: FwdParams) {
             const T: FwdTile = $tile;
             unsafe {
                 fwd::forward::<$elem, $d, { T.block_m as usize }, { T.block_n as usize },
                     { T.threads() as usize }, { T.m_tiles_per_warp() as usize },
-                    { T.block_n as usize / 8 }, { $d / 16 }, { $d / 8 }, $with_mods, $gather, $paged, { T.wgmma }>(&p)
+                    { T.block_n as usize / 8 }, { $d / 16 }, { $d / 8 }, $with_mods, $gather, $packed, $paged, { T.wgmma }>(&p)
             }
         }
     };
@@ -180,24 +182,24 @@ macro_rules! fwd_kernels {
 // panics at compile time).
 #[cfg(not(target_feature = "sm_90a"))]
 fwd_kernels! {
-    Bf16, 32: dmattn_fwd_bf16_d32_mods, dmattn_fwd_bf16_d32_mods_gather, dmattn_fwd_bf16_d32_mods_paged, dmattn_fwd_bf16_d32;
-    Bf16, 64: dmattn_fwd_bf16_d64_mods, dmattn_fwd_bf16_d64_mods_gather, dmattn_fwd_bf16_d64_mods_paged, dmattn_fwd_bf16_d64;
-    Bf16, 96: dmattn_fwd_bf16_d96_mods, dmattn_fwd_bf16_d96_mods_gather, dmattn_fwd_bf16_d96_mods_paged, dmattn_fwd_bf16_d96;
-    Bf16, 128: dmattn_fwd_bf16_d128_mods, dmattn_fwd_bf16_d128_mods_gather, dmattn_fwd_bf16_d128_mods_paged, dmattn_fwd_bf16_d128;
-    Bf16, 192: dmattn_fwd_bf16_d192_mods, dmattn_fwd_bf16_d192_mods_gather, dmattn_fwd_bf16_d192_mods_paged, dmattn_fwd_bf16_d192;
-    Bf16, 256: dmattn_fwd_bf16_d256_mods, dmattn_fwd_bf16_d256_mods_gather, dmattn_fwd_bf16_d256_mods_paged, dmattn_fwd_bf16_d256;
-    F16, 32: dmattn_fwd_f16_d32_mods, dmattn_fwd_f16_d32_mods_gather, dmattn_fwd_f16_d32_mods_paged, dmattn_fwd_f16_d32;
-    F16, 64: dmattn_fwd_f16_d64_mods, dmattn_fwd_f16_d64_mods_gather, dmattn_fwd_f16_d64_mods_paged, dmattn_fwd_f16_d64;
-    F16, 96: dmattn_fwd_f16_d96_mods, dmattn_fwd_f16_d96_mods_gather, dmattn_fwd_f16_d96_mods_paged, dmattn_fwd_f16_d96;
-    F16, 128: dmattn_fwd_f16_d128_mods, dmattn_fwd_f16_d128_mods_gather, dmattn_fwd_f16_d128_mods_paged, dmattn_fwd_f16_d128;
-    F16, 192: dmattn_fwd_f16_d192_mods, dmattn_fwd_f16_d192_mods_gather, dmattn_fwd_f16_d192_mods_paged, dmattn_fwd_f16_d192;
-    F16, 256: dmattn_fwd_f16_d256_mods, dmattn_fwd_f16_d256_mods_gather, dmattn_fwd_f16_d256_mods_paged, dmattn_fwd_f16_d256;
+    Bf16, 32: dmattn_fwd_bf16_d32_mods, dmattn_fwd_bf16_d32_mods_gather, dmattn_fwd_bf16_d32_mods_packed, dmattn_fwd_bf16_d32_mods_paged, dmattn_fwd_bf16_d32;
+    Bf16, 64: dmattn_fwd_bf16_d64_mods, dmattn_fwd_bf16_d64_mods_gather, dmattn_fwd_bf16_d64_mods_packed, dmattn_fwd_bf16_d64_mods_paged, dmattn_fwd_bf16_d64;
+    Bf16, 96: dmattn_fwd_bf16_d96_mods, dmattn_fwd_bf16_d96_mods_gather, dmattn_fwd_bf16_d96_mods_packed, dmattn_fwd_bf16_d96_mods_paged, dmattn_fwd_bf16_d96;
+    Bf16, 128: dmattn_fwd_bf16_d128_mods, dmattn_fwd_bf16_d128_mods_gather, dmattn_fwd_bf16_d128_mods_packed, dmattn_fwd_bf16_d128_mods_paged, dmattn_fwd_bf16_d128;
+    Bf16, 192: dmattn_fwd_bf16_d192_mods, dmattn_fwd_bf16_d192_mods_gather, dmattn_fwd_bf16_d192_mods_packed, dmattn_fwd_bf16_d192_mods_paged, dmattn_fwd_bf16_d192;
+    Bf16, 256: dmattn_fwd_bf16_d256_mods, dmattn_fwd_bf16_d256_mods_gather, dmattn_fwd_bf16_d256_mods_packed, dmattn_fwd_bf16_d256_mods_paged, dmattn_fwd_bf16_d256;
+    F16, 32: dmattn_fwd_f16_d32_mods, dmattn_fwd_f16_d32_mods_gather, dmattn_fwd_f16_d32_mods_packed, dmattn_fwd_f16_d32_mods_paged, dmattn_fwd_f16_d32;
+    F16, 64: dmattn_fwd_f16_d64_mods, dmattn_fwd_f16_d64_mods_gather, dmattn_fwd_f16_d64_mods_packed, dmattn_fwd_f16_d64_mods_paged, dmattn_fwd_f16_d64;
+    F16, 96: dmattn_fwd_f16_d96_mods, dmattn_fwd_f16_d96_mods_gather, dmattn_fwd_f16_d96_mods_packed, dmattn_fwd_f16_d96_mods_paged, dmattn_fwd_f16_d96;
+    F16, 128: dmattn_fwd_f16_d128_mods, dmattn_fwd_f16_d128_mods_gather, dmattn_fwd_f16_d128_mods_packed, dmattn_fwd_f16_d128_mods_paged, dmattn_fwd_f16_d128;
+    F16, 192: dmattn_fwd_f16_d192_mods, dmattn_fwd_f16_d192_mods_gather, dmattn_fwd_f16_d192_mods_packed, dmattn_fwd_f16_d192_mods_paged, dmattn_fwd_f16_d192;
+    F16, 256: dmattn_fwd_f16_d256_mods, dmattn_fwd_f16_d256_mods_gather, dmattn_fwd_f16_d256_mods_packed, dmattn_fwd_f16_d256_mods_paged, dmattn_fwd_f16_d256;
 }
 
 /// The narrow gather variants (`FwdVariants::gather_narrow`) of a tile table: `names::FWD_*_GATHER_NARROW`.
 macro_rules! fwd_gather_narrow {
     ($variants:ident: $($elem:ty, $d:literal: $name:ident;)*) => {$(
-        fwd_kernels!(@one $name, $elem, $d, match $variants($d).gather_narrow { Some(t) => t, None => panic!() }, true, true, false);
+        fwd_kernels!(@one $name, $elem, $d, match $variants($d).gather_narrow { Some(t) => t, None => panic!() }, true, true, false, false);
     )*};
 }
 
@@ -207,24 +209,25 @@ fwd_gather_narrow! { variants:
     F16, 64: dmattn_fwd_f16_d64_mods_gather_narrow;
 }
 
-/// The Hopper forward (`dmattn_fwd_sm90_<elem>_d<dim>[_mods[_gather[_narrow]|_paged]]`,
+/// The Hopper forward (`dmattn_fwd_sm90_<elem>_d<dim>[_mods[_gather[_narrow]|_packed|_paged]]`,
 /// `names::FWD_WGMMA_PREFIX`): the portable forward's variants on `wgmma` products.
 macro_rules! fwd_wgmma_kernels {
-    ($($elem:ty, $d:literal: $plain:ident, $mods:ident, $gather:ident, $paged:ident $(, $narrow:ident)?;)*) => {$(
-        fwd_kernels!(@one $plain, $elem, $d, match sm90_variants($d).plain { Some(t) => t, None => panic!() }, false, false, false);
-        fwd_kernels!(@one $mods, $elem, $d, sm90_variants($d).mods, true, false, false);
-        fwd_kernels!(@one $gather, $elem, $d, sm90_variants($d).mods, true, true, false);
-        fwd_kernels!(@one $paged, $elem, $d, sm90_variants($d).mods, true, false, true);
+    ($($elem:ty, $d:literal: $plain:ident, $mods:ident, $gather:ident, $packed:ident, $paged:ident $(, $narrow:ident)?;)*) => {$(
+        fwd_kernels!(@one $plain, $elem, $d, match sm90_variants($d).plain { Some(t) => t, None => panic!() }, false, false, false, false);
+        fwd_kernels!(@one $mods, $elem, $d, sm90_variants($d).mods, true, false, false, false);
+        fwd_kernels!(@one $gather, $elem, $d, sm90_variants($d).mods, true, true, false, false);
+        fwd_kernels!(@one $packed, $elem, $d, sm90_variants($d).mods, true, false, true, false);
+        fwd_kernels!(@one $paged, $elem, $d, sm90_variants($d).mods, true, false, true, true);
         $(fwd_gather_narrow! { sm90_variants: $elem, $d: $narrow; })?
     )*};
 }
 
 #[cfg(target_feature = "sm_90a")]
 fwd_wgmma_kernels! {
-    Bf16, 64: dmattn_fwd_sm90_bf16_d64, dmattn_fwd_sm90_bf16_d64_mods, dmattn_fwd_sm90_bf16_d64_mods_gather, dmattn_fwd_sm90_bf16_d64_mods_paged, dmattn_fwd_sm90_bf16_d64_mods_gather_narrow;
-    F16, 64: dmattn_fwd_sm90_f16_d64, dmattn_fwd_sm90_f16_d64_mods, dmattn_fwd_sm90_f16_d64_mods_gather, dmattn_fwd_sm90_f16_d64_mods_paged, dmattn_fwd_sm90_f16_d64_mods_gather_narrow;
-    Bf16, 128: dmattn_fwd_sm90_bf16_d128, dmattn_fwd_sm90_bf16_d128_mods, dmattn_fwd_sm90_bf16_d128_mods_gather, dmattn_fwd_sm90_bf16_d128_mods_paged;
-    F16, 128: dmattn_fwd_sm90_f16_d128, dmattn_fwd_sm90_f16_d128_mods, dmattn_fwd_sm90_f16_d128_mods_gather, dmattn_fwd_sm90_f16_d128_mods_paged;
+    Bf16, 64: dmattn_fwd_sm90_bf16_d64, dmattn_fwd_sm90_bf16_d64_mods, dmattn_fwd_sm90_bf16_d64_mods_gather, dmattn_fwd_sm90_bf16_d64_mods_packed, dmattn_fwd_sm90_bf16_d64_mods_paged, dmattn_fwd_sm90_bf16_d64_mods_gather_narrow;
+    F16, 64: dmattn_fwd_sm90_f16_d64, dmattn_fwd_sm90_f16_d64_mods, dmattn_fwd_sm90_f16_d64_mods_gather, dmattn_fwd_sm90_f16_d64_mods_packed, dmattn_fwd_sm90_f16_d64_mods_paged, dmattn_fwd_sm90_f16_d64_mods_gather_narrow;
+    Bf16, 128: dmattn_fwd_sm90_bf16_d128, dmattn_fwd_sm90_bf16_d128_mods, dmattn_fwd_sm90_bf16_d128_mods_gather, dmattn_fwd_sm90_bf16_d128_mods_packed, dmattn_fwd_sm90_bf16_d128_mods_paged;
+    F16, 128: dmattn_fwd_sm90_f16_d128, dmattn_fwd_sm90_f16_d128_mods, dmattn_fwd_sm90_f16_d128_mods_gather, dmattn_fwd_sm90_f16_d128_mods_packed, dmattn_fwd_sm90_f16_d128_mods_paged;
 }
 
 /// Backward entry points per (element type, head dim): `dmattn_bwd_<elem>_d<dim>[_mods][_det]`

@@ -3,11 +3,12 @@
 //! packed into one u64 in the MMA accumulator order (`dmattn_abi::mask_bit`), so a kernel reads
 //! one bit per score instead of one byte, one 16-bit load per row and tile per thread.
 use crate::arch::*;
+use crate::seq::Seq;
 use dmattn_abi::{BLOCK_MAP_K, BLOCK_MAP_Q, MASK_PACK_THREADS, MaskPackParams, block_class, mask_bit, mask_bits_of_bytes};
 
 /// Grid `(k_blocks, q_blocks, mask_batch * mask_heads)`, `MASK_PACK_THREADS` threads: four
 /// adjacent lanes share a row, each reading a 16-key strip. Out-of-range elements count for
-/// neither class and pack as 0.
+/// neither class and pack as 0. A packed batch's CTAs past their sequence's blocks return.
 #[inline(always)]
 pub unsafe fn mask_pack(p: &MaskPackParams) {
     const KEYS_PER_THREAD: u32 = BLOCK_MAP_Q * BLOCK_MAP_K / MASK_PACK_THREADS;
@@ -15,14 +16,19 @@ pub unsafe fn mask_pack(p: &MaskPackParams) {
     const { assert!(THREADS_PER_ROW == 4 && KEYS_PER_THREAD == 16) };
     let tid = thread_idx();
     let (kb, qb, bh) = block_idx();
-    let [_, heads, rows, keys] = p.dims;
-    let (b, h) = ((bh / heads) as u64, (bh % heads) as u64);
+    let [_, heads, mq, sk] = p.dims;
+    let (b, h) = (bh / heads, (bh % heads) as u64);
+    let seq = Seq::in_batch::<true>(&p.seqs, b, mq, sk);
+    let (rows, keys) = (if p.seq_rows != 0 { seq.len_q } else { mq }, seq.len_k);
+    if qb * BLOCK_MAP_Q >= rows || kb * BLOCK_MAP_K >= keys {
+        return;
+    }
     let s = p.mask.stride;
     let row = qb * BLOCK_MAP_Q + tid / THREADS_PER_ROW;
     let k0 = (tid % THREADS_PER_ROW) * KEYS_PER_THREAD;
     let (mut any, mut all, mut word) = (false, true, 0u64);
     if row < rows {
-        let base = p.mask.ptr + b * s[0] + h * s[1] + row as u64 * s[2];
+        let base = p.mask.ptr + seq.origin(&s) + h * s[1] + row as u64 * s[2];
         let first = kb * BLOCK_MAP_K + k0;
         let strip = base + first as u64 * s[3];
         if p.packed != 0 {
@@ -66,13 +72,15 @@ pub unsafe fn mask_pack(p: &MaskPackParams) {
         word |= (hi as u64) << 32 | lo as u64;
     }
     if tid % THREADS_PER_ROW == 0 && row < rows {
-        let at = (bh as u64 * rows as u64 + row as u64) * p.k_blocks as u64 + kb as u64;
-        unsafe { *(p.bits as *mut u64).add(at as usize) = word };
+        let o = &p.bits;
+        let at = seq.origin(&o.stride) + h * o.stride[1] + row as u64 * o.stride[2] + kb as u64;
+        unsafe { *(o.ptr as *mut u64).add(at as usize) = word };
     }
     let any = sync_threads_or(any);
     let all = sync_threads_and(all);
     if tid == 0 {
-        let at = ((bh * p.q_blocks + qb) * p.k_blocks + kb) as usize;
-        unsafe { *(p.classes as *mut u8).add(at) = block_class::of(any, all) };
+        let c = &p.classes;
+        let at = seq.origin(&c.stride) + h * c.stride[1] + qb as u64 * c.stride[2] + kb as u64;
+        unsafe { *(c.ptr as *mut u8).add(at as usize) = block_class::of(any, all) };
     }
 }

@@ -21,7 +21,7 @@ pub unsafe fn fwd_order<const BM: usize, const BN: usize>(p: &OrderParams) {
     let grid = [f.seqlen_q.div_ceil(BM as u32), f.heads, f.batch];
     unsafe {
         order(p, grid, |bx, head, batch, lane| {
-            let b = BlockInfo::at::<true>(f, BM as u32, grid[0], (bx, head, batch));
+            let b = BlockInfo::at::<true, false>(f, BM as u32, grid[0], (bx, head, batch));
             let map = MapRows::<BM, BN>::new(&f.block_map, b.block_map(), b.m_block, &b.vis);
             let (begin, end) = b.key_tiles(0, map.end());
             visited(&map, map.next_candidate(begin), end, lane)

@@ -3,7 +3,7 @@
 //! sequence asks this for its lengths and first rows, and nothing else reads `cu_seqlens`.
 use crate::arch::{ld_global_nc_u32, opaque, smem_ref, st_shared_u32, st_shared_u64};
 use core::mem::offset_of;
-use dmattn_abi::{BwdParams, FwdParams, View4};
+use dmattn_abi::{BwdParams, FwdParams, Seqs, View4};
 
 const _: () = assert!(offset_of!(BwdParams, fwd.seqs) % 8 == 0 && offset_of!(BwdParams, dq_turns) % 8 == 0);
 
@@ -28,9 +28,15 @@ impl Seq {
     /// fixed-length calls (the host's choice).
     #[inline(always)]
     pub fn of<const PACKED: bool>(p: &FwdParams, b: u32) -> Self {
-        let s = &p.seqs;
+        Self::in_batch::<PACKED>(&p.seqs, b, p.seqlen_q, p.seqlen_k)
+    }
+
+    /// [`Seq::of`] for any kernel's `Seqs`: batch entry `b` of `seqlen_q x seqlen_k` where
+    /// `seqs` holds no prefix sums.
+    #[inline(always)]
+    pub fn in_batch<const PACKED: bool>(s: &Seqs, b: u32, seqlen_q: u32, seqlen_k: u32) -> Self {
         if !PACKED || s.cu_q == 0 {
-            return Seq { index: b, batch: b as u64, q0: 0, k0: 0, len_q: p.seqlen_q, len_k: p.seqlen_k };
+            return Seq { index: b, batch: b as u64, q0: 0, k0: 0, len_q: seqlen_q, len_k: seqlen_k };
         }
         let at = 4 * b as u64;
         let (q0, q1, k0, k1) = unsafe {
@@ -66,14 +72,16 @@ impl Seq {
         self.batch * stride[0] + (self.k0 + j) as u64 * stride[1]
     }
 
-    /// Element offset of the sequence's (query 0, key 0) in a bias (or its gradient's
-    /// accumulator) with strides `stride`, before the head's: its batch entry; in a packed batch
-    /// (no batch dimension) its first query's row (`stride[2]`, 0 for a key-side bias) and first
-    /// key (`stride[0]`: the step per packed key of a key-side bias `[total_k, heads]`, 0 for a
-    /// query-based one `[total_q, heads, max_seqlen_k]`, whose keys count from the sequence's
-    /// first). (`k0` and `q0` are 0 in a fixed-length call.)
+    /// Element offset of the sequence's (query 0, key 0), before the head's, in an operand laid
+    /// out by query row and key (a bias, its gradient's accumulator, a mask's bits or block
+    /// classes) with strides `stride`: its batch entry; in a packed batch (no batch dimension)
+    /// its first query's row (`stride[2]`, 0 for a key-side operand) and first key (`stride[0]`:
+    /// the step per packed key of a key-side operand `[total_k, heads]`, 0 for a query-based one
+    /// `[total_q, heads, max_seqlen_k]`, whose keys count from the sequence's first). A mask's
+    /// bits and classes are laid out so that the same rule places them (host `pack_sequences`).
+    /// (`k0` and `q0` are 0 in a fixed-length call.)
     #[inline(always)]
-    pub fn bias_offset(&self, stride: &[u64; 4]) -> u64 {
+    pub fn origin(&self, stride: &[u64; 4]) -> u64 {
         (self.batch + self.k0 as u64) * stride[0] + self.q0 as u64 * stride[2]
     }
 
@@ -91,8 +99,8 @@ impl Seq {
 /// walks need no per-step loads or registers for it: its lengths as the problem's (a key tile
 /// past a shorter sequence's end gets no queries and no keys: it loads and writes nothing), and
 /// the bases of operands (batch stride 0, from the host; a key-side bias and its gradient at the
-/// sequence's first key, a query-based one at its first query), LSE, delta and the dQ turn counters
-/// moved so that the fixed-length indexing with batch `b` lands on its rows. The fields are
+/// sequence's first key, a query-based one at its first query), LSE, delta and the dQ and dbias
+/// turn counters moved so that the fixed-length indexing with batch `b` lands on its rows. The fields are
 /// rewritten with shared-memory stores: writes LLVM could see through a reference reorder the
 /// kernels' code into spills.
 #[inline(always)]
@@ -116,14 +124,16 @@ pub unsafe fn localize(dst: u32, (n_block, _, b): (u32, u32, u32), block_m: u32,
     to_row(offset_of!(BwdParams, fwd.v), &f.v, k0, 2);
     to_row(offset_of!(BwdParams, dk), &p.dk, k0, 2);
     to_row(offset_of!(BwdParams, dv), &p.dv, k0, 2);
-    // A packed bias and its gradient's accumulator: the sequence's (query 0, key 0), then no
-    // batch step (`Seq::bias_offset`).
+    // A packed bias, its gradient's accumulator, the mask's bits and classes: the sequence's
+    // (query 0, key 0), then no batch step (`Seq::origin`).
     let to_seq = |offset: usize, v: &View4, elem: u64| {
-        store(offset, v.ptr + elem * seq.bias_offset(&v.stride));
+        store(offset, v.ptr + elem * seq.origin(&v.stride));
         store(offset + offset_of!(View4, stride), 0);
     };
     to_seq(offset_of!(BwdParams, fwd.bias), &f.bias, 2);
     to_seq(offset_of!(BwdParams, dbias_accum), &p.dbias_accum, 4);
+    to_seq(offset_of!(BwdParams, fwd.mask_bits), &f.mask_bits, 8);
+    to_seq(offset_of!(BwdParams, fwd.block_map), &f.block_map, 1);
     // LSE/delta `(b * h + head) * lse_rows + row` must land on `head * lse_rows + q0 + row`:
     // the base moves by `q0 - b * h * lse_rows` rows (wrapping; the sum is in bounds).
     let rows_back = (b as u64 * f.heads as u64 * f.seqs.lse_rows as u64).wrapping_sub(q0);
@@ -136,6 +146,11 @@ pub unsafe fn localize(dst: u32, (n_block, _, b): (u32, u32, u32), block_m: u32,
     store(offset_of!(BwdParams, dq_turns), p.dq_turns + 4 * b as u64 * f.heads as u64 * (tiles(f.seqlen_q) - tiles(seq.len_q)));
     let col0 = n_block * block_n;
     let (len_q, len_k) = if col0 < seq.len_k { (seq.len_q, seq.len_k) } else { (0, col0) };
+    // dbias turns (deterministic mode, a bias every kv head adds to; no two sequences share an
+    // element, the host's `bias_dims`): slot `b * key_tiles + n` with the key-tile count of the
+    // lengths stored below, so the base moves for sequence `b`'s to start at `b * key_tiles_max`.
+    let key_tiles = |keys: u32| keys.div_ceil(block_n) as u64;
+    store(offset_of!(BwdParams, dbias_turns), p.dbias_turns + 4 * b as u64 * (key_tiles(f.seqlen_k) - key_tiles(len_k)));
     unsafe {
         st_shared_u32(dst + offset_of!(BwdParams, fwd.seqlen_q) as u32, len_q);
         st_shared_u32(dst + offset_of!(BwdParams, fwd.seqlen_k) as u32, len_k);

@@ -1,6 +1,6 @@
 //! Packed variable-length batches: random cases, and the check that a packed call equals each
 //! of its sequences run as its own fixed-length call on the CPU reference.
-use crate::sparse::{BandCtor, MaskSpec};
+use crate::sparse::{BandCtor, MaskSpec, plane_head};
 use crate::*;
 use dmattn::{PageTable, SeqLens};
 use rand::seq::SliceRandom;
@@ -21,9 +21,21 @@ pub struct VarlenCase {
     /// `bias_per_query` query-based `[total_q, heads, max_seqlen_k]`.
     pub bias_heads: Option<usize>,
     pub bias_per_query: bool,
+    /// A bool mask (its layouts are the bias's).
+    pub mask: Option<VarlenMask>,
     pub dtype: DType,
     /// K/V as the pages of a paged KV cache of this page size (forward only).
     pub page_size: Option<usize>,
+}
+
+/// A packed batch's bool mask: `heads` heads (1, kv_heads or heads), key-side `[total_k, heads]`
+/// or with `per_query` query-based `[total_q, heads, max_seqlen_k]`, each flag true with
+/// probability `density`.
+#[derive(Clone, Copy, Debug)]
+pub struct VarlenMask {
+    pub heads: usize,
+    pub per_query: bool,
+    pub density: f64,
 }
 
 /// A packed batch's tensors: q `[total_q, h, d]`, k/v `[total_k, hk, d]`, dO like q.
@@ -33,6 +45,7 @@ pub struct Packed {
     pub v: Tensor,
     pub dout: Tensor,
     pub bias: Option<Tensor>,
+    pub mask: Option<Tensor>,
     /// The case's K/V pages, where it has a page size.
     pub pages: Option<Pages>,
 }
@@ -54,6 +67,7 @@ impl Packed {
             v: mv(&self.v),
             dout: mv(&self.dout),
             bias: self.bias.as_ref().map(mv),
+            mask: self.mask.as_ref().map(mv),
             pages: self.pages.as_ref().map(|p| Pages { k: mv(&p.k), v: mv(&p.v), table: p.table.clone() }),
         }
     }
@@ -82,8 +96,14 @@ impl VarlenCase {
 
     /// The bias's shape with `hb` heads.
     fn bias_shape(&self, hb: usize) -> Vec<usize> {
+        self.packed_shape(self.bias_per_query, hb)
+    }
+
+    /// A packed operand's shape with `heads` heads: query-based `[total_q, heads,
+    /// max_seqlen_k]` or key-side `[total_k, heads]`.
+    fn packed_shape(&self, per_query: bool, heads: usize) -> Vec<usize> {
         let (tq, tk) = self.totals();
-        if self.bias_per_query { vec![tq, hb, self.max_k()] } else { vec![tk, hb] }
+        if per_query { vec![tq, heads, self.max_k()] } else { vec![tk, heads] }
     }
 
     fn max_k(&self) -> usize {
@@ -93,8 +113,14 @@ impl VarlenCase {
     /// Where sequence `b`'s bias value of (head `hh`, query `i`, key `j`) is in the packed bias
     /// with `hb` heads.
     fn bias_index(&self, b: usize, hb: usize, hh: usize, i: usize, j: usize) -> usize {
+        self.packed_index(self.bias_per_query, b, hb, hh, i, j)
+    }
+
+    /// Where sequence `b`'s value of (head `hh`, query `i`, key `j`) is in a packed operand of
+    /// `heads` heads, query-based or key-side.
+    fn packed_index(&self, per_query: bool, b: usize, heads: usize, hh: usize, i: usize, j: usize) -> usize {
         let (q0, k0) = self.lens[..b].iter().fold((0, 0), |(a, c), &(q, k)| (a + q, c + k));
-        if self.bias_per_query { ((q0 + i) * hb + hh) * self.max_k() + j } else { (k0 + j) * hb + hh }
+        if per_query { ((q0 + i) * heads + hh) * self.max_k() + j } else { (k0 + j) * heads + hh }
     }
 
     fn totals(&self) -> (usize, usize) {
@@ -125,6 +151,11 @@ impl VarlenCase {
             v: rand_tensor(&kv_shape),
             dout: rand_tensor(&q_shape),
             bias: self.bias_heads.map(|hb| self.pad_with_nan(rand_tensor(&self.bias_shape(hb)), hb)),
+            mask: self.mask.map(|m| {
+                let shape = self.packed_shape(m.per_query, m.heads);
+                let keep = (0..shape.iter().product()).map(|_| rng.random_bool(m.density)).collect();
+                Tensor::from_vec(keep, &shape, &Device::Cpu).unwrap()
+            }),
             pages: None,
         };
         packed.pages = self.page_size.map(|ps| self.paged(&packed, ps, rng));
@@ -191,14 +222,18 @@ impl VarlenCase {
         if let Some(b) = &inputs.bias {
             call = call.bias(b);
         }
+        if let Some(m) = &inputs.mask {
+            call = call.mask(m);
+        }
         if let Some(b) = &band {
             call = call.sparse_mask(b);
         }
         call.forward()
     }
 
-    /// Sequence `b` as a fixed-length case with a dense mask for the band, and its inputs.
-    fn sequence(&self, inputs: &[Vec<f64>; 4], bias: Option<&[f64]>, b: usize) -> (Case, crate::Inputs, Tensor) {
+    /// Sequence `b` as a fixed-length case with a dense mask for the band and the packed mask
+    /// (`mask`: its flags) together, and its inputs.
+    fn sequence(&self, inputs: &[Vec<f64>; 4], bias: Option<&[f64]>, mask: Option<&[bool]>, b: usize) -> (Case, crate::Inputs, Tensor) {
         let (q0, k0) = self.lens[..b]
             .iter()
             .fold((0, 0), |(a, c), &(q, k)| (a + q, c + k));
@@ -231,9 +266,27 @@ impl VarlenCase {
             bias: seq_bias,
         };
         let dout = t(&inputs[3], q0, qw, case.q_shape());
-        match self.band {
-            Some(b) => {
-                let (case, seq_inputs) = MaskSpec::band(b, 0).dense_call(&case, &seq_inputs);
+        // The band's and the mask's flags as one dense `[1, heads, sq, sk]` mask (causal folded
+        // into the band's).
+        let h = self.heads;
+        let band = self.band.map(|band| MaskSpec::band(band, 0).visible(&case, case.causal));
+        let packed = mask.zip(self.mask).map(|(flags, m)| {
+            (0..h * sq * sk)
+                .map(|e| {
+                    let (hh, i, j) = (e / (sq * sk), e / sk % sq, e % sk);
+                    flags[self.packed_index(m.per_query, b, m.heads, plane_head(m.heads, h, self.kv_heads, hh), if m.per_query { i } else { 0 }, j)]
+                })
+                .collect::<Vec<bool>>()
+        });
+        let dense = match (band, packed) {
+            (Some(a), Some(b)) => Some(a.iter().zip(&b).map(|(x, y)| *x && *y).collect()),
+            (a, b) => a.or(b),
+        };
+        match dense {
+            Some(keep) => {
+                let shape = [1, h, sq, sk];
+                let case = Case { mask: Some(shape), causal: case.causal && self.band.is_none(), ..case };
+                let seq_inputs = crate::Inputs { mask: Some(Tensor::from_vec(keep, &shape, &Device::Cpu).unwrap()), ..seq_inputs };
                 (case, seq_inputs, dout)
             }
             None => (case, seq_inputs, dout),
@@ -258,6 +311,7 @@ pub fn check_varlen(
     let cpu = case.inputs(&mut seeded_rng(seed));
     let values = [&cpu.q, &cpu.k, &cpu.v, &cpu.dout].map(|t| t.to_f64_vec().unwrap());
     let bias = cpu.bias.as_ref().map(|t| t.to_f64_vec().unwrap());
+    let mask: Option<Vec<bool>> = cpu.mask.as_ref().map(|t| t.to_f64_vec().unwrap().into_iter().map(|x| x != 0.0).collect());
     let inputs = cpu.to(device);
     let seqs = case.seqlens(device);
     let fwd = case
@@ -283,7 +337,7 @@ pub fn check_varlen(
     let (mut q0, mut k0) = (0, 0);
     for (b, &(sq, sk)) in case.lens.iter().enumerate() {
         if sq > 0 && sk > 0 {
-            let (seq_case, seq_inputs, dout) = case.sequence(&values, bias.as_deref(), b);
+            let (seq_case, seq_inputs, dout) = case.sequence(&values, bias.as_deref(), mask.as_deref(), b);
             let r = seq_case
                 .forward(&seq_inputs)
                 .map_err(|e| TestCaseError::fail(format!("reference of sequence {b}: {e}")))?;
@@ -376,9 +430,9 @@ fn seq_len(max: usize) -> impl Strategy<Value = usize> {
 }
 
 /// Random packed batches: 1-6 sequences of lengths 0..=`max_seqlen` (queries and keys drawn
-/// apart), 16-bit dtypes, every head dim, GQA, causal, windows, softcap and key-side or
-/// query-based biases,
-/// with a seed.
+/// apart), 16-bit dtypes, every head dim, GQA, causal, windows, softcap, and key-side or
+/// query-based biases and masks (each layout with each: the mixed ones too; masks hiding every
+/// key to none), with a seed.
 pub fn varlen_cases(max_seqlen: usize) -> impl Strategy<Value = (VarlenCase, u64)> {
     let band = prop_oneof![
         4 => Just(None),
@@ -398,11 +452,18 @@ pub fn varlen_cases(max_seqlen: usize) -> impl Strategy<Value = (VarlenCase, u64
             prop_oneof![3 => Just(0.0), 1 => Just(20.0)],
             any::<u64>(),
         ),
+        (
+            prop::sample::select(vec![None, None, Some(0usize), Some(1), Some(2)]),
+            any::<bool>(),
+            prop::sample::select(vec![0.0, 0.02, 0.3, 0.8, 1.0]),
+        ),
     )
         .prop_map(
-            |(lens, (dtype, head_dim), (kv_heads, group, bias, bias_per_query), (causal, band, softcap, seed))| {
-                // A key-side or query-based bias with 1, kv_heads or heads heads.
-                let bias_heads = bias.map(|i| [1, kv_heads, kv_heads * group][i]);
+            |(lens, (dtype, head_dim), (kv_heads, group, bias, bias_per_query), (causal, band, softcap, seed), (mask, mask_per_query, density))| {
+                // A key-side or query-based bias and mask with 1, kv_heads or heads heads.
+                let heads = |i: usize| [1, kv_heads, kv_heads * group][i];
+                let bias_heads = bias.map(heads);
+                let mask = mask.map(|i| VarlenMask { heads: heads(i), per_query: mask_per_query, density });
                 (
                     VarlenCase {
                         lens,
@@ -414,6 +475,7 @@ pub fn varlen_cases(max_seqlen: usize) -> impl Strategy<Value = (VarlenCase, u64
                         softcap,
                         bias_heads,
                         bias_per_query,
+                        mask,
                         dtype,
                         page_size: None,
                     },

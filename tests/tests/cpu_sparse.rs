@@ -378,6 +378,26 @@ fn prepared_mask_serves_many_calls() {
     all_pass("prepared_mask_serves_many_calls", results);
 }
 
+/// A bool mask with a parametric sparse mask is the two ANDed: the same outputs as the dense
+/// mask and the rule combined into one prepared mask.
+#[test]
+fn mask_with_parametric_sparse_mask() {
+    let mut rng = fresh_rng("mask_with_parametric_sparse_mask");
+    let (sq, sk) = (37, 70);
+    let case = Case { dtype: DType::F64, mask: Some([2, 2, 1, sk]), bias: Some([1, 4, sq, sk]), ..Case::new(2, sq, sk, 4, 2, 8) };
+    let inputs = case.inputs(&mut rng);
+    let mut results = Vec::new();
+    for rule in [SparseMask::causal_window(9).with_sinks(3), SparseMask::window(Some(5), Some(20)), SparseMask::compress_causal(2)] {
+        let alone = rule.clone().prepare(sq, sk).unwrap();
+        let both = rule.and(SparseMask::dense(inputs.mask.as_ref().unwrap())).prepare(sq, sk).unwrap();
+        let a = case.call(&inputs).sparse_mask(&alone).forward().unwrap();
+        let b = attention(&inputs.q, &inputs.k, &inputs.v).bias(inputs.bias.as_ref().unwrap()).sparse_mask(&both).forward().unwrap();
+        results.push(same("out", &a.out, &b.out));
+        results.push(same("lse", &a.lse, &b.lse));
+    }
+    all_pass("mask_with_parametric_sparse_mask", results);
+}
+
 /// `memory_bytes` is 0 for a parametric mask and positive with data; `estimated_speedup` is
 /// what its docs define (64x64 tiles over those the mask's data and band both touch, computed
 /// here independently), 1 for `all()`, and far above 1 for a sliding window on a long sequence.
@@ -622,9 +642,9 @@ fn rejects_bad_sparse_masks() {
         ("prepare(sq, 0)", Box::new(|| expect("", SparseMask::dense(&dense_ok).prepare(sq, 0), Want::Param("seqlen")))),
         // The call.
         (
-            "mask and sparse_mask",
+            "mask and sparse_mask with data",
             Box::new(|| {
-                let p = SparseMask::causal().prepare(sq, sk).unwrap();
+                let p = SparseMask::causal().and(SparseMask::dense(&dense_ok)).prepare(sq, sk).unwrap();
                 expect("", attention(&i.q, &i.k, &i.v).mask(&dense_ok).sparse_mask(&p).forward(), Want::Param("mask"))
             }),
         ),

@@ -3,7 +3,7 @@
 //! `cu_seqlens` or packed shape is a typed error naming the argument.
 use dmattn::{DType, Device, Error, PageTable, SeqLens, Tensor, attention};
 use dmattn_tests::sparse::BandCtor;
-use dmattn_tests::varlen::{VarlenCase, check_varlen};
+use dmattn_tests::varlen::{VarlenCase, VarlenMask, check_varlen};
 
 fn case(lens: &[(usize, usize)], causal: bool, band: Option<BandCtor>) -> VarlenCase {
     VarlenCase {
@@ -16,6 +16,7 @@ fn case(lens: &[(usize, usize)], causal: bool, band: Option<BandCtor>) -> Varlen
         softcap: 0.0,
         bias_heads: None,
         bias_per_query: false,
+        mask: None,
         dtype: DType::F64,
         page_size: None,
     }
@@ -43,6 +44,17 @@ fn packed_calls_equal_each_sequence_alone() {
             };
             check_varlen(&c, &Device::Cpu, 17 + i as u64, true, false, 1e-12).unwrap();
         }
+    }
+    // A key-side or query-based mask of each head count, with either bias layout (the mixed
+    // layouts too), with causal and a window on top.
+    for (i, (per_query, bias_per_query, band)) in [(false, true, None), (true, false, Some(BandCtor::CausalWindow(3))), (true, true, None), (false, false, Some(BandCtor::Window(Some(2), None)))].into_iter().enumerate() {
+        let c = VarlenCase {
+            bias_heads: Some([1, 2, 4, 2][i]),
+            bias_per_query,
+            mask: Some(VarlenMask { heads: [4, 1, 2, 4][i], per_query, density: 0.6 }),
+            ..case(&lens, true, band)
+        };
+        check_varlen(&c, &Device::Cpu, 40 + i as u64, true, false, 1e-12).unwrap();
     }
     // No queries at all, no keys at all.
     for lens in [&[(0, 4)][..], &[(0, 0), (2, 0)], &[(3, 0)]] {
@@ -117,7 +129,7 @@ fn malformed_seqlens_are_typed_errors() {
     );
     let q4 = Tensor::from_fn(&[1, 5, 4, 8], DType::F32, &cpu, |i| i as f64).unwrap();
     shape(attention(&q4, &kv, &kv).seqlens(&seqs).forward(), "q");
-    // A bias is key-side `[total_k, {1|hk|h}]`, and not in deterministic mode.
+    // A bias is key-side `[total_k, {1|hk|h}]`.
     let bias = Tensor::from_fn(&[1, 1, 1, 4], DType::F32, &cpu, |i| i as f64).unwrap();
     shape(attention(&q, &kv, &kv).seqlens(&seqs).bias(&bias).forward(), "bias");
     let bias = Tensor::from_fn(&[6, 3], DType::F32, &cpu, |i| i as f64).unwrap();
@@ -130,7 +142,18 @@ fn malformed_seqlens_are_typed_errors() {
     shape(attention(&q, &kv, &kv).seqlens(&seqs).bias(&per_query(&[5, 4, 6])).forward(), "bias");
     shape(attention(&q, &kv, &kv).seqlens(&seqs).bias(&per_query(&[6, 4, 4])).forward(), "bias");
     shape(attention(&q, &kv, &kv).seqlens(&seqs).bias(&per_query(&[5, 3, 4])).forward(), "bias");
-    assert!(matches!(attention(&q, &kv, &kv).seqlens(&seqs).bias(&bias).deterministic(true).forward(), Err(Error::Unsupported { .. })));
+    attention(&q, &kv, &kv).seqlens(&seqs).bias(&bias).deterministic(true).forward().unwrap();
+    // A mask takes the bias's layouts, Bool only.
+    let keep = |s: &[usize]| Tensor::from_fn(s, DType::Bool, &cpu, |i| (i % 3 != 0) as u8 as f64).unwrap();
+    attention(&q, &kv, &kv).seqlens(&seqs).mask(&keep(&[6, 2])).forward().unwrap();
+    attention(&q, &kv, &kv).seqlens(&seqs).mask(&keep(&[5, 1, 4])).bias(&bias).forward().unwrap();
+    for bad in [&[6, 3][..], &[5, 2], &[1, 1, 1, 6], &[5, 4, 5]] {
+        shape(attention(&q, &kv, &kv).seqlens(&seqs).mask(&keep(bad)).forward(), "mask");
+    }
+    match attention(&q, &kv, &kv).seqlens(&seqs).mask(&per_query(&[5, 4, 4])).forward() {
+        Err(Error::DType { arg, .. }) => assert_eq!(arg, "mask"),
+        other => panic!("expected a dtype error naming mask, got {:?}", other.err()),
+    }
     attention(&q, &kv, &kv)
         .seqlens(&seqs)
         .causal(true)

@@ -1,12 +1,13 @@
 //! Packed variable-length batches on the GPU, each sequence checked against its own
 //! fixed-length call on the f64 CPU reference (`dmattn_tests::varlen::check_varlen`): property
 //! tests over random batches (1-6 sequences, lengths 0 to 300 drawn apart for queries and keys,
-//! 16-bit dtypes, every head dim, GQA, causal, windows, softcap), forward, backward and the
-//! deterministic backward; bit-identical deterministic gradients; decoding-shaped batches (a
-//! few queries over long keys, split-KV). `DMATTN_GPU_CASES` sets the property tests' case
+//! 16-bit dtypes, every head dim, GQA, causal, windows, softcap, biases and masks in either
+//! layout), forward, backward and the deterministic backward; bit-identical deterministic
+//! gradients; decoding-shaped batches (a few queries over long keys, split-KV, key-side masks). `DMATTN_GPU_CASES` sets the property tests' case
 //! counts. Skips, saying why, where there is no CUDA device.
 use dmattn::{DType, Device, Error, PageTable, SeqLens, Tensor, attention};
-use dmattn_tests::varlen::{VarlenCase, check_varlen, varlen_cases};
+use dmattn_tests::sparse::BandCtor;
+use dmattn_tests::varlen::{VarlenCase, VarlenMask, check_varlen, varlen_cases};
 use dmattn_tests::*;
 use proptest::test_runner::TestCaseError;
 
@@ -39,42 +40,82 @@ fn varlen_backward_matches_reference() {
 #[test]
 fn varlen_deterministic_backward_matches_reference() {
     let Some(gpu) = gpu() else { return };
-    // (A packed batch's bias is not taken in deterministic mode.)
-    varlen_property(150, 200, |(c, seed)| {
-        check_varlen(&VarlenCase { bias_heads: None, ..c }, &gpu, seed, true, true, gpu_tolerance(c.dtype))
-    });
+    varlen_property(150, 200, |(c, seed)| check_varlen(&c, &gpu, seed, true, true, gpu_tolerance(c.dtype)));
 }
 
 /// Two deterministic runs give bit-identical gradients on a batch whose sequences have many
-/// key tiles adding to each dQ tile.
+/// key tiles adding to each dQ tile, without a bias and with one of each layout that both kv
+/// heads add to (their dbias turns).
 #[test]
 fn varlen_deterministic_runs_are_bit_identical() {
     let Some(gpu) = gpu() else { return };
-    let c = VarlenCase {
-        lens: vec![(700, 900), (0, 64), (333, 333), (1, 1000)],
-        heads: 4,
-        kv_heads: 2,
-        head_dim: 64,
-        causal: true,
-        band: None,
-        softcap: 0.0,
-        bias_heads: None,
-        bias_per_query: false,
-        dtype: DType::BF16,
-        page_size: None,
-    };
-    let seqs = c.seqlens(&gpu);
-    let inputs = c.inputs(&mut seeded_rng(7)).to(&gpu);
-    let run = || {
-        grads_vec(
-            &c.forward(&inputs, &seqs, true)
-                .unwrap()
-                .backward(&inputs.dout)
-                .unwrap(),
-        )
-    };
-    assert_same_bits(&run(), &run(), &c);
-    check_varlen(&c, &gpu, 7, true, true, gpu_tolerance(c.dtype)).unwrap();
+    for (bias_heads, bias_per_query) in [(None, false), (Some(1), false), (Some(1), true)] {
+        let c = VarlenCase {
+            lens: vec![(700, 900), (0, 64), (333, 333), (1, 1000)],
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 64,
+            causal: true,
+            band: None,
+            softcap: 0.0,
+            bias_heads,
+            bias_per_query,
+            mask: None,
+            dtype: DType::BF16,
+            page_size: None,
+        };
+        let seqs = c.seqlens(&gpu);
+        let inputs = c.inputs(&mut seeded_rng(7)).to(&gpu);
+        let run = || {
+            grads_vec(
+                &c.forward(&inputs, &seqs, true)
+                    .unwrap()
+                    .backward(&inputs.dout)
+                    .unwrap(),
+            )
+        };
+        assert_same_bits(&run(), &run(), &c);
+        check_varlen(&c, &gpu, 7, true, true, gpu_tolerance(c.dtype)).unwrap();
+    }
+}
+
+/// Masks in both layouts with each head count, beside no bias and either layout of bias (the
+/// mixed layouts), sparse and dense, causal or under a window: forward and backward against the
+/// reference, and deterministic gradients bit-identical from run to run.
+#[test]
+fn varlen_masks_in_every_layout() {
+    let Some(gpu) = gpu() else { return };
+    let lens = vec![(200, 300), (0, 50), (65, 1), (130, 129), (1, 700), (77, 0)];
+    let mut seed = 300;
+    for per_query in [false, true] {
+        for (heads, bias_heads, bias_per_query, density, band) in [
+            (1, None, false, 0.5, None),
+            (2, Some(2), !per_query, 0.02, None),
+            (4, Some(1), per_query, 0.9, Some(BandCtor::CausalWindow(40))),
+            (2, Some(4), true, 0.3, Some(BandCtor::Window(Some(100), Some(3)))),
+        ] {
+            seed += 1;
+            let c = VarlenCase {
+                lens: lens.clone(),
+                heads: 4,
+                kv_heads: 2,
+                head_dim: if seed % 2 == 0 { 64 } else { 128 },
+                causal: band.is_none() && seed % 3 != 0,
+                band,
+                softcap: if seed % 4 == 0 { 10.0 } else { 0.0 },
+                bias_heads,
+                bias_per_query,
+                mask: Some(VarlenMask { heads, per_query, density }),
+                dtype: if seed % 3 == 1 { DType::F16 } else { DType::BF16 },
+                page_size: None,
+            };
+            check_varlen(&c, &gpu, seed, true, false, gpu_tolerance(c.dtype)).unwrap();
+            check_varlen(&c, &gpu, seed, true, true, gpu_tolerance(c.dtype)).unwrap();
+            let (seqs, inputs) = (c.seqlens(&gpu), c.inputs(&mut seeded_rng(seed)).to(&gpu));
+            let run = || grads_vec(&c.forward(&inputs, &seqs, true).unwrap().backward(&inputs.dout).unwrap());
+            assert_same_bits(&run(), &run(), &c);
+        }
+    }
 }
 
 /// Batches without any query, or without any key.
@@ -82,7 +123,7 @@ fn varlen_deterministic_runs_are_bit_identical() {
 fn varlen_empty_sides() {
     let Some(gpu) = gpu() else { return };
     for lens in [&[(0, 4)][..], &[(0, 0), (2, 0)], &[(3, 0)], &[(0, 300), (0, 1)]] {
-        let c = VarlenCase { lens: lens.to_vec(), heads: 2, kv_heads: 1, head_dim: 64, causal: true, band: None, softcap: 0.0, bias_heads: None, bias_per_query: false, dtype: DType::BF16, page_size: None };
+        let c = VarlenCase { lens: lens.to_vec(), heads: 2, kv_heads: 1, head_dim: 64, causal: true, band: None, softcap: 0.0, bias_heads: None, bias_per_query: false, mask: None, dtype: DType::BF16, page_size: None };
         check_varlen(&c, &gpu, 3, true, false, gpu_tolerance(c.dtype)).unwrap();
     }
 }
@@ -110,6 +151,8 @@ fn varlen_decoding_batches() {
                 softcap: 0.0,
                 bias_heads: None,
                 bias_per_query: false,
+                // A key-side mask keeping a tenth of the keys, one per kv head.
+                mask: (!causal).then_some(VarlenMask { heads: 2, per_query: false, density: 0.1 }),
                 dtype,
                 page_size: None,
             };
@@ -131,7 +174,7 @@ fn varlen_decoding_batches() {
 #[test]
 fn varlen_seqlens_from_device_tensors() {
     let Some(gpu) = gpu() else { return };
-    let c = VarlenCase { lens: vec![(129, 200), (0, 5), (64, 64)], heads: 4, kv_heads: 2, head_dim: 64, causal: true, band: None, softcap: 0.0, bias_heads: None, bias_per_query: false, dtype: DType::BF16, page_size: None };
+    let c = VarlenCase { lens: vec![(129, 200), (0, 5), (64, 64)], heads: 4, kv_heads: 2, head_dim: 64, causal: true, band: None, softcap: 0.0, bias_heads: None, bias_per_query: false, mask: None, dtype: DType::BF16, page_size: None };
     let inputs = c.inputs(&mut seeded_rng(11)).to(&gpu);
     let i32s = |v: &[i32]| Tensor::from_vec(v.to_vec(), &[v.len()], &gpu).unwrap();
     let from_device = SeqLens::from_tensors(&i32s(&[0, 129, 129, 193]), &i32s(&[0, 200, 205, 269])).unwrap();
@@ -174,7 +217,8 @@ fn assert_paged_equals_packed(c: &VarlenCase, gpu: &Device, seed: u64) -> Result
 fn paged_forward_matches_reference_and_packed() {
     let Some(gpu) = gpu() else { return };
     varlen_property(2000, 300, |(c, seed)| {
-        let c = VarlenCase { page_size: Some([16, 64, 128, 256][seed as usize % 4]), ..c };
+        // (A paged call takes no mask yet.)
+        let c = VarlenCase { page_size: Some([16, 64, 128, 256][seed as usize % 4]), mask: None, ..c };
         check_varlen(&c, &gpu, seed, false, false, gpu_tolerance(c.dtype))?;
         assert_paged_equals_packed(&c, &gpu, seed)
     });
@@ -197,6 +241,7 @@ fn paged_decoding_batches() {
             softcap: 0.0,
             bias_heads: Some(2),
             bias_per_query: false,
+            mask: None,
             dtype,
             page_size: Some(page_size),
         };
@@ -210,7 +255,7 @@ fn paged_decoding_batches() {
 #[test]
 fn paged_table_from_device_tensor() {
     let Some(gpu) = gpu() else { return };
-    let c = VarlenCase { lens: vec![(3, 200), (1, 70)], heads: 4, kv_heads: 2, head_dim: 64, causal: true, band: None, softcap: 0.0, bias_heads: None, bias_per_query: false, dtype: DType::BF16, page_size: Some(64) };
+    let c = VarlenCase { lens: vec![(3, 200), (1, 70)], heads: 4, kv_heads: 2, head_dim: 64, causal: true, band: None, softcap: 0.0, bias_heads: None, bias_per_query: false, mask: None, dtype: DType::BF16, page_size: Some(64) };
     let inputs = c.inputs(&mut seeded_rng(5)).to(&gpu);
     let pages = inputs.pages.as_ref().unwrap();
     let seqs = c.seqlens(&gpu);

@@ -588,7 +588,7 @@ mod tests {
 
     fn problem(batch: usize, sq: usize, width: usize, kv_heads: usize, bias: Option<[usize; 4]>) -> Problem {
         let dims = Dims { batch, seqlen_q: sq, seqlen_k: width, heads: 2 * kv_heads, kv_heads, head_dim: 64 };
-        Problem { dims, dtype: DType::BF16, mask: Some([1, 1]), bias, band: Band::ALL, scale: 0.125, softcap: 0.0, deterministic: false, seqs: None, packed_bias: None, pages: None }
+        Problem { dims, dtype: DType::BF16, mask: Some([1, 1]), bias, band: Band::ALL, scale: 0.125, softcap: 0.0, deterministic: false, seqs: None, packed_bias: None, packed_mask: None, pages: None }
     }
 
     /// Enough chunks for about four CTAs per SM, each of at least 512 queries on whole 64-row

@@ -8,7 +8,7 @@ mod packed;
 mod prepare;
 mod select;
 
-pub(crate) use prepare::{PreparedMask, prepare};
+pub(crate) use prepare::{PreparedMask, pack_sequences, prepare};
 pub(crate) use select::select_keys;
 
 use crate::attention::{Forward, ForwardBuffers, GradientBuffers, Gradients, Saved};
@@ -16,7 +16,7 @@ use crate::cpu::lse_shape;
 use crate::device::CudaDevice;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::problem::{Dims, PackedBias, Problem};
+use crate::problem::{Dims, PackedLayout, Problem};
 use crate::tensor::Tensor;
 use crate::memory::DeviceBuffer;
 use crate::sparse::MaskData;
@@ -168,9 +168,9 @@ fn fwd_params(p: &Problem, saved: &Saved, out: &Tensor, lse: &Tensor, gathered: 
     }
     if let (Some(bias), Some(layout)) = (&saved.bias, p.packed_bias) {
         // Read element by element (a sequence's first key or row is not 16-byte aligned in
-        // general); where a sequence starts is `Seq::bias_offset`'s.
+        // general); where a sequence starts is `Seq::origin`'s.
         let (s, heads) = (bias.strides(), bias.shape()[1]);
-        let stride = packed_bias_strides(layout, heads, |i| s[i] as u64);
+        let stride = packed_strides(layout, heads, |i| s[i] as u64);
         (params.bias, params.bias_head_div) = (View4 { ptr: bias.device_ptr().expect("CUDA tensor"), stride }, head_div(&d, heads));
     } else if let Some(bias) = &saved.bias {
         (params.bias, params.bias_head_div) = broadcast_operand(&d, bias);
@@ -240,28 +240,41 @@ fn row_blocks(rows: &QueryRows) -> u32 {
     rows.count().div_ceil(per_block).clamp(1, 4096)
 }
 
-/// A packed batch's bias (`[total_k, heads]` or `[total_q, heads, max_seqlen_k]`, dim `i`'s
-/// stride `s(i)`) as the kernels read it: `[·, heads, rows, keys]`, with `stride[0]` the step per
-/// packed key (`Seq::bias_offset`): the key stride of a key-side bias, 0 for a query-based one.
-fn packed_bias_strides(layout: PackedBias, heads: usize, s: impl Fn(usize) -> u64) -> [u64; 4] {
+/// A packed batch's bias or mask (`[total_k, heads]` or `[total_q, heads, max_seqlen_k]`, dim
+/// `i`'s stride `s(i)`) as the kernels read it: `[·, heads, rows, keys]`, with `stride[0]` the
+/// step per packed key (`Seq::origin`): the key stride of a key-side operand, 0 for a
+/// query-based one.
+pub(crate) fn packed_strides(layout: PackedLayout, heads: usize, s: impl Fn(usize) -> u64) -> [u64; 4] {
     let head = if heads == 1 { 0 } else { s(1) };
     match layout {
-        PackedBias::KeySide => [s(0), head, 0, s(0)],
-        PackedBias::PerQuery => [0, head, s(0), s(2)],
+        PackedLayout::KeySide => [s(0), head, 0, s(0)],
+        PackedLayout::PerQuery => [0, head, s(0), s(2)],
+    }
+}
+
+/// The bias's dims as the backward's dbias turns see them (`BwdParams::bias_dims`: size 1
+/// where CTAs of several batch entries, kv heads or key tiles add to one element): its broadcast
+/// shape; a packed batch's as one bias per sequence, whose keys are its own.
+fn bias_dims(p: &Problem) -> [u32; 4] {
+    match (p.bias, &p.seqs) {
+        (None, _) => [1; 4],
+        // (Sizes of at least 2 read as not shared, heads as they are.)
+        (Some([_, heads, rows, keys]), Some(seqs)) => [seqs.batch().max(2), heads, rows, keys.max(2)].map(|x| x as u32),
+        (Some(shape), None) => shape.map(|x| x as u32),
     }
 }
 
 /// The f32 dbias accumulator's strides: the bias's own layout, contiguous (a packed batch's as
-/// [`packed_bias_strides`] reads it), so that it converts to dbias element by element.
+/// [`packed_strides`] reads it), so that it converts to dbias element by element.
 fn dbias_strides(p: &Problem) -> [u64; 4] {
     match (p.bias, p.packed_bias) {
         (None, _) => [0; 4],
         (Some([_, heads, rows, keys]), Some(layout)) => {
             let dims = match layout {
-                PackedBias::KeySide => [keys, heads, 1],
-                PackedBias::PerQuery => [rows, heads, keys],
+                PackedLayout::KeySide => [keys, heads, 1],
+                PackedLayout::PerQuery => [rows, heads, keys],
             };
-            packed_bias_strides(layout, heads, |i| dims[i + 1..].iter().product::<usize>() as u64)
+            packed_strides(layout, heads, |i| dims[i + 1..].iter().product::<usize>() as u64)
         }
         (Some(shape), None) => prepare::strides(shape),
     }
@@ -331,8 +344,7 @@ pub(crate) fn fwd_plan(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: FwdMask) -
     // at most its call's.
     let split_tile = if gathered { gather_tile } else { variants.mods };
     let (splits, split_tiles) = key_splits(sms, &d, split_tile.block_m, split_tile.block_n);
-    // The forward's variants: the gather variant, lean, or every modifier.
-    // Packed batches run in the modifier variants too (`Seq::of`).
+    // The forward's variants: the gather variant, lean, or every modifier (packed batches).
     let (tile, mods) = match variants.plain {
         _ if gathered => (gather_tile, true),
         Some(plain) if modifiers_of(p) == modifiers::NONE && splits == 1 && p.seqs.is_none() => (plain, false),
@@ -341,9 +353,10 @@ pub(crate) fn fwd_plan(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: FwdMask) -
     check_limits(&d, tile.block_m)?;
     let prefix = if tile.wgmma { dmattn_abi::names::FWD_WGMMA_PREFIX } else { dmattn_abi::names::FWD_PREFIX };
     let mut kernel = kernel_name(prefix, elem, d.head_dim, if mods { modifiers::ALL } else { modifiers::NONE });
-    // Paged K/V: the modifier variant's paged kernel (packed batches run the modifier variant).
-    if p.pages.is_some() {
-        kernel += dmattn_abi::names::PAGED_SUFFIX;
+    // A packed batch: the modifier variant's packed kernel, or over paged K/V its paged one
+    // (the fixed-length kernels hold no sequence bounds).
+    if p.seqs.is_some() {
+        kernel += if p.pages.is_some() { dmattn_abi::names::PAGED_SUFFIX } else { dmattn_abi::names::PACKED_SUFFIX };
     }
     if gathered {
         kernel += dmattn_abi::names::GATHER_SUFFIX;
@@ -592,10 +605,11 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, into: Gra
     // whole f32 accumulator (H100, d64 8K, 50 % blocks + bias: 7.7 GB of DRAM traffic, 0.8 GB
     // without the bias).
     let (ctas, sms) = ((n_blocks * d.kv_heads * d.batch) as u64, dev.sms() as u64);
-    let placed = !deterministic && modifiers::bwd_placed(bwd_band_variant(&tile, modifiers, banded)) && ctas > sms && bwd_placement_pays(dev, &d);
+    // Not for a packed batch: its CTAs find their sequence and key tile in the grid
+    // (`seq::localize`), and the work-order pass reads fixed-length block maps.
+    let placed = !deterministic && p.seqs.is_none() && modifiers::bwd_placed(bwd_band_variant(&tile, modifiers, banded)) && ctas > sms && bwd_placement_pays(dev, &d);
     // Key tiles then count along grid y and in a packed position's y: both 16-bit.
-    // (Not for a packed batch: its CTAs find their sequence's key tile in grid x, `seq::localize`.)
-    let kv_heads_first = placed && p.seqs.is_none() && d.kv_heads > 1 && p.bias.is_some_and(|s| s[1] == 1) && n_blocks <= u16::MAX as usize;
+    let kv_heads_first = placed && d.kv_heads > 1 && p.bias.is_some_and(|s| s[1] == 1) && n_blocks <= u16::MAX as usize;
     let mut params = BwdParams {
         fwd: fwd_p,
         dout: dout_view,
@@ -606,7 +620,7 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, into: Gra
         delta,
         dq_turns,
         dbias_turns,
-        bias_dims: p.bias.map_or([1; 4], |s| s.map(|x| x as u32)),
+        bias_dims: bias_dims(p),
         kv_heads: d.kv_heads as u32,
         kv_heads_first: kv_heads_first as u32,
     };
@@ -665,7 +679,7 @@ mod tests {
 
     fn problem(d: Dims, band: dmattn_abi::Band, bias: bool) -> Problem {
         let bias = bias.then_some([1, 1, 1, d.seqlen_k]);
-        Problem { dims: d, dtype: DType::BF16, mask: None, bias, band, scale: 0.125, softcap: 0.0, deterministic: false, seqs: None, packed_bias: None, pages: None }
+        Problem { dims: d, dtype: DType::BF16, mask: None, bias, band, scale: 0.125, softcap: 0.0, deterministic: false, seqs: None, packed_bias: None, packed_mask: None, pages: None }
     }
 
     /// The forward's plan: the lean kernel without modifiers, the modifier kernel with any, its
@@ -697,8 +711,9 @@ mod tests {
         assert_eq!(plan(dims(1, 2, 1, 1 << 19), true, FwdMask::Prepared).split_tiles, 32);
     }
 
-    /// A packed batch runs the modifier variant (the lean one serves fixed lengths only), over
-    /// the longest sequence's query tiles and every sequence; with paged K/V, its paged kernel.
+    /// A packed batch runs the modifier variant's packed kernel (the others serve fixed lengths
+    /// only), over the longest sequence's query tiles and every sequence; with paged K/V, its
+    /// paged kernel.
     #[test]
     fn packed_batches_run_the_modifier_variant() {
         let seqs = crate::SeqLens::from_lengths(&[100, 3000, 0], &[100, 3000, 7], &crate::Device::Cpu).unwrap();
@@ -706,16 +721,16 @@ mod tests {
         for gpu in [A100_LIKE, H100] {
             // More than a wave: in the order its lengths give.
             let plan = fwd_plan(gpu, &packed(8), DeviceElem::Bf16, FwdMask::None).unwrap();
-            assert!(plan.kernel.ends_with("_d64_mods"), "{}", plan.kernel);
+            assert!(plan.kernel.ends_with("_d64_mods_packed"), "{}", plan.kernel);
             assert_eq!((plan.grid, plan.splits, plan.ordered), ((3000u32.div_ceil(plan.tile.block_m), 8, 3), 1, true));
             // Less: grid order (and split keys).
             let plan = fwd_plan(gpu, &packed(1), DeviceElem::Bf16, FwdMask::None).unwrap();
-            assert!(!plan.ordered && plan.splits > 1 && plan.kernel.ends_with("_d64_mods"));
+            assert!(!plan.ordered && plan.splits > 1 && plan.kernel.ends_with("_d64_mods_packed"));
             // Paged K/V: the same plan on the variant's paged kernel.
             let table = crate::PageTable::new(&[0; 3 * 47], 3, &crate::Device::Cpu).unwrap();
             let paged = Problem { pages: Some(crate::problem::KvPages { table, page_size: 64 }), ..packed(1) };
             let paged_plan = fwd_plan(gpu, &paged, DeviceElem::Bf16, FwdMask::None).unwrap();
-            assert_eq!(paged_plan.kernel, plan.kernel.clone() + "_paged");
+            assert_eq!(paged_plan.kernel, plan.kernel.replace("_packed", "_paged"));
             assert_eq!((paged_plan.grid, paged_plan.splits, paged_plan.split_tiles, paged_plan.tile), (plan.grid, plan.splits, plan.split_tiles, plan.tile));
         }
     }
@@ -762,6 +777,15 @@ mod tests {
                         let plan = fwd_plan(gpu, &problem(d, dmattn_abi::Band::ALL, bias), elem, mask).unwrap();
                         assert!(shipped[plan.tile.wgmma as usize].contains(&plan.kernel), "{} is not in the module the host loads it from", plan.kernel);
                     }
+                }
+                // Packed batches (no gathered masks), contiguous and paged.
+                let seqs = crate::SeqLens::from_lengths(&[1, 4096], &[8192, 100], &crate::Device::Cpu).unwrap();
+                let table = crate::PageTable::new(&[0; 2 * 128], 2, &crate::Device::Cpu).unwrap();
+                for (bias, pages) in [(false, None), (true, None), (false, Some(crate::problem::KvPages { table, page_size: 64 }))] {
+                    let d = Dims { head_dim, ..dims(2, 4, 4096, 8192) };
+                    let p = Problem { seqs: Some(seqs.clone()), pages: pages.clone(), ..problem(d, dmattn_abi::Band::ALL, bias) };
+                    let plan = fwd_plan(gpu, &p, elem, FwdMask::None).unwrap();
+                    assert!(shipped[plan.tile.wgmma as usize].contains(&plan.kernel), "{} is not in the module the host loads it from", plan.kernel);
                 }
             }
         }

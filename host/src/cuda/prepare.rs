@@ -6,14 +6,16 @@
 //! `dmattn_block_mask`.
 use super::launch::{Launch, launch};
 use super::gather::KeyListsBuf;
-use super::{BACKEND, broadcast_view};
+use super::{BACKEND, broadcast_view, packed_strides};
 use crate::device::CudaDevice;
 use crate::dtype::DType::{Bool, U8};
 use crate::error::{Error, Result};
 use crate::memory::DeviceBuffer;
 use crate::sparse::{Part, bcsr_to_bitset, check_block, check_part_shape, combine_planes};
 use crate::tensor::Tensor;
-use dmattn_abi::{BLOCK_MAP_K, BLOCK_MAP_Q, BLOCK_MASK_THREADS, BlockMaskParams, MaskPackParams, View4, names};
+use crate::problem::PackedLayout;
+use crate::seqlens::SeqLens;
+use dmattn_abi::{BLOCK_MAP_K, BLOCK_MAP_Q, BLOCK_MASK_THREADS, BlockMaskParams, MaskPackParams, Seqs, View4, names};
 use std::sync::Arc;
 
 /// The GPU's prepared mask: block classes `[pb, ph, {1|q_blocks}, k_blocks]` and its bits
@@ -110,18 +112,58 @@ fn pack(dev: &CudaDevice, t: &Tensor, packed: bool, sq: usize, sk: usize, bufs: 
     }
     let params = MaskPackParams {
         mask: view,
-        classes: buf.ptr() + bits_bytes as u64,
-        bits: buf.ptr(),
+        classes: View4 { ptr: buf.ptr() + bits_bytes as u64, stride: strides([mb, mh, q_blocks, k_blocks]) },
+        bits: View4 { ptr: buf.ptr(), stride: strides([mb, mh, mq, k_blocks]) },
         dims: [mb as u32, mh as u32, mq as u32, sk as u32],
-        q_blocks: q_blocks as u32,
-        k_blocks: k_blocks as u32,
         packed: packed as u32,
+        ..MaskPackParams::default()
     };
     launch(dev, &Launch::mask_pack((k_blocks as u32, q_blocks as u32, (mb * mh) as u32)), params)?;
     bufs.push(buf);
-    let classes = View4 { ptr: params.classes, stride: strides([mb, mh, q_blocks, k_blocks]) };
-    let bits = View4 { ptr: params.bits, stride: strides([mb, mh, mq, k_blocks]) };
-    Ok((classes, bits, [mb, mh]))
+    Ok((params.classes, params.bits, [mb, mh]))
+}
+
+/// A packed batch's bool mask (`layout`: key-side `[total_k, heads]` or query-based `[total_q,
+/// heads, max_seqlen_k]`, checked by `Problem::new`) packed per sequence, its planes
+/// `[1, heads]`. The bits and classes are laid out so that `Seq::origin` places a sequence's:
+/// - key-side: one row per sequence, its words (and classes) at its first key's index, a word
+///   per packed key apart (`stride[0]` 1): a sequence of `n` keys has `ceil(n / 64) <= n`
+///   words, so they never reach the next sequence's;
+/// - query-based: a row of `ceil(max_seqlen_k / 64)` words per packed query, and a sequence's
+///   block rows (`ceil(len_q / 64) <= len_q`) from its first query's row likewise.
+///
+/// Words and classes past a sequence's keys are never read but for the one past a row that a
+/// tile overhanging the keys reads and ignores (`PAD` covers the last one).
+pub(crate) fn pack_sequences(dev: &CudaDevice, t: &Tensor, layout: PackedLayout, seqs: &SeqLens) -> Result<PreparedMask> {
+    let heads = t.shape()[1];
+    let (max_q, max_k) = (seqs.max_seqlen_q(), seqs.max_seqlen_k());
+    let k_blocks = max_k.div_ceil(BLOCK_MAP_K as usize);
+    // Plane strides only where there is more than one head.
+    let plane = |n: usize| if heads == 1 { 0 } else { n as u64 };
+    let (rows, q_blocks, words, out_stride) = match layout {
+        PackedLayout::KeySide => (1, 1, seqs.total_k(), [1, plane(seqs.total_k()), 0, 1]),
+        PackedLayout::PerQuery => {
+            let n = seqs.total_q() * k_blocks;
+            (max_q, max_q.div_ceil(BLOCK_MAP_Q as usize), n, [0, plane(n), k_blocks as u64, 1])
+        }
+    };
+    let bits_bytes = 8 * heads * words + PAD;
+    let buf = DeviceBuffer::uninit(dev.stream(), bits_bytes + heads * words + PAD)?;
+    let (cu_q, cu_k) = seqs.device_tensors();
+    let ptr = |t: &Tensor| t.device_ptr().expect("CUDA tensor");
+    let params = MaskPackParams {
+        mask: View4 { ptr: ptr(t), stride: packed_strides(layout, heads, |i| t.strides()[i] as u64) },
+        classes: View4 { ptr: buf.ptr() + bits_bytes as u64, stride: out_stride },
+        bits: View4 { ptr: buf.ptr(), stride: out_stride },
+        dims: [seqs.batch() as u32, heads as u32, rows as u32, max_k as u32],
+        packed: 0,
+        seq_rows: (layout == PackedLayout::PerQuery) as u32,
+        seqs: Seqs { cu_q: ptr(cu_q), cu_k: ptr(cu_k), ..Seqs::default() },
+    };
+    if k_blocks > 0 && q_blocks > 0 {
+        launch(dev, &Launch::mask_pack((k_blocks as u32, q_blocks as u32, (seqs.batch() * heads) as u32)), params)?;
+    }
+    Ok(PreparedMask::new(params.classes, params.bits, [1, heads], vec![buf]))
 }
 
 /// A score mask alone in the dense-tile form (block classes and packed bits).
