@@ -2,6 +2,9 @@
 //! tile shapes and kernel names. Both sides compile this one file, so they cannot disagree.
 #![no_std]
 
+mod decode;
+pub use decode::*;
+
 /// A strided 4-D view of device memory. Strides are in elements; a broadcast dimension has
 /// stride 0. `ptr == 0` means "absent" for optional operands.
 #[repr(C)]
@@ -541,6 +544,15 @@ pub const fn mask_bits_of_bytes(x: u32, k: u32) -> u64 {
     (spread as u64) << mask_bit(k)
 }
 
+/// Keys `8 nt..8 nt + 8` of a packed mask word ([`mask_bit`] order) as a byte, bit `k` for key
+/// `8 nt + k`: the inverse of the packing for one n8 tile's keys.
+pub const fn mask_word_byte(word: u64, nt: u32) -> u32 {
+    // Key 8 nt + 2 t + e is bit 16 t + 2 nt + e: shifted down by 2 nt, bits 16 t + e; each
+    // quad-lane pair moves down to bits 2 t + e.
+    let x = (word >> (2 * nt)) & 0x0003_0003_0003_0003;
+    ((x | x >> 14 | x >> 28 | x >> 42) & 0xff) as u32
+}
+
 /// Parameters of the kernel that prepares a score mask `[mb, mh, mq, sk]` (zero strides where
 /// broadcast, a key-broadcast mask given as stride 0 over `sk` keys) for the attention kernels:
 /// - `classes`: u8 `[mb, mh, q_blocks, k_blocks]`, one [`block_class`] per 64x64 block;
@@ -1057,6 +1069,9 @@ pub mod names {
     pub const BWD_PRE_PREFIX: &str = "dmattn_bwd_pre_";
     pub const CONVERT_PREFIX: &str = "dmattn_convert_";
     pub const COMBINE_PREFIX: &str = "dmattn_fwd_combine_";
+    /// `dmattn_decode_<elem>_d<dim>`, and its paged-K/V kernel with [`PAGED_SUFFIX`]: the
+    /// decoding forward ([`super::DecodeParams`]).
+    pub const DECODE_PREFIX: &str = "dmattn_decode_";
     pub const FWD_PREFIX: &str = "dmattn_fwd_";
     /// `dmattn_fwd_sm90_<elem>_d<dim>[_mods[_gather[_narrow]|_packed|_paged]]`: the Hopper forward
     /// ([`super::FWD_TILES_SM90`]).
@@ -1104,6 +1119,23 @@ mod tests {
     fn positions_unpack_to_what_was_packed() {
         for (x, y, z) in [(0, 0, 0), (1, 2, 3), (u32::MAX, 0xffff, 0xffff), (7, 0xffff, 0), (0, 0, 0xffff)] {
             assert_eq!(unpacked_position(packed_position(x, y, z)), (x, y, z));
+        }
+    }
+
+    #[test]
+    fn mask_word_byte_inverts_mask_bit() {
+        // Each key alone, and a few mixed words, against the key-by-key packing.
+        let pack = |keys: &[u32]| keys.iter().fold(0u64, |w, &k| w | 1 << mask_bit(k));
+        for k in 0..MASK_WORD_KEYS {
+            for nt in 0..8 {
+                let want = if k / 8 == nt { 1 << (k % 8) } else { 0 };
+                assert_eq!(mask_word_byte(pack(&[k]), nt), want, "key {k}, n8 tile {nt}");
+            }
+        }
+        let keys = [0, 3, 9, 10, 17, 31, 32, 45, 46, 47, 60, 63];
+        for nt in 0..8 {
+            let want = keys.iter().filter(|&&k| k / 8 == nt).fold(0, |b, &k| b | 1 << (k % 8));
+            assert_eq!(mask_word_byte(pack(&keys), nt), want);
         }
     }
 

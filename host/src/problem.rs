@@ -276,8 +276,8 @@ impl Problem {
             let what = "index lists or a sparse mask with data (parametric ones and bool masks are taken) with a packed batch".into();
             return Err(Error::Unsupported { what, backend: "CPU or CUDA" });
         }
-        if pages.is_some() && inp.mask.is_some() {
-            return Err(Error::Unsupported { what: "a mask with paged K/V (a bias is taken)".into(), backend: "CPU or CUDA" });
+        if pages.is_some() && packed_mask == Some(PackedLayout::PerQuery) {
+            return Err(Error::Unsupported { what: "a query-based mask with paged K/V (a key-side one is taken)".into(), backend: "CPU or CUDA" });
         }
         let mut band = Band::ALL;
         let mask = match inp.sparse {

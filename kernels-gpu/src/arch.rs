@@ -150,6 +150,13 @@ pub fn cp_async_wait_all() {
     unsafe { asm!("cp.async.wait_group 0;", options(nostack)) };
 }
 
+/// Waits for this thread's committed copies but the newest `N` groups; a barrier must follow
+/// before other threads read what they wrote.
+#[inline(always)]
+pub fn cp_async_wait_group<const N: u32>() {
+    unsafe { asm!("cp.async.wait_group {n};", n = const N, options(nostack)) };
+}
+
 /// Four 8x8 b16 matrices from shared memory; lane `l` supplies the row address of matrix `l / 8`
 /// (warp-collective).
 #[inline(always)]

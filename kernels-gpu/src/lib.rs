@@ -2,7 +2,7 @@
 //! composed from a few modules: PTX primitives (`arch`), element types and their MMA (`elem`),
 //! shared-memory tiles (`tile`), the mask logic every kernel shares (`mask`), the online softmax
 //! (`softmax`), score start values and logits (`scores`), and the kernels themselves (`fwd`,
-//! `bwd`, `bwd_pre`, `mask_pack` and `block_mask` (mask preparation), `gather` (gather attention), `select` (masks made from a bias), `schedule` for the forward's work order, `combine` for
+//! `bwd`, `decode` (the forward for few queries), `bwd_pre`, `mask_pack` and `block_mask` (mask preparation), `gather` (gather attention), `select` (masks made from a bias), `schedule` for the forward's work order, `combine` for
 //! split-KV, and `softmax_rows` for the unfused path). Entry points are instantiated here from
 //! the tile table in `dmattn-abi`. The crate builds twice: for sm_80 (every kernel but the
 //! Hopper ones; it runs on Hopper too) and for sm_90a (only the `wgmma` forward and backward).
@@ -19,9 +19,11 @@ mod block_mask;
 mod bwd;
 mod bwd_pre;
 mod combine;
+mod decode;
 mod elem;
 mod fwd;
 mod gather;
+mod gemm;
 mod mask;
 mod mask_pack;
 mod schedule;
@@ -33,7 +35,7 @@ mod softmax_rows;
 mod tile;
 
 use dmattn_abi::{
-    BlockMaskParams, BwdParams, GatherMaskParams, GatherParams, IndicesParams, KeyCompactParams, ScatterParams, SelectParams, BwdPreParams, BwdTile, CombineParams, ConvertParams, FwdParams, FwdTile, OrderParams, FwdVariants, MaskPackParams,
+    BlockMaskParams, BwdParams, DecodeParams, GatherMaskParams, GatherParams, IndicesParams, KeyCompactParams, ScatterParams, SelectParams, BwdPreParams, BwdTile, CombineParams, ConvertParams, FwdParams, FwdTile, OrderParams, FwdVariants, MaskPackParams,
     SoftmaxRowsParams, bwd_tile, fwd_variants, fwd_variants_for, modifiers,
 };
 use elem::{Bf16, F16};
@@ -295,6 +297,37 @@ bwd_wgmma_kernels! {
     Bf16, 128: dmattn_bwd_sm90_bf16_d128, dmattn_bwd_sm90_bf16_d128_mask, dmattn_bwd_sm90_bf16_d128_bias, dmattn_bwd_sm90_bf16_d128_mods, dmattn_bwd_sm90_bf16_d128_band, dmattn_bwd_sm90_bf16_d128_mask_band;
     F16, 64: dmattn_bwd_sm90_f16_d64, dmattn_bwd_sm90_f16_d64_mask, dmattn_bwd_sm90_f16_d64_bias, dmattn_bwd_sm90_f16_d64_mods, dmattn_bwd_sm90_f16_d64_band, dmattn_bwd_sm90_f16_d64_mask_band;
     F16, 128: dmattn_bwd_sm90_f16_d128, dmattn_bwd_sm90_f16_d128_mask, dmattn_bwd_sm90_f16_d128_bias, dmattn_bwd_sm90_f16_d128_mods, dmattn_bwd_sm90_f16_d128_band, dmattn_bwd_sm90_f16_d128_mask_band;
+}
+
+/// The decoding forward per (element type, head dim) (`dmattn_abi::names::DECODE_PREFIX`):
+/// `dmattn_decode_<elem>_d<dim>` and its paged-K/V kernel `.._paged`.
+macro_rules! decode_kernels {
+    ($($elem:ty, $d:literal: $name:ident, $paged:ident;)*) => {$(
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: DecodeParams) {
+            unsafe { decode::decode::<$elem, $d, { $d / 16 }, { $d / 8 }, false>(&p) }
+        }
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $paged(p: DecodeParams) {
+            unsafe { decode::decode::<$elem, $d, { $d / 16 }, { $d / 8 }, true>(&p) }
+        }
+    )*};
+}
+
+#[cfg(not(target_feature = "sm_90a"))]
+decode_kernels! {
+    Bf16, 32: dmattn_decode_bf16_d32, dmattn_decode_bf16_d32_paged;
+    Bf16, 64: dmattn_decode_bf16_d64, dmattn_decode_bf16_d64_paged;
+    Bf16, 96: dmattn_decode_bf16_d96, dmattn_decode_bf16_d96_paged;
+    Bf16, 128: dmattn_decode_bf16_d128, dmattn_decode_bf16_d128_paged;
+    Bf16, 192: dmattn_decode_bf16_d192, dmattn_decode_bf16_d192_paged;
+    Bf16, 256: dmattn_decode_bf16_d256, dmattn_decode_bf16_d256_paged;
+    F16, 32: dmattn_decode_f16_d32, dmattn_decode_f16_d32_paged;
+    F16, 64: dmattn_decode_f16_d64, dmattn_decode_f16_d64_paged;
+    F16, 96: dmattn_decode_f16_d96, dmattn_decode_f16_d96_paged;
+    F16, 128: dmattn_decode_f16_d128, dmattn_decode_f16_d128_paged;
+    F16, 192: dmattn_decode_f16_d192, dmattn_decode_f16_d192_paged;
+    F16, 256: dmattn_decode_f16_d256, dmattn_decode_f16_d256_paged;
 }
 
 /// Per element type: the backward's delta and conversion passes, the split-KV combine, and the

@@ -189,9 +189,16 @@ impl SmemTile {
     /// (16-byte aligned), 16 bytes per thread per step.
     #[inline(always)]
     pub unsafe fn store(&self, dst: u64, row_stride: u64, rows_valid: u32, tid: u32, threads: u32) {
+        unsafe { self.store_rows(|r| dst + r as u64 * row_stride, rows_valid, tid, threads) };
+    }
+
+    /// Stores rows `0..rows_valid` of the tile to anywhere: row `r` at byte address `row_dst(r)`
+    /// (16-byte aligned). All `threads` threads of the CTA call this.
+    #[inline(always)]
+    pub unsafe fn store_rows(&self, row_dst: impl Fn(u32) -> u64, rows_valid: u32, tid: u32, threads: u32) {
         self.for_each_chunk(tid, threads, |r, c, src| {
             if r < rows_valid {
-                unsafe { st_global_v4(dst + r as u64 * row_stride + 16 * c as u64, ld_shared_v4(src)) };
+                unsafe { st_global_v4(row_dst(r) + 16 * c as u64, ld_shared_v4(src)) };
             }
         });
     }

@@ -167,7 +167,14 @@ fn malformed_seqlens_are_typed_errors() {
 fn paged_calls_equal_packed_ones() {
     let lens = [(5, 70), (0, 3), (9, 129), (3, 0), (1, 64)];
     for (i, page_size) in [64, 128, 256].into_iter().enumerate() {
-        let c = VarlenCase { page_size: Some(page_size), bias_heads: Some(2), ..case(&lens, i != 1, None) };
+        // A key-side mask with the last (a query-based one is a typed error with pages).
+        let mask = (i == 2).then_some(VarlenMask { heads: 2, per_query: false, density: 0.5 });
+        let c = VarlenCase { page_size: Some(page_size), bias_heads: Some(2), mask, ..case(&lens, i != 1, None) };
+        if i == 2 {
+            let per_query = VarlenCase { mask: Some(VarlenMask { per_query: true, ..mask.unwrap() }), ..c.clone() };
+            let inputs = per_query.inputs(&mut dmattn_tests::seeded_rng(3));
+            assert!(matches!(per_query.forward(&inputs, &per_query.seqlens(&Device::Cpu), false), Err(Error::Unsupported { .. })));
+        }
         check_varlen(&c, &Device::Cpu, 40 + i as u64, false, false, 1e-12).unwrap();
         let inputs = c.inputs(&mut dmattn_tests::seeded_rng(40 + i as u64));
         let seqs = c.seqlens(&Device::Cpu);

@@ -4,7 +4,7 @@ use crate::device::CudaDevice;
 use crate::error::Result;
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use dmattn_abi::{
-    BlockMaskParams, BwdParams, GatherMaskParams, GatherParams, IndicesParams, KeyCompactParams, ScatterParams, SelectParams, BwdPreParams, CombineParams, ConvertParams, OrderParams, FwdParams, MASK_PACK_THREADS, MaskPackParams, SoftmaxRowsParams,
+    BlockMaskParams, BwdParams, DecodeParams, GatherMaskParams, GatherParams, IndicesParams, KeyCompactParams, ScatterParams, SelectParams, BwdPreParams, CombineParams, ConvertParams, OrderParams, FwdParams, MASK_PACK_THREADS, MaskPackParams, SoftmaxRowsParams,
     names,
 };
 
@@ -16,6 +16,7 @@ pub(crate) struct ByValue<T>(T);
 /// Safety: each wrapped type is `#[repr(C)]`, plain old data, and is the exact parameter type of
 /// the kernels it is passed to (both sides compile `dmattn-abi`).
 unsafe impl DeviceRepr for ByValue<FwdParams> {}
+unsafe impl DeviceRepr for ByValue<DecodeParams> {}
 unsafe impl DeviceRepr for ByValue<OrderParams> {}
 unsafe impl DeviceRepr for ByValue<MaskPackParams> {}
 unsafe impl DeviceRepr for ByValue<BlockMaskParams> {}

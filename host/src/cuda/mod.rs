@@ -1,6 +1,7 @@
 //! The CUDA backend: checks what the kernels need beyond the shared validation, prepares the
 //! mask (block classes and packed bits, read by forward and backward alike) and launches. The
 //! unfused forward on cuBLAS is in `materialized`.
+mod decode;
 mod gather;
 mod launch;
 mod materialized;
@@ -162,9 +163,7 @@ fn fwd_params(p: &Problem, saved: &Saved, out: &Tensor, lse: &Tensor, gathered: 
         ..FwdParams::default()
     };
     if let Some(m) = device_mask(saved) {
-        params.mask_bits = m.bits;
-        params.block_map = m.classes;
-        params.mask_head_div = head_div(&d, m.planes[1]);
+        set_mask(&mut params, &d, m);
     }
     if let (Some(bias), Some(layout)) = (&saved.bias, p.packed_bias) {
         // Read element by element (a sequence's first key or row is not 16-byte aligned in
@@ -184,6 +183,11 @@ fn fwd_params(p: &Problem, saved: &Saved, out: &Tensor, lse: &Tensor, gathered: 
         }
     }
     Ok(params)
+}
+
+/// The kernels' view of a prepared mask: its bits, block classes and heads.
+fn set_mask(params: &mut FwdParams, d: &Dims, m: &PreparedMask) {
+    (params.mask_bits, params.block_map, params.mask_head_div) = (m.bits, m.classes, head_div(d, m.planes[1]));
 }
 
 /// Where a packed batch's sequences are, the LSE's rows, and paged K/V's block table (see
@@ -374,6 +378,16 @@ pub(crate) fn fwd_plan(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: FwdMask) -
 }
 
 pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, into: ForwardBuffers) -> Result<Forward> {
+    if let Some((plan, mask)) = decoding(dev, &p, &saved)? {
+        let (out, lse) = run_decode(dev, &plan, &p, &saved, mask.as_ref(), into)?;
+        return Ok(Forward { out, lse, problem: p, saved });
+    }
+    if p.pages.is_some() && p.mask.is_some() {
+        // The paged kernels of the general forward have no mask tiles (their lookups left no
+        // registers for them).
+        let what = "a mask with paged K/V outside decoding (a kv group's heads times the longest sequence's queries above 64, or a band with sinks)".into();
+        return Err(Error::Unsupported { what, backend: BACKEND });
+    }
     if let Some(lists) = key_lists(&saved) {
         return gather::forward(dev, p, saved, &lists, into);
     }
@@ -384,20 +398,25 @@ pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, into: ForwardB
     Ok(Forward { out, lse, problem: p, saved })
 }
 
+/// A forward's O and LSE: the caller's buffers (checked), else one allocation for both.
+fn forward_outputs(p: &Problem, saved: &Saved, into: ForwardBuffers) -> Result<(Tensor, Tensor)> {
+    let device = saved.q.device();
+    Ok(match (into.out, into.lse) {
+        (None, None) => {
+            let mut t = Tensor::empty_together(&[(saved.q.shape(), p.dtype), (&lse_shape(p), DType::F32)], &device)?;
+            (t.remove(0), t.remove(0))
+        }
+        (out, lse) => (output(out, saved.q.shape(), p.dtype, &device)?, output(lse, &lse_shape(p), DType::F32, &device)?),
+    })
+}
+
 /// Runs a forward `plan` of problem `p` on `saved`'s operands (with the gathered keys' ranks and
 /// positions for the gather variant, `FwdParams::key_ranks`): the work order where planned, the
 /// kernel, and the combine pass of a split. Returns O and LSE.
 fn run_forward(dev: &CudaDevice, plan: &FwdPlan, p: &Problem, saved: &Saved, into: ForwardBuffers, gathered: Option<(KeyLists, u64)>) -> Result<(Tensor, Tensor)> {
     let (key_ranks, key_pos) = gathered.unwrap_or_default();
     let d = p.dims;
-    let device = saved.q.device();
-    let (out, lse) = match (into.out, into.lse) {
-        (None, None) => {
-            let mut t = Tensor::empty_together(&[(saved.q.shape(), p.dtype), (&lse_shape(p), DType::F32)], &device)?;
-            (t.remove(0), t.remove(0))
-        }
-        (out, lse) => (output(out, saved.q.shape(), p.dtype, &device)?, output(lse, &lse_shape(p), DType::F32, &device)?),
-    };
+    let (out, lse) = forward_outputs(p, saved, into)?;
     let launch_fwd = |params| launch(dev, &Launch::kernel(&plan.kernel, plan.grid, plan.tile.threads(), plan.tile.smem_bytes()), params);
     let params_for = |out: &Tensor, lse: &Tensor| -> Result<FwdParams> { Ok(FwdParams { key_ranks, key_pos, ..fwd_params(p, saved, out, lse, gathered.is_some())? }) };
     if plan.splits == 1 {
@@ -422,27 +441,84 @@ fn run_forward(dev: &CudaDevice, plan: &FwdPlan, p: &Problem, saved: &Saved, int
         }
         launch_fwd(params)?;
     } else {
-        // Each split writes a normalised partial O and LSE; the combine pass merges them.
-        let rows = query_rows(p);
-        let (b, sq, h, hd) = (rows.batch as usize, rows.seqlen_q as usize, d.heads, d.head_dim);
-        let splits = plan.splits as usize;
-        let mut parts = Tensor::empty_together(&[(&[splits * b, sq, h, hd], p.dtype), (&[splits * b, h, sq], DType::F32)], &device)?;
-        let (o_part, lse_part) = (parts.remove(0), parts.remove(0));
-        let mut params = params_for(&o_part, &lse_part)?;
-        (params.splits, params.split_tiles) = (plan.splits, plan.split_tiles);
-        (params.o_split_stride, params.lse_split_stride) = ((b * sq * h * hd) as u64, (b * h * sq) as u64);
-        launch_fwd(params)?;
-        let combine = CombineParams {
-            o_part: o_part.device_ptr().expect("CUDA tensor"),
-            lse_part: lse_part.device_ptr().expect("CUDA tensor"),
-            o: qkv_view(&out, "out")?,
-            lse: lse.device_ptr().expect("CUDA tensor"),
-            splits: plan.splits,
-            rows,
-        };
-        let blocks = row_blocks(&rows);
-        let name = format!("{}{}", dmattn_abi::names::COMBINE_PREFIX, plan.elem.name());
-        launch(dev, &Launch::kernel(&name, (blocks, 1, 1), PRE_THREADS, 0), combine)?;
+        split_and_combine(dev, p, plan.elem, plan.splits, &out, &lse, |o_part, lse_part, strides| {
+            let mut params = params_for(o_part, lse_part)?;
+            (params.splits, params.split_tiles) = (plan.splits, plan.split_tiles);
+            (params.o_split_stride, params.lse_split_stride) = strides;
+            launch_fwd(params)
+        })?;
+    }
+    Ok((out, lse))
+}
+
+/// A forward whose `splits` key splits each write a normalised partial O and LSE: `run(o, lse,
+/// (o_split_stride, lse_split_stride))` launches the splits' kernel on the partials (one
+/// allocation), then the combine pass merges them into `out` and `lse`.
+fn split_and_combine(
+    dev: &CudaDevice,
+    p: &Problem,
+    elem: DeviceElem,
+    splits: u32,
+    out: &Tensor,
+    lse: &Tensor,
+    run: impl FnOnce(&Tensor, &Tensor, (u64, u64)) -> Result<()>,
+) -> Result<()> {
+    let rows = query_rows(p);
+    let (b, sq, h, hd) = (rows.batch as usize, rows.seqlen_q as usize, p.dims.heads, p.dims.head_dim);
+    let n = splits as usize;
+    let mut parts = Tensor::empty_together(&[(&[n * b, sq, h, hd], p.dtype), (&[n * b, h, sq], DType::F32)], &out.device())?;
+    let (o_part, lse_part) = (parts.remove(0), parts.remove(0));
+    run(&o_part, &lse_part, ((b * sq * h * hd) as u64, (b * h * sq) as u64))?;
+    let combine = CombineParams {
+        o_part: o_part.device_ptr().expect("CUDA tensor"),
+        lse_part: lse_part.device_ptr().expect("CUDA tensor"),
+        o: qkv_view(out, "out")?,
+        lse: lse.device_ptr().expect("CUDA tensor"),
+        splits,
+        rows,
+    };
+    let name = format!("{}{}", dmattn_abi::names::COMBINE_PREFIX, elem.name());
+    launch(dev, &Launch::kernel(&name, (row_blocks(&rows), 1, 1), PRE_THREADS, 0), combine)
+}
+
+/// The decoding plan of a forward (see [`decode::decode_plan`]), and the mask its kernel reads:
+/// the prepared one, or a gathered mask's dense-tile form (made on first use).
+fn decoding(dev: &CudaDevice, p: &Problem, saved: &Saved) -> Result<Option<(decode::DecodePlan, Option<PreparedMask>)>> {
+    let elem = check_operands(p, saved)?;
+    let mask = device_mask(saved);
+    let Some(plan) = decode::decode_plan(dev.sms(), p, elem, mask.map(decode::MaskShape::of)) else { return Ok(None) };
+    let mask = match mask {
+        Some(m) => Some(match &m.gather {
+            Some(lists) => lists.dense_tiles(dev)?,
+            None => m.clone(),
+        }),
+        None => None,
+    };
+    Ok(Some((plan, mask)))
+}
+
+/// Runs a decoding `plan` of problem `p` on `saved`'s operands with `mask` (see [`decoding`]):
+/// its kernel, and the combine pass of a split. Returns O and LSE.
+fn run_decode(dev: &CudaDevice, plan: &decode::DecodePlan, p: &Problem, saved: &Saved, mask: Option<&PreparedMask>, into: ForwardBuffers) -> Result<(Tensor, Tensor)> {
+    let elem = check_operands(p, saved)?;
+    check_limits(&p.dims, dmattn_abi::DECODE_ROWS)?;
+    let (out, lse) = forward_outputs(p, saved, into)?;
+    let params_for = |o: &Tensor, l: &Tensor| -> Result<FwdParams> {
+        let mut params = fwd_params(p, saved, o, l, false)?;
+        if let Some(m) = mask {
+            set_mask(&mut params, &p.dims, m);
+        }
+        Ok(params)
+    };
+    if plan.splits == 1 {
+        decode::launch_decode(dev, plan, params_for(&out, &lse)?)?;
+    } else {
+        split_and_combine(dev, p, elem, plan.splits, &out, &lse, |o_part, lse_part, strides| {
+            let mut params = params_for(o_part, lse_part)?;
+            params.splits = plan.splits;
+            (params.o_split_stride, params.lse_split_stride) = strides;
+            decode::launch_decode(dev, plan, params)
+        })?;
     }
     Ok((out, lse))
 }
@@ -777,6 +853,14 @@ mod tests {
                         let plan = fwd_plan(gpu, &problem(d, dmattn_abi::Band::ALL, bias), elem, mask).unwrap();
                         assert!(shipped[plan.tile.wgmma as usize].contains(&plan.kernel), "{} is not in the module the host loads it from", plan.kernel);
                     }
+                }
+                // Decoding (the portable module), contiguous and paged.
+                let d = Dims { head_dim, ..dims(2, 8, 64, 8192) };
+                let table = crate::PageTable::new(&[0; 2 * 128], 2, &crate::Device::Cpu).unwrap();
+                for pages in [None, Some(crate::problem::KvPages { table, page_size: 64 })] {
+                    let p = Problem { pages, dims: Dims { seqlen_q: 2, kv_heads: 2, ..d }, ..problem(d, dmattn_abi::Band::ALL, false) };
+                    let plan = decode::decode_plan(132, &p, elem, None).unwrap();
+                    assert!(shipped[0].contains(&plan.kernel), "{} is not in the portable module", plan.kernel);
                 }
                 // Packed batches (no gathered masks), contiguous and paged.
                 let seqs = crate::SeqLens::from_lengths(&[1, 4096], &[8192, 100], &crate::Device::Cpu).unwrap();

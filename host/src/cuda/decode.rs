@@ -1,0 +1,190 @@
+//! Decoding on the GPU (`dmattn_abi::DecodeParams`): which calls the decoding kernel takes and
+//! how their keys are split, as a plain value computed from the problem and the GPU's size
+//! ([`decode_plan`], tested on the CPU), and its launch.
+use super::launch::{Launch, launch};
+use super::PreparedMask;
+use crate::error::Result;
+use crate::problem::Problem;
+use dmattn_abi::{DECODE_HEAD_DIMS, DECODE_ROWS, DECODE_SPLIT_ALIGN, DECODE_THREADS, DecodeParams, DeviceElem, FwdParams, Band, decode_smem_bytes, names};
+
+/// What the plan needs to know of a call's mask.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct MaskShape {
+    /// It has no query dimension (a key-side mask).
+    pub key_side: bool,
+    /// Its heads (1, kv_heads or heads).
+    pub heads: usize,
+    /// It has block parts (block classes that hide blocks its bits show).
+    pub blocks: bool,
+}
+
+impl MaskShape {
+    pub fn of(m: &PreparedMask) -> Self {
+        // A gathered mask is key-side by construction; otherwise its bits say.
+        MaskShape { key_side: m.gather.is_some() || m.bits.stride[2] == 0, heads: m.planes[1], blocks: m.blocks }
+    }
+}
+
+/// How a decoding forward runs: the kernel, its grid `(kv_heads, splits, batch)`, and the keys
+/// each split scans.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct DecodePlan {
+    pub kernel: String,
+    pub grid: (u32, u32, u32),
+    pub splits: u32,
+    pub split_keys: u32,
+    pub smem_bytes: u32,
+}
+
+/// Splits at most (the combine pass's limit).
+const MAX_SPLITS: usize = 128;
+
+/// The decoding plan for `p` on a GPU of `sms` SMs, or `None` where the decoding kernel does not
+/// take the call: a kv group's query heads times the longest sequence's queries must fit one
+/// 64-row tile; a mask, if any, key-side with 1 or kv_heads heads and no block parts; a bias, if
+/// any, without a query dimension and with 1 or kv_heads heads; a band without sinks or
+/// compression. (Every such call is one the general forward would run on tiles mostly of rows
+/// that do not exist, reading each K and V row once per query head.)
+///
+/// Keys are split so that the grid's CTAs number about eight per SM counting every sequence's
+/// and kv head's keys, each split whole scan rounds, at most [`MAX_SPLITS`] per sequence.
+pub(crate) fn decode_plan(sms: u32, p: &Problem, elem: DeviceElem, mask: Option<MaskShape>) -> Option<DecodePlan> {
+    let d = p.dims;
+    let group_heads = |h: usize| h == 1 || h == d.kv_heads || d.kv_heads == d.heads;
+    let takes = DECODE_HEAD_DIMS.contains(&(d.head_dim as u32))
+        && d.kv_group() * d.seqlen_q <= DECODE_ROWS as usize
+        && (p.band.left == Band::NONE || p.band.sinks == 0)
+        && p.band.compress == 0
+        && mask.is_none_or(|m| m.key_side && !m.blocks && group_heads(m.heads))
+        && p.bias.is_none_or(|[_, heads, rows, _]| rows == 1 && group_heads(heads))
+        && d.batch <= u16::MAX as usize;
+    if !takes {
+        return None;
+    }
+    let keys = p.seqs.as_ref().map_or(d.batch * d.seqlen_k, |s| s.total_k()) * d.kv_heads;
+    let align = DECODE_SPLIT_ALIGN as usize;
+    let per_cta = keys.div_ceil(8 * sms as usize).next_multiple_of(align);
+    let longest = d.seqlen_k.max(1);
+    let split_keys = per_cta.max(longest.div_ceil(MAX_SPLITS).next_multiple_of(align)).max(align);
+    let splits = longest.div_ceil(split_keys);
+    let kernel = format!("{}{}_d{}{}", names::DECODE_PREFIX, elem.name(), d.head_dim, if p.pages.is_some() { names::PAGED_SUFFIX } else { "" });
+    Some(DecodePlan {
+        kernel,
+        grid: (d.kv_heads as u32, splits as u32, d.batch as u32),
+        splits: splits as u32,
+        split_keys: split_keys as u32,
+        smem_bytes: decode_smem_bytes(d.head_dim as u32),
+    })
+}
+
+/// Launches `plan` with the forward's parameters `fwd` (its outputs, or with splits the
+/// partials', already in them).
+pub(crate) fn launch_decode(dev: &crate::device::CudaDevice, plan: &DecodePlan, fwd: FwdParams) -> Result<()> {
+    let params = DecodeParams { fwd, split_keys: plan.split_keys, _pad: 0 };
+    launch(dev, &Launch::kernel(&plan.kernel, plan.grid, DECODE_THREADS, plan.smem_bytes), params)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::DType;
+    use crate::problem::{Dims, KvPages, PackedLayout};
+    use crate::{Device, PageTable, SeqLens};
+
+    fn dims(batch: usize, heads: usize, kv_heads: usize, sq: usize, sk: usize, head_dim: usize) -> Dims {
+        Dims { batch, seqlen_q: sq, seqlen_k: sk, heads, kv_heads, head_dim }
+    }
+
+    fn problem(d: Dims) -> Problem {
+        Problem {
+            dims: d,
+            dtype: DType::BF16,
+            mask: None,
+            bias: None,
+            band: Band::CAUSAL,
+            scale: 0.125,
+            softcap: 0.0,
+            deterministic: false,
+            seqs: None,
+            packed_bias: None,
+            packed_mask: None,
+            pages: None,
+        }
+    }
+
+    const KEY_SIDE: MaskShape = MaskShape { key_side: true, heads: 8, blocks: false };
+
+    /// A packed decoding batch (h32 hk8, up to 8 queries a sequence, a key-side mask and bias per
+    /// kv head, paged): the decoding kernel over (kv heads, splits, sequences), each split whole
+    /// scan rounds, enough splits for the GPU and every key of the longest sequence covered.
+    #[test]
+    fn packed_decoding_batches_take_the_decoding_kernel() {
+        let lens_k: Vec<usize> = (0..64).map(|i| 1024 + i * 1000).collect();
+        let lens_q: Vec<usize> = (0..64).map(|i| 1 + i % 8).collect();
+        let seqs = SeqLens::from_lengths(&lens_q, &lens_k, &Device::Cpu).unwrap();
+        let longest = *lens_k.iter().max().unwrap();
+        let d = dims(64, 32, 8, 8, longest, 128);
+        let table = PageTable::new(&vec![0; 64 * longest.div_ceil(256)], 64, &Device::Cpu).unwrap();
+        let p = Problem {
+            seqs: Some(seqs.clone()),
+            bias: Some([1, 8, 1, seqs.total_k()]),
+            packed_bias: Some(PackedLayout::KeySide),
+            mask: Some([1, 8]),
+            packed_mask: Some(PackedLayout::KeySide),
+            pages: Some(KvPages { table, page_size: 256 }),
+            ..problem(d)
+        };
+        let plan = decode_plan(132, &p, DeviceElem::Bf16, Some(KEY_SIDE)).unwrap();
+        assert_eq!(plan.kernel, "dmattn_decode_bf16_d128_paged");
+        assert_eq!((plan.grid.0, plan.grid.2), (8, 64));
+        assert_eq!(plan.grid.1, plan.splits);
+        assert!(plan.split_keys % DECODE_SPLIT_ALIGN == 0 && (plan.splits * plan.split_keys) as usize >= longest);
+        assert!((plan.splits as usize) < longest.div_ceil(plan.split_keys as usize) + 1);
+        // About eight CTAs' worth of keys per SM: every sequence's and kv head's keys over the
+        // split size.
+        let ctas: usize = lens_k.iter().map(|&k| k.div_ceil(plan.split_keys as usize)).sum::<usize>() * 8;
+        assert!((4 * 132..=16 * 132).contains(&ctas), "{ctas} CTAs");
+        assert_eq!(plan.smem_bytes, decode_smem_bytes(128));
+        // Contiguous K/V, no mask or bias: the same grid on the plain kernel.
+        let plain = Problem { pages: None, mask: None, bias: None, packed_mask: None, packed_bias: None, ..p.clone() };
+        let plain_plan = decode_plan(132, &plain, DeviceElem::F16, None).unwrap();
+        assert_eq!((plain_plan.kernel.as_str(), plain_plan.grid), ("dmattn_decode_f16_d128", plan.grid));
+    }
+
+    /// One query over half a million keys (Flash-DMA's decoding): 128 splits of whole rounds.
+    #[test]
+    fn long_single_sequences_split_128_ways() {
+        let p = problem(dims(1, 2, 1, 1, 1 << 19, 64));
+        let plan = decode_plan(132, &p, DeviceElem::Bf16, Some(MaskShape { heads: 1, ..KEY_SIDE })).unwrap();
+        assert_eq!((plan.grid, plan.splits, plan.split_keys), ((1, 128, 1), 128, 4096));
+        // A short one: one split.
+        let short = decode_plan(132, &problem(dims(1, 2, 1, 1, 700, 64)), DeviceElem::Bf16, None).unwrap();
+        assert_eq!((short.splits, short.split_keys), (1, 1024));
+    }
+
+    /// What the decoding kernel does not take: more rows than a tile, sinks, compression, masks
+    /// and biases with a query dimension or a head of their own per query head under GQA, block
+    /// parts, head dims without a kernel.
+    #[test]
+    fn calls_the_decoding_kernel_does_not_take() {
+        let p = problem(dims(2, 8, 2, 16, 5000, 64));
+        assert!(decode_plan(132, &p, DeviceElem::Bf16, None).is_some());
+        let rejected = |p: &Problem, mask: Option<MaskShape>| decode_plan(132, p, DeviceElem::Bf16, mask).is_none();
+        assert!(rejected(&problem(dims(2, 8, 2, 17, 5000, 64)), None));
+        assert!(rejected(&Problem { band: Band { left: 10, sinks: 4, ..Band::CAUSAL }, ..p.clone() }, None));
+        assert!(!rejected(&Problem { band: Band { left: 10, ..Band::CAUSAL }, ..p.clone() }, None));
+        assert!(rejected(&Problem { band: Band { compress: 4, ..Band::ALL }, ..p.clone() }, None));
+        assert!(rejected(&p, Some(MaskShape { key_side: false, heads: 1, blocks: false })));
+        assert!(rejected(&p, Some(MaskShape { key_side: true, heads: 2, blocks: true })));
+        assert!(rejected(&p, Some(MaskShape { key_side: true, heads: 8, blocks: false })));
+        assert!(!rejected(&p, Some(MaskShape { key_side: true, heads: 2, blocks: false })));
+        assert!(!rejected(&p, Some(MaskShape { key_side: true, heads: 1, blocks: false })));
+        assert!(rejected(&Problem { bias: Some([2, 2, 16, 5000]), ..p.clone() }, None));
+        assert!(rejected(&Problem { bias: Some([1, 8, 1, 5000]), ..p.clone() }, None));
+        assert!(!rejected(&Problem { bias: Some([2, 2, 1, 5000]), ..p.clone() }, None));
+        // Without GQA, one head per query head is a kv head's.
+        let mha = problem(dims(2, 4, 4, 16, 5000, 64));
+        assert!(!rejected(&Problem { bias: Some([1, 4, 1, 5000]), ..mha.clone() }, Some(MaskShape { key_side: true, heads: 4, blocks: false })));
+        assert!(rejected(&problem(dims(2, 8, 2, 4, 5000, 80)), None));
+    }
+}

@@ -1,0 +1,391 @@
+//! Decoding: the forward for calls with few queries (see `dmattn_abi::DecodeParams`). One CTA
+//! per (kv head, key split, sequence), its 64 rows the kv group's query heads times the
+//! sequence's queries, so that each K and V row is read once per kv head. The CTA compacts a
+//! key-side mask's kept keys as it goes: a scan round reads the packed bits of 1024 keys (a byte
+//! per thread) and queues the kept positions in shared memory; each key tile is the next 64 of
+//! them, its K and V rows (and the bias) read at those positions while the tile before is
+//! computed. Without a mask every key of the split is queued.
+use crate::arch::*;
+use crate::elem::Elem;
+use crate::gemm::{pv_product, scores_product};
+use crate::mask::Visibility;
+use crate::scores::{Mods, WarpScores};
+use crate::seq::Seq;
+use crate::softmax::OnlineSoftmax;
+use crate::tile::{Fragments, SmemTile};
+use dmattn_abi::{DECODE_KEYS, DECODE_QUEUE, DECODE_ROWS, DECODE_SCAN_KEYS, DECODE_THREADS, DecodeParams, FwdParams, View4, mask_word_byte, modifiers};
+
+const BM: usize = DECODE_ROWS as usize;
+const BN: usize = DECODE_KEYS as usize;
+const NT: usize = BN / 8;
+const THREADS: u32 = DECODE_THREADS;
+const QUEUE_MASK: u32 = DECODE_QUEUE - 1;
+const _: () = assert!(DECODE_QUEUE.is_power_of_two() && BM == 16 * (THREADS as usize / 32) && DECODE_SCAN_KEYS == 8 * THREADS);
+
+/// Shared memory (`dmattn_abi::decode_smem_bytes`): Q, two slots of K, V and the bias row, the
+/// queue of kept key positions, the scan's sums, the online softmax's state.
+#[derive(Clone, Copy)]
+struct Smem {
+    q: SmemTile,
+    /// Slot 0's K tile; slot 1's follows, then the two V tiles.
+    kv: u32,
+    tile_bytes: u32,
+    bias: u32,
+    queue: u32,
+    sums: u32,
+    softmax: u32,
+    d: usize,
+}
+
+impl Smem {
+    #[inline(always)]
+    fn new(d: usize) -> Self {
+        let q = SmemTile::new(smem_base(), BM, d * 2);
+        let tile_bytes = (BN * d * 2) as u32;
+        let kv = q.base + q.bytes();
+        let bias = kv + 4 * tile_bytes;
+        let queue = bias + 2 * 2 * BN as u32;
+        let sums = queue + 4 * DECODE_QUEUE;
+        Self { q, kv, tile_bytes, bias, queue, sums, softmax: sums + 4 * 33, d }
+    }
+
+    #[inline(always)]
+    fn k(&self, slot: u32) -> SmemTile {
+        SmemTile::new(self.kv + slot * self.tile_bytes, BN, self.d * 2)
+    }
+
+    #[inline(always)]
+    fn v(&self, slot: u32) -> SmemTile {
+        SmemTile::new(self.kv + (2 + slot) * self.tile_bytes, BN, self.d * 2)
+    }
+
+    /// Slot `slot`'s bias row: one row every query row reads (the bias has no query dimension).
+    #[inline(always)]
+    fn bias(&self, slot: u32) -> SmemTile {
+        SmemTile::new(self.bias + slot * 2 * BN as u32, 1, 2 * BN)
+    }
+
+    /// Queue entry `i` (a running count; the queue wraps).
+    #[inline(always)]
+    fn entry(&self, i: u32) -> u32 {
+        self.queue + 4 * (i & QUEUE_MASK)
+    }
+
+    #[inline(always)]
+    fn key_at(&self, i: u32) -> u32 {
+        unsafe { ld_shared_u32(self.entry(i)) }
+    }
+}
+
+/// One CTA's problem: its sequence, kv head and split, its rows, and the keys it scans.
+#[derive(Clone, Copy)]
+struct DecodeBlock<'a> {
+    p: &'a FwdParams,
+    seq: Seq,
+    kv_head: u32,
+    split: u32,
+    /// Query heads per kv head: row `r` is query `r / group` of head `kv_head * group + r % group`.
+    group: u32,
+    /// Rows in the sequence (`group` times its queries).
+    rows: u32,
+    vis: Visibility,
+    /// Keys `begin..end` are this CTA's to scan: its split's share of those any row sees.
+    begin: u32,
+    end: u32,
+    /// The last row's first visible key and the first row's end: a tile of keys at or past the
+    /// one and before the other is visible to every row.
+    lo_max: u32,
+    hi_min: u32,
+}
+
+impl<'a> DecodeBlock<'a> {
+    #[inline(always)]
+    fn new(dp: &'a DecodeParams) -> Self {
+        let p = &dp.fwd;
+        let (kv_head, split, z) = block_idx();
+        let seq = Seq::of::<true>(p, z);
+        let group = p.kv_group;
+        let vis = Visibility::new(seq.len_q, seq.len_k, p.band);
+        // The band without sinks shows each query one run of keys, whose ends never decrease
+        // along the queries.
+        let last = seq.len_q.max(1) - 1;
+        let ((lo_min, hi_min), (lo_max, hi_max)) = (vis.row_keys(0), vis.row_keys(last));
+        let split_begin = split * dp.split_keys;
+        let begin = lo_min.max(split_begin);
+        let end = hi_max.min(split_begin.saturating_add(dp.split_keys));
+        Self { p, seq, kv_head, split, group, rows: group * seq.len_q, vis, begin, end: end.max(begin), lo_max, hi_min }
+    }
+
+    /// (query head, query) of row `r`.
+    #[inline(always)]
+    fn row(&self, r: u32) -> (u32, u32) {
+        let i = div(r, self.group);
+        (self.kv_head * self.group + r - i * self.group, i)
+    }
+
+    /// Byte address of row `r`'s query in q, or (`o`) of its output row, split `split`'s.
+    #[inline(always)]
+    fn q_row(&self, t: &View4, r: u32, split_offset: u64) -> u64 {
+        let (h, i) = self.row(r);
+        t.ptr + 2 * (split_offset + self.seq.q_offset(&t.stride, i) + h as u64 * t.stride[2])
+    }
+
+    #[inline(always)]
+    fn lse_index(&self, r: u32) -> u64 {
+        let (h, i) = self.row(r);
+        self.split as u64 * self.p.lse_split_stride + self.seq.lse_index(self.p, h, i)
+    }
+
+    /// Byte address of key `j`'s row in k or v (`t`), paged or packed.
+    #[inline(always)]
+    fn kv_row<const PAGED: bool>(&self, t: &View4, j: u32) -> u64 {
+        let head = t.ptr + 2 * self.kv_head as u64 * t.stride[2];
+        if PAGED { head + 2 * self.seq.paged_offset(self.p, &t.stride, j) } else { head + 2 * self.seq.k_offset(&t.stride, j) }
+    }
+
+    /// Byte address of the packed mask word holding key 0 of this kv head's plane (absent: 0).
+    #[inline(always)]
+    fn mask_words(&self) -> u64 {
+        let m = &self.p.mask_bits;
+        if !m.is_present() {
+            return 0;
+        }
+        let plane = div(self.kv_head * self.group, self.p.mask_head_div) as u64;
+        m.ptr + 8 * (self.seq.origin(&m.stride) + plane * m.stride[1])
+    }
+
+    /// Byte address of this kv head's bias at key 0 (keys `stride[3]` elements apart).
+    #[inline(always)]
+    fn bias_row(&self) -> u64 {
+        let b = &self.p.bias;
+        let plane = div(self.kv_head * self.group, self.p.bias_head_div) as u64;
+        b.ptr + 2 * (self.seq.origin(&b.stride) + plane * b.stride[1])
+    }
+
+    /// Visibility bits (`mask::keys_below`'s accumulator order) of a thread's rows `r0` and
+    /// `r0 + 8` for the keys of its quad lane `t` of a tile of `count` queued keys from queue
+    /// entry `first`; rows past the sequence see nothing.
+    #[inline(always)]
+    fn rows_bits(&self, sm: &Smem, first: u32, count: u32, r0: u32, t: u32) -> [[u32; 2]; 1] {
+        let bounds = |r: u32| if r < self.rows { self.vis.row_keys(div(r, self.group)) } else { (0, 0) };
+        let ((lo0, hi0), (lo1, hi1)) = (bounds(r0), bounds(r0 + 8));
+        let mut bits = [0u32; 2];
+        for nt in 0..NT as u32 {
+            for e in 0..2 {
+                let c = 8 * nt + 2 * t + e;
+                if c < count {
+                    let key = sm.key_at(first + c);
+                    let bit = 1 << (2 * nt + e);
+                    if lo0 <= key && key < hi0 {
+                        bits[0] |= bit;
+                    }
+                    if lo1 <= key && key < hi1 {
+                        bits[1] |= bit;
+                    }
+                }
+            }
+        }
+        [bits]
+    }
+}
+
+/// The scan's place: queue entries `head..tail` are kept keys not yet in a tile; keys from
+/// `cursor` (a multiple of 64) are not scanned yet, and `word` is this thread's packed mask word
+/// for the round at `cursor` (loaded a round ahead). Every thread holds the same counts.
+struct Scan {
+    head: u32,
+    tail: u32,
+    cursor: u32,
+    word: u64,
+    /// Byte address of the mask's key-0 word (0: no mask, every key is kept).
+    words: u64,
+}
+
+impl Scan {
+    #[inline(always)]
+    fn new(b: &DecodeBlock, tid: u32) -> Self {
+        let cursor = b.begin & !63;
+        let words = b.mask_words();
+        Scan { head: 0, tail: 0, cursor, word: Self::load_word(words, cursor, b.end, tid), words }
+    }
+
+    /// This thread's word of the round at `cursor` (keys `cursor + 8 tid..`), 0 past `end`.
+    #[inline(always)]
+    fn load_word(words: u64, cursor: u32, end: u32, tid: u32) -> u64 {
+        let key = cursor + 8 * tid;
+        if words == 0 || key >= end { 0 } else { unsafe { ld_global_nc_u64(words + 8 * (key / 64) as u64) } }
+    }
+
+    /// One round: this thread's 8 keys from `cursor + 8 tid`, kept where the mask shows them and
+    /// they lie in `begin..end`, queued after the kept keys of lower threads. Collective.
+    #[inline(always)]
+    fn round(&mut self, b: &DecodeBlock, sm: &Smem, tid: u32) {
+        let key0 = self.cursor + 8 * tid;
+        let shown = if self.words == 0 { 0xff } else { mask_word_byte(self.word, tid % 8) };
+        let below = |k: u32| if k <= key0 { 0 } else { (1u32 << (k - key0).min(8)) - 1 };
+        let kept = shown & below(b.end) & !below(b.begin);
+        self.cursor += DECODE_SCAN_KEYS;
+        // The next round's word, in flight while this one is queued.
+        self.word = Self::load_word(self.words, self.cursor, b.end, tid);
+        let (before, total) = block_scan::<THREADS>(kept.count_ones(), tid, sm.sums);
+        let (mut at, mut rest) = (self.tail + before, kept);
+        while rest != 0 {
+            unsafe { st_shared_u32(sm.entry(at), key0 + rest.trailing_zeros()) };
+            at += 1;
+            rest &= rest - 1;
+        }
+        self.tail += total;
+    }
+
+    /// Scans until a tile's keys are queued or the keys run out, then takes the next tile:
+    /// its first queue entry and key count (0: none left). Collective; ends with a barrier
+    /// after which the tile's entries are readable.
+    #[inline(always)]
+    fn next_tile(&mut self, b: &DecodeBlock, sm: &Smem, tid: u32) -> (u32, u32) {
+        while self.tail - self.head < BN as u32 && self.cursor < b.end {
+            self.round(b, sm, tid);
+        }
+        sync_threads();
+        let (first, count) = (self.head, (self.tail - self.head).min(BN as u32));
+        self.head += count;
+        (first, count)
+    }
+}
+
+/// Starts copying the K and V rows of the tile of `count` keys from queue entry `first` into
+/// slot `slot`; rows from `count` on are zero-filled.
+#[inline(always)]
+unsafe fn load_kv<const PAGED: bool>(b: &DecodeBlock, sm: &Smem, slot: u32, first: u32, count: u32, tid: u32) {
+    let p = b.p;
+    unsafe {
+        sm.k(slot).load_rows_async(|c| b.kv_row::<PAGED>(&p.k, sm.key_at(first + c)), count, tid, THREADS);
+        sm.v(slot).load_rows_async(|c| b.kv_row::<PAGED>(&p.v, sm.key_at(first + c)), count, tid, THREADS);
+    }
+}
+
+/// This thread's bias value of the tile (threads below 64, one key each; 0 past `count`), read
+/// into a register: stored by [`store_bias`] once the load has had time to land.
+#[inline(always)]
+unsafe fn load_bias(b: &DecodeBlock, sm: &Smem, mods: &Mods, first: u32, count: u32, tid: u32) -> u32 {
+    if !mods.bias || tid >= count {
+        return 0;
+    }
+    let key = sm.key_at(first + tid) as u64;
+    unsafe { ld_global_nc_u16(b.bias_row() + 2 * key * b.p.bias.stride[3]) }
+}
+
+#[inline(always)]
+unsafe fn store_bias(sm: &Smem, mods: &Mods, slot: u32, v: u32, tid: u32) {
+    if mods.bias && tid < BN as u32 {
+        unsafe { st_shared_u16(sm.bias(slot).chunk(0, tid / 8) + 2 * (tid % 8), v) };
+    }
+}
+
+/// The decoding forward (`dmattn_decode_<elem>_d<dim>[_paged]`): head dim `D`, `KT = D / 16`
+/// k-steps, `DT = D / 8` output n-tiles; `PAGED`: K and V are pages (`dmattn_abi::Seqs`).
+#[inline(always)]
+pub unsafe fn decode<E: Elem, const D: usize, const KT: usize, const DT: usize, const PAGED: bool>(dp: &DecodeParams) {
+    const { assert!(KT * 16 == D && DT * 8 == D) };
+    let p = &dp.fwd;
+    let sm = Smem::new(D);
+    let tid = thread_idx();
+    let b = DecodeBlock::new(dp);
+    if b.rows == 0 {
+        return;
+    }
+    // The mask is the queue's business; the tiles hold only kept keys.
+    let mods = Mods { mask: false, ..Mods::of(p, modifiers::ALL) };
+    let softmax = OnlineSoftmax::<1>::at(sm.softmax, tid, THREADS);
+    softmax.reset();
+    let mut o = [[[0f32; 4]; DT]; 1];
+    let lane = tid % 32;
+    let (g, t) = (lane / 4, lane % 4);
+    let warp_row0 = (tid / 32) * 16;
+
+    let mut scan = Scan::new(&b, tid);
+    let (mut first, mut count) = scan.next_tile(&b, &sm, tid);
+    let visited = count > 0;
+    if visited {
+        unsafe {
+            sm.q.load_rows_async(|r| b.q_row(&p.q, r, 0), b.rows, tid, THREADS);
+            load_kv::<PAGED>(&b, &sm, 0, first, count, tid);
+            let v = load_bias(&b, &sm, &mods, first, count, tid);
+            store_bias(&sm, &mods, 0, v, tid);
+        }
+        cp_async_commit();
+        let mut slot = 0;
+        loop {
+            // The next tile's keys, and its K and V on their way while this one is computed.
+            let (next_first, next_count) = scan.next_tile(&b, &sm, tid);
+            let mut next_bias = 0;
+            if next_count > 0 {
+                unsafe {
+                    load_kv::<PAGED>(&b, &sm, slot ^ 1, next_first, next_count, tid);
+                    next_bias = load_bias(&b, &sm, &mods, next_first, next_count, tid);
+                }
+                cp_async_commit();
+                cp_async_wait_group::<1>();
+            } else {
+                cp_async_wait_all();
+            }
+            // This tile's K and V (and bias) have landed for everyone.
+            sync_threads();
+
+            let last = sm.key_at(first + count - 1);
+            let check = count < BN as u32 || sm.key_at(first) < b.lo_max || last >= b.hi_min;
+            let band = if check { b.rows_bits(&sm, first, count, warp_row0 + g, t) } else { [[!0u32; 2]] };
+            let warp = WarpScores::new::<NT>(sm.bias(slot), false, 0, 0, warp_row0, 0, lane);
+            let mut s = [[[0f32; 4]; NT]; 1];
+            warp.init::<E, 1, NT>(&mut s, &mods, &band, check, false);
+            let (k, v) = (sm.k(slot), sm.v(slot));
+            let (q_frag, k_frag, v_frag) = (Fragments::new(sm.q, lane), Fragments::new(k, lane), Fragments::new(v, lane));
+            unsafe { scores_product::<E, 1, NT, KT, false>(&mut s, sm.q, k, q_frag, k_frag, warp_row0) };
+            let scale = if mods.softcap > 0.0 {
+                warp.to_logits::<E, 1, NT>(&mut s, &mods);
+                1.0
+            } else {
+                mods.scale_log2
+            };
+            if let Some(correction) = softmax.update(&mut s, scale) {
+                for dt in 0..DT {
+                    for i in 0..4 {
+                        o[0][dt][i] *= correction[0][i / 2];
+                    }
+                }
+            }
+            unsafe { pv_product::<E, 1, NT, DT, false>(&mut o, &s, v, v_frag) };
+            // The next tile's bias, its load long landed; nobody reads that slot until the
+            // next tile (barriers between).
+            unsafe { store_bias(&sm, &mods, slot ^ 1, next_bias, tid) };
+            if next_count == 0 {
+                break;
+            }
+            (first, count, slot) = (next_first, next_count, slot ^ 1);
+        }
+    }
+
+    // Epilogue: each warp's O rows through its own rows of the Q tile (only it read them), then
+    // stored row by row. A row with nothing visible gets O = 0 and LSE = -inf; a split that saw
+    // no key writes its LSE alone (the combine never reads the O of such a split).
+    let (inv, lse) = softmax.finish();
+    for h in 0..2 {
+        let r = warp_row0 + 8 * h as u32 + g;
+        if t == 0 && r < b.rows {
+            unsafe { *(p.lse as *mut f32).add(b.lse_index(r) as usize) = lse[0][h] };
+        }
+    }
+    if !visited && p.splits > 1 {
+        return;
+    }
+    let o_at = sm.q.chunk(g, 0) + 4 * t;
+    for h in 0..2 {
+        let dr = warp_row0 + 8 * h as u32;
+        for dt in 0..DT {
+            let v = &o[0][dt];
+            unsafe { st_shared_u32(sm.q.shift(o_at, dr, dt as u32), E::pack(v[2 * h] * inv[0][h], v[2 * h + 1] * inv[0][h])) };
+        }
+    }
+    sync_threads();
+    let split = b.split as u64 * p.o_split_stride;
+    unsafe { sm.q.store_rows(|r| b.q_row(&p.o, r, split), b.rows, tid, THREADS) };
+}

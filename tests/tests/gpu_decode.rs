@@ -1,0 +1,162 @@
+//! The decoding kernel (calls whose kv group's heads times queries fit a 64-row tile) against the
+//! f64 CPU reference: fixed-length calls with key-side masks from none to every key kept, key-side
+//! biases, GQA groups of 1 to 8, causal, softcap, head dims 32-256, and keys long enough to split;
+//! packed batches of 0-16 queries per sequence with key-side masks and biases, windows, and paged
+//! K/V (the only paged calls that take a mask). Outputs are poisoned: an unwritten element fails.
+//! `DMATTN_GPU_CASES` sets the property tests' case counts. Skips, saying why, where there is no
+//! CUDA device.
+use dmattn::DType;
+use dmattn_tests::sparse::BandCtor;
+use dmattn_tests::varlen::{VarlenCase, VarlenMask, check_varlen};
+use dmattn_tests::*;
+use proptest::prelude::*;
+
+/// Key lengths: short, a tile edge, several scan rounds, or long enough for many splits.
+fn keys() -> impl Strategy<Value = usize> {
+    prop_oneof![
+        5 => 1usize..=300,
+        1 => prop::sample::select(vec![1, 63, 64, 65, 1023, 1024, 1025]),
+        3 => 300usize..=5000,
+        1 => 8000usize..=40000,
+    ]
+}
+
+/// Fixed-length decoding calls: batch 1-3, kv heads 1-3, groups of 1, 2, 4 or 8 query heads,
+/// 1 to 64 / group queries, a key-side mask `[{1|b}, {1|hk}, 1, sk]` (random at densities from none
+/// to all, or in 64-key blocks) and a key-side bias `[{1|b}, {1|hk}, 1, {1|sk}]`, each or not.
+fn decode_cases() -> impl Strategy<Value = (Case, u64)> {
+    (
+        (prop::sample::select(vec![DType::BF16, DType::F16]), prop::sample::select(vec![32usize, 64, 96, 128, 192, 256])),
+        (1usize..=3, 1usize..=3, prop::sample::select(vec![1usize, 2, 4, 8])),
+        (any::<u32>(), keys()),
+        (any::<bool>(), prop_oneof![3 => Just(0.0), 1 => Just(20.0)], prop::option::weighted(0.2, 0.05f64..0.5)),
+        (any::<bool>(), any::<bool>(), any::<u8>(), any::<u64>()),
+    )
+        .prop_map(|((dtype, d), (b, hk, group), (q, sk), (causal, softcap, scale), (has_mask, has_bias, pick, seed))| {
+            let h = hk * group;
+            // Mostly one or a few queries, up to the tile.
+            let sq = if q % 3 == 0 { 1 } else { 1 + q as usize % (64 / group) };
+            let side = |bit: u8, n: usize| if pick >> bit & 1 != 0 { n } else { 1 };
+            let mask = has_mask.then(|| [side(0, b), side(1, hk), 1, sk]);
+            let bias = has_bias.then(|| [side(2, b), side(3, hk), 1, if pick >> 4 & 3 == 0 { 1 } else { sk }]);
+            let pattern = match pick >> 5 {
+                0 => MaskPattern::Random(0.0),
+                1 => MaskPattern::Random(0.01),
+                2 | 3 => MaskPattern::Random(0.1),
+                4 => MaskPattern::Random(0.5),
+                5 => MaskPattern::Random(1.0),
+                _ => MaskPattern::Blocks(0.3),
+            };
+            (Case { mask, mask_pattern: pattern, bias, causal, softcap, scale, dtype, ..Case::new(b, sq, sk, h, hk, d) }, seed)
+        })
+}
+
+#[test]
+fn decode_matches_reference() {
+    let Some(gpu) = gpu() else { return };
+    if let Err(e) = gpu_runner(2000).run(&decode_cases(), |(case, seed)| check_gpu_forward(&case, ForwardPath::Fused, &gpu, &case.inputs(&mut seeded_rng(seed)))) {
+        panic!("{e}");
+    }
+}
+
+/// Packed decoding batches: 1-6 sequences of 0 to 64 / group queries over 0-5000 keys (some
+/// far longer), key-side masks and biases (1 or kv_heads heads), causal or a window, softcap,
+/// contiguous or paged K/V (pages of 16-256 keys in random order, rows no key owns NaN).
+fn packed_decode_cases() -> impl Strategy<Value = (VarlenCase, u64)> {
+    let band = prop_oneof![
+        3 => Just(None),
+        1 => (0usize..3000).prop_map(|l| Some(BandCtor::CausalWindow(l))),
+        1 => (prop::option::of(0usize..2000), prop::option::of(0usize..50)).prop_map(|(l, r)| Some(BandCtor::Window(l, r))),
+    ];
+    (
+        (prop::sample::select(vec![DType::BF16, DType::F16]), prop::sample::select(vec![32usize, 64, 96, 128, 192, 256])),
+        (1usize..=2, prop::sample::select(vec![1usize, 2, 4, 8])),
+        (prop::collection::vec((any::<u32>(), keys()), 1..=6), any::<bool>(), band, prop_oneof![3 => Just(0.0), 1 => Just(20.0)]),
+        (prop::option::of(0usize..2), prop::option::of(0usize..2), prop::sample::select(vec![0.0, 0.01, 0.1, 0.5, 1.0])),
+        (prop::option::of(prop::sample::select(vec![16usize, 64, 128, 256])), any::<u64>()),
+    )
+        .prop_map(|((dtype, head_dim), (kv_heads, group), (lens, causal, band, softcap), (mask, bias, density), (page_size, seed))| {
+            let heads = |i: usize| [1, kv_heads][i];
+            let max_q = 64 / group;
+            let lens = lens.into_iter().map(|(q, k)| (if q % 4 == 0 { 0 } else { q as usize % (max_q + 1) }, k)).collect();
+            let case = VarlenCase {
+                lens,
+                heads: kv_heads * group,
+                kv_heads,
+                head_dim,
+                causal,
+                band,
+                softcap,
+                bias_heads: bias.map(heads),
+                bias_per_query: false,
+                mask: mask.map(|i| VarlenMask { heads: heads(i), per_query: false, density }),
+                dtype,
+                page_size,
+            };
+            (case, seed)
+        })
+}
+
+#[test]
+fn packed_decode_matches_reference() {
+    let Some(gpu) = gpu() else { return };
+    if let Err(e) = gpu_runner(2000).run(&packed_decode_cases(), |(c, seed)| check_varlen(&c, &gpu, seed, false, false, gpu_tolerance(c.dtype))) {
+        panic!("{e}");
+    }
+}
+
+/// A small case of each decoding kernel (every head dim and element type, contiguous and paged,
+/// with a mask, a bias and a split), for the sanitizer run as much as for itself.
+#[test]
+fn each_decode_kernel() {
+    let Some(gpu) = gpu() else { return };
+    for (i, head_dim) in [32, 64, 96, 128, 192, 256].into_iter().enumerate() {
+        for dtype in [DType::BF16, DType::F16] {
+            for page_size in [None, Some(64)] {
+                let c = VarlenCase {
+                    lens: vec![(3, 3000), (0, 100), (1, 70), (2, 0)],
+                    heads: 8,
+                    kv_heads: 2,
+                    head_dim,
+                    causal: true,
+                    band: None,
+                    softcap: if i % 2 == 0 { 0.0 } else { 20.0 },
+                    bias_heads: Some(2),
+                    bias_per_query: false,
+                    mask: Some(VarlenMask { heads: 2, per_query: false, density: 0.3 }),
+                    dtype,
+                    page_size,
+                };
+                check_varlen(&c, &gpu, 500 + i as u64, false, false, gpu_tolerance(dtype)).unwrap_or_else(|e| panic!("{c:?}: {e}"));
+            }
+        }
+    }
+}
+
+/// A paged call with a mask that is not decoding-shaped is a typed error on the GPU (the general
+/// paged kernels take no mask); the CPU backend answers it.
+#[test]
+fn paged_masks_outside_decoding_are_typed_errors() {
+    let Some(gpu) = gpu() else { return };
+    let c = VarlenCase {
+        lens: vec![(40, 300), (3, 64)],
+        heads: 4,
+        kv_heads: 1,
+        head_dim: 64,
+        causal: true,
+        band: None,
+        softcap: 0.0,
+        bias_heads: None,
+        bias_per_query: false,
+        mask: Some(VarlenMask { heads: 1, per_query: false, density: 0.5 }),
+        dtype: DType::BF16,
+        page_size: Some(64),
+    };
+    let inputs = c.inputs(&mut seeded_rng(9));
+    c.forward(&inputs, &c.seqlens(&dmattn::Device::Cpu), false).unwrap();
+    match c.forward(&inputs.to(&gpu), &c.seqlens(&gpu), false) {
+        Err(dmattn::Error::Unsupported { .. }) => {}
+        Err(e) => panic!("expected an unsupported-call error, got {e}"),
+        Ok(_) => panic!("expected an unsupported-call error"),
+    }
+}
