@@ -47,7 +47,17 @@ Peers, all on GPU 0:
   - fa2-varlen (these cases only): flash_attn.flash_attn_varlen_func(causal=True) on q [total_q,
     heads, d] and k, v [total_k, kv_heads, d] with int32 cu_seqlens, where the flash_attn package
     is installed, else PyTorch's torch.nn.attention.varlen.varlen_attn (its FA2 kernel), else
-    "unsupported"; the note says which.
+    "unsupported"; the note says which. It takes no mask or bias: "unsupported" on key_fraction.
+  With a key-side mask and bias (key_fraction: [total_k, mask_heads] each, every (sequence, mask
+  head) keeping its share of keys of largest bias, drawn as dmattn-bench draws them):
+  - flex: the document mask's blocks, all partial, with a mask_mod that also reads the kept keys
+    of the query head's mask head, and a score_mod adding its bias (document_block_mask).
+  - sdpa-*: a float attn_mask [b, heads, max_q, max_k] of each sequence's bias, -inf where hidden
+    (padded_key_side), per query head.
+  - fa2-varlen-kept (these cases only): a reference that skips part of the work (never the best
+    peer), the floor of attention over the kept keys: FA2's varlen kernel as fa2-varlen over the
+    kept keys alone (gathered untimed), each (kv head, sequence) as a sequence of one kv head,
+    without bias and without causal (Fa2VarlenKept).
 
 Inputs, masks, causal alignment, timing (CUDA events, warm-up, median, rotated operand sets) and
 both file formats are those of bench/SCHEMA.md. A backward is timed alone: the forward it needs
@@ -98,8 +108,9 @@ SDPA_BACKENDS = {
 FA2_IMPLS = ("fa2-kept-keys", "fa2-dense-causal")
 # Key selection (select cases only, see the docstring): torch.topk, and Flash-DMA's create_mask.
 SELECT_IMPLS = ("torch-topk", "torch-create-mask")
-# Packed variable-length batches only (varlen group, see the docstring).
-VARLEN_IMPLS = ("fa2-varlen",)
+# Packed variable-length batches only (varlen group, see the docstring); fa2-varlen-kept only on
+# those with a key_fraction mask, a reference that skips part of the work.
+VARLEN_IMPLS = ("fa2-varlen", "fa2-varlen-kept")
 IMPLS = [*SDPA_BACKENDS, "flex", *FA2_IMPLS, *SELECT_IMPLS, *VARLEN_IMPLS]
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
@@ -114,6 +125,7 @@ torch._dynamo.config.fail_on_recompile_limit_hit = True
 compiled_flex = torch.compile(flex_attention, dynamic=False, fullgraph=True)
 
 ROTATION_BYTES = 256 << 20  # operand sets rotate until they span this much (SCHEMA.md)
+DECODE_ROWS = 16  # cases.rs's DECODE_ROWS: the most queries a decoding batch's sequences have
 TOPK_CHUNK_ELEMS = 1 << 27  # scores per torch.topk call: bounds topk's scratch on 32K x 32K rows
 NOTE_CHARS = 300
 
@@ -157,10 +169,14 @@ class Inputs:
     sets: list  # rotated operand sets: (q, k, v, dout)
     # [b or 1, mask_heads or 1, sq, sk] bool, the case's mask without causal (a window's or a
     # compressed causal's band includes its causal edge); key_topk: [b, mask_heads, 1, sk]
+    # key_fraction (a packed batch's key-side mask): [total_k, mask_heads]
     visible: torch.Tensor | None
-    bias: torch.Tensor | None  # [b, mask_heads, sq, sk]; key_topk: [b, mask_heads, 1, sk]
+    # [b, mask_heads, sq, sk]; key_topk: [b, mask_heads, 1, sk]; key_fraction: [total_k, mask_heads]
+    bias: torch.Tensor | None
     kept: torch.Tensor | None = None  # bcsr / bitset: [b, mask_heads, sq / block, sk / block] bool
-    kept_keys: torch.Tensor | None = None  # key_topk: [b, mask_heads, keep] int64, ascending
+    # key_topk: [b, mask_heads, keep] int64, ascending; key_fraction: [mask_heads, kept rows] int64,
+    # each mask head's kept packed keys, sequence by sequence, ascending (key_fraction_inputs)
+    kept_keys: torch.Tensor | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,6 +189,8 @@ def make_inputs(case, dtype, device):
     kept_keys = None
     if case.mask is not None and case.mask["kind"] == "key_topk":
         kept_keys, visible, bias = key_topk_inputs(case, dtype, device)
+    elif case.mask is not None and case.mask["kind"] == "key_fraction":
+        kept_keys, visible, bias = key_fraction_inputs(case, dtype, device)
     else:
         bias = torch.randn(mask_shape, dtype=dtype, device=device) if case.bias else None
         visible = make_mask(case, bias, device)
@@ -255,6 +273,45 @@ def key_topk_inputs(case, dtype, device):
     return kept_keys.to(device), visible[:, :, None].to(device), bias
 
 
+KEY_FRACTION_TAG = int.from_bytes(b"key_frac", "big")  # cases.rs's KEY_FRACTION_TAG
+
+
+def fraction_kept(len_k, percent):
+    """cases.rs's fraction_kept: ceil(len_k * percent / 100) keys of a sequence, at most len_k."""
+    return min(-(-len_k * percent // 100), len_k)
+
+
+def key_fraction_scores(case):
+    """[total_k, mask_heads] float64 in (0, 1), on the host: cases.rs's key_fraction_scores, the
+    same values (exact integer arithmetic, as key_topk_scores), seed folding the tag, the number
+    of sequences, mask_heads, total_k and percent through splitmix64."""
+    seed = 0
+    words = (KEY_FRACTION_TAG, len(case.seqlens["lens_k"]), case.mask_heads, case.seqlen_k, case.mask["percent"])
+    for word in words:
+        seed = splitmix64(seed ^ word)
+    count = case.seqlen_k * case.mask_heads
+    u = [((splitmix64((seed + n) & MASK64) >> 12) * 2 + 1) * 2.0**-53 for n in range(count)]
+    return torch.tensor(u, dtype=torch.float64).view(case.seqlen_k, case.mask_heads)
+
+
+def key_fraction_inputs(case, dtype, device):
+    """(kept_keys [mask_heads, kept rows], visible [total_k, mask_heads] bool, bias [total_k,
+    mask_heads] or None) of a packed key_fraction case, as dmattn-bench draws them (cases.rs's
+    top_fraction_keys): each (sequence, mask head) keeps the fraction_kept keys of largest score
+    among the sequence's, and the bias is Phi^-1 of the scores. kept_keys lists each mask head's
+    kept packed keys, sequence by sequence (every head keeps as many of each sequence's keys)."""
+    scores = key_fraction_scores(case)
+    kept, start = [], 0
+    for n in case.seqlens["lens_k"]:
+        keys = top_keys(scores[start : start + n].T, fraction_kept(n, case.mask["percent"]))
+        kept.append(keys + start)  # [mask_heads, this sequence's kept keys], packed positions
+        start += n
+    kept_keys = torch.cat(kept, dim=1)
+    visible = torch.zeros(scores.T.shape, dtype=torch.bool).scatter_(1, kept_keys, True).T.contiguous()
+    bias = torch.special.ndtri(scores).to(device=device, dtype=dtype) if case.bias else None
+    return kept_keys.to(device), visible.to(device), bias
+
+
 def band_visible(case, device):
     """[1, 1, sq, sk] bool of a band kind (cases.rs's Case::row_keys): the diagonal is
     i + sk - sq, or i // cf under compression; causal and compression end a row there, a window
@@ -291,6 +348,8 @@ def make_mask(case, bias, device):
         return topk_mask(shape, case.mask["keep"], bias, device)
     if kind == "key_topk":
         return key_topk_inputs(case, torch.float32, device)[1]
+    if kind == "key_fraction":
+        return key_fraction_inputs(case, torch.float32, device)[1]
     if kind == "index_lists":
         return index_lists_visible(case, device)
     raise ValueError(f"unknown mask kind {kind!r}")
@@ -430,18 +489,24 @@ class PaddedSdpa:
     the operand sets, untimed; padded rows are zero, dout's too, so they add nothing to the
     gradients): is_causal where every sequence has as many queries as keys (with the padding on
     the right, top-left causal is each sequence's own and hides the padded keys from every real
-    query), else a bool attn_mask [b, 1, max_q, max_k] (padded_visible)."""
+    query), else a bool attn_mask [b, 1, max_q, max_k] (padded_visible). With a key-side mask
+    (key_fraction), a float attn_mask [b, heads, max_q, max_k] instead (padded_key_side): each
+    sequence's key-side bias, -inf where its mask head's mask, causal or the padding hides a key."""
 
     def __init__(self, case, inputs, device):
         self.lens_q, self.lens_k = case.seqlens["lens_q"], case.seqlens["lens_k"]
         self.max_q, self.max_k = max(self.lens_q), max(self.lens_k)
         self.gqa = case.heads != case.kv_heads
-        self.is_causal = case.causal and self.lens_q == self.lens_k
+        key_side = inputs.visible is not None
+        self.is_causal = case.causal and self.lens_q == self.lens_k and not key_side
         self.attn_mask = None
         if not self.is_causal:
             check_fits(len(self.lens_q) * self.max_q * self.max_k, "padded attn_mask", device)
             self.attn_mask = padded_visible(case, device)
         how = "is_causal" if self.is_causal else "bool mask of causal and lengths"
+        if key_side:
+            self.attn_mask = padded_key_side(case, inputs, self.attn_mask, device)
+            how = "float mask of the key-side bias, kept keys, causal and lengths, per query head"
         self.note = f"{len(self.lens_q)} sequences padded to {self.max_q} queries, {self.max_k} keys (untimed), {how}"
 
     def prepare(self, sets):
@@ -467,6 +532,25 @@ def pad(t, lens, max_len):
         out[b, :, :n] = t[0, :, start : start + n]
         start += n
     return out
+
+
+def padded_key_side(case, inputs, visible, device):
+    """[b, heads, max_q, max_k] float attn_mask of a packed case with a key-side mask (key_fraction:
+    inputs.visible and inputs.bias [total_k, mask_heads]) padded: each sequence's bias (zero
+    without one), -inf where its mask head does not keep a key or `visible` [b, 1, max_q, max_k]
+    (causal and lengths, padded_visible) hides it; per query head, as attn_mask cannot map query
+    head h to mask head h // group."""
+    lens_k, max_k = case.seqlens["lens_k"], max(case.seqlens["lens_k"])
+    b, max_q, heads, mask_heads = len(lens_k), visible.size(2), case.heads, inputs.visible.size(1)
+    dtype = inputs.sets[0][0].dtype
+    check_fits(b * (heads + 2 * mask_heads) * max_q * max_k * dtype.itemsize, "padded key-side attn_mask per query head", device)
+
+    def keys(t):  # [total_k, mask_heads] -> [b, mask_heads, 1, max_k], zero past each sequence
+        return pad(t.T[None, :, :, None], lens_k, max_k)[:, :, None, :, 0]
+
+    bias = keys(inputs.bias) if inputs.bias is not None else torch.zeros((), dtype=dtype, device=device)
+    attn_mask = bias.masked_fill(~(keys(inputs.visible) & visible), -math.inf)
+    return attn_mask.repeat_interleave(heads // mask_heads, dim=1)
 
 
 def padded_visible(case, device):
@@ -497,17 +581,34 @@ def packed_rows(case, device):
     return doc_q, doc_k, last
 
 
-def document_block_mask(case, device):
+def document_block_mask(case, device, kept=None):
     """(BlockMask, how) of a packed case, as a flex user writes a document mask: the same
     document (sequence ids) and causal within it (packed_rows), over [1, heads, total, d], made by
-    create_block_mask (eager, B = H = 1), once per case."""
+    create_block_mask (eager, B = H = 1), once per case. With a key-side mask (key_fraction: kept
+    [total_k, mask_heads] bool), its mask_mod also reads kept[kv_idx, h // (heads / mask_heads)],
+    on the same blocks, all made partial (so that the mask_mod runs on every one): per-head block
+    lists from create_block_mask would materialize [1, mask_heads, total_q, total_k] and its int64
+    block sums (~60 GiB for the decode batch), and would drop almost nothing, as a 128-key block
+    holds none of a head's 10 % kept keys with probability 0.9^128 ~ 1e-6."""
     doc_q, doc_k, last = packed_rows(case, device)
 
     def mask_mod(b, h, q_idx, kv_idx):
         return (doc_q[q_idx] == doc_k[kv_idx]) & (kv_idx <= last[q_idx])
 
     mask = create_block_mask(mask_mod, 1, 1, case.seqlen_q, case.seqlen_k, device=device)
-    return mask, "create_block_mask of document ids & causal"
+    if kept is None:
+        return mask, "create_block_mask of document ids & causal"
+    per = case.heads // kept.size(1)
+
+    def kept_mod(b, h, q_idx, kv_idx):
+        return mask_mod(b, h, q_idx, kv_idx) & kept[kv_idx, h // per]
+
+    blocks = mask.to_dense().bool()  # [1, 1, q blocks, kv blocks]: partial and full ones
+    num = blocks.sum(-1, dtype=torch.int32)
+    # The blocks' indices first, in order (a stable sort of "not a block"), as block_list_mask.
+    idx = torch.argsort((~blocks).to(torch.int8), dim=-1, stable=True).to(torch.int32).contiguous()
+    mask = BlockMask.from_kv_blocks(num, idx, BLOCK_SIZE=mask.BLOCK_SIZE, mask_mod=kept_mod, seq_lengths=(case.seqlen_q, case.seqlen_k))
+    return mask, "create_block_mask of document ids & causal, all blocks partial; mask_mod & kept keys of the mask head"
 
 
 class Fa2Varlen:
@@ -516,21 +617,27 @@ class Fa2Varlen:
     cu_seqlens made once, causal (bottom-right in flash_attn 2.1+, as in the case).
     flash_attn.flash_attn_varlen_func where installed, else torch.nn.attention.varlen.varlen_attn
     (whose causal argument differs by release: is_causal, or window_size=(-1, 0); its GQA needs
-    enable_gqa, else k/v are repeated, the next try)."""
+    enable_gqa, else k/v are repeated, the next try). It takes no mask or bias: "unsupported" on
+    a case with one (key_fraction's floor is fa2-varlen-kept)."""
 
     def __init__(self, case, inputs, device):
         if case.seqlens is None:
             raise NotImplementedError("fa2-varlen is for packed cases only")
+        if case.mask is not None or case.bias:
+            raise NotImplementedError("fa2-varlen takes no mask or bias (fa2-varlen-kept: the kept keys alone)")
+        self.sequences(case.seqlens["lens_q"], case.seqlens["lens_k"], case.causal, device)
+
+    def sequences(self, lens_q, lens_k, causal, device):
+        """The sequences the kernel runs (int32 cu_seqlens made once) and which kernel."""
         if flash_attn_varlen_func is None and torch_varlen_attn is None:
             raise NotImplementedError("fa2-varlen needs the flash_attn package or torch.nn.attention.varlen")
-        lens_q, lens_k = case.seqlens["lens_q"], case.seqlens["lens_k"]
 
         def cu(lens):
             return F.pad(torch.tensor(lens, device=device).cumsum(0), (1, 0)).to(torch.int32)
 
         self.cu_q, self.cu_k = cu(lens_q), cu(lens_k)
         self.max_q, self.max_k = max(lens_q), max(lens_k)
-        self.causal = case.causal
+        self.causal = causal
         self.native = flash_attn_varlen_func is not None
         if self.native:
             self.note = f"flash_attn {flash_attn.__version__} flash_attn_varlen_func"
@@ -566,6 +673,48 @@ class Fa2Varlen:
         return attend, []
 
 
+class Fa2VarlenKept(Fa2Varlen):
+    """fa2-varlen-kept (key_fraction cases only): the floor of a forward over a key-side mask, a
+    reference that does not do the case's work (never the best peer). FA2's varlen kernel (as
+    fa2-varlen) over only the kept keys: each kv head keeps its own keys, so the packed batch
+    runs as kv_heads x sequences of one kv head each, the kv group's heads / kv_heads query heads
+    as its heads; prepare (untimed) lays q out as [kv_heads * total_q, group, d] and gathers k and
+    v to each (kv head, sequence)'s kept rows, [kv_heads * kept rows, 1, d] (with kv repeated,
+    group heads). The bias is not applied (FA2 takes none), and neither is causal: decoding, with
+    at most DECODE_ROWS queries at the end of a sequence (1 to 8 in the grid), causal hides at
+    most DECODE_ROWS - 1 of its keys from a query (and only the kept ones among them), a
+    negligible share of the keys it keeps (103 or more of the grid's 1024 or more)."""
+
+    def __init__(self, case, inputs, device):
+        if case.seqlens is None or case.mask is None or case.mask["kind"] != "key_fraction":
+            raise NotImplementedError("fa2-varlen-kept is for packed key_fraction cases only")
+        if max(case.seqlens["lens_q"]) > DECODE_ROWS:
+            raise NotImplementedError(f"fa2-varlen-kept ignores causal: decoding only (at most {DECODE_ROWS} queries a sequence)")
+        hk = case.kv_heads
+        if case.mask_heads not in (1, hk):
+            raise NotImplementedError(f"fa2-varlen-kept takes one mask head per kv head, or one; not {case.mask_heads}")
+        self.kept = inputs.kept_keys.expand(hk, -1)  # [kv_heads, kept rows]: each kv head's keys
+        percent = case.mask["percent"]
+        lens_q = case.seqlens["lens_q"] * hk  # kv head major: kv head 0's sequences, then 1's, ..
+        lens_k = [fraction_kept(n, percent) for n in case.seqlens["lens_k"]] * hk
+        self.sequences(lens_q, lens_k, False, device)
+        self.note = f"floor, not the same work: {self.note} over the kept keys only, {hk} x {len(case.seqlens['lens_q'])} sequences of one kv head, gathered untimed; bias and causal ignored"
+
+    def prepare(self, sets):
+        hk = self.kept.size(0)
+
+        def queries(t):  # [1, heads, total_q, d] -> [hk * total_q, heads / hk, d], kv head major
+            _, h, n, d = t.shape
+            return t[0].view(hk, h // hk, n, d).transpose(1, 2).reshape(hk * n, h // hk, d)
+
+        def keys(t):  # [1, hk * r, total_k, d] -> [hk * kept rows, r, d]: kv head g's kept rows
+            _, h, n, d = t.shape
+            t = t[0].view(hk, h // hk, n, d)
+            return torch.cat([t[g][:, self.kept[g]].transpose(0, 1) for g in range(hk)]).contiguous()
+
+        return [(queries(q), keys(k), keys(v), queries(do)) for q, k, v, do in sets]
+
+
 class Flex:
     def __init__(self, case, inputs, device):
         self.bias, self.per = inputs.bias, case.heads // case.mask_heads
@@ -576,7 +725,7 @@ class Flex:
 
             def build():
                 if case.seqlens is not None:
-                    return document_block_mask(case, device)
+                    return document_block_mask(case, device, inputs.visible)
                 if kind in BLOCK_LIST_KINDS:
                     return block_list_mask(case, inputs.kept, device), "from_kv_blocks, full blocks"
                 if kind == "key_topk":
@@ -595,7 +744,12 @@ class Flex:
         if self.bias is not None:
             bias, per = self.bias.detach().requires_grad_(bias_grad), self.per
             extra = [bias] if bias_grad else []
-            if bias.size(2) == 1:  # one row for every query (key_topk's key-side bias)
+            if bias.dim() == 2:  # a packed batch's key-side bias, [total_k, mask_heads] (key_fraction)
+
+                def score_mod(score, b, h, q_idx, kv_idx):
+                    return score + bias[kv_idx, h // per]
+
+            elif bias.size(2) == 1:  # one row for every query (key_topk's key-side bias)
 
                 def score_mod(score, b, h, q_idx, kv_idx):
                     return score + bias[b, h // per, 0, kv_idx]
@@ -787,6 +941,8 @@ def make_peer(impl, case, inputs, device):
         return Flex(case, inputs, device)
     if impl in FA2_IMPLS:
         return Fa2(case, inputs, device, kept_keys=impl == "fa2-kept-keys")
+    if impl == "fa2-varlen-kept":
+        return Fa2VarlenKept(case, inputs, device)
     if impl in VARLEN_IMPLS:
         return Fa2Varlen(case, inputs, device)
     if case.seqlens is not None:
@@ -805,12 +961,14 @@ def backend(impl):
 
 def applies(impl, case):
     """Whether `impl` runs on `case`: the fa2 references on key_topk cases only, fa2-varlen on
-    packed cases only; on select cases only their output's peer (torch-topk for index lists,
-    torch-create-mask for a bool mask)."""
+    packed cases only and fa2-varlen-kept on packed key_fraction ones; on select cases only their
+    output's peer (torch-topk for index lists, torch-create-mask for a bool mask)."""
     if is_select(case):
         return impl == ("torch-topk" if case.mask["output"] == "indices" else "torch-create-mask")
     if impl in SELECT_IMPLS:
         return False
+    if impl == "fa2-varlen-kept":
+        return case.seqlens is not None and case.mask is not None and case.mask["kind"] == "key_fraction"
     if impl in VARLEN_IMPLS:
         return case.seqlens is not None
     return impl not in FA2_IMPLS or (case.mask is not None and case.mask["kind"] == "key_topk")

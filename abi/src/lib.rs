@@ -1026,6 +1026,8 @@ pub mod modifiers {
 /// the variant's suffix (`modifiers::suffix`) appended.
 pub mod names {
     pub const MASK_PACK: &str = "dmattn_mask_pack";
+    /// The mask pack for key-side masks (one row a plane): a warp per 64-key word.
+    pub const MASK_PACK_KEYS: &str = "dmattn_mask_pack_keys";
     pub const BLOCK_MASK: &str = "dmattn_block_mask";
     pub const KEY_COUNT: &str = "dmattn_key_count";
     pub const KEY_COMPACT: &str = "dmattn_key_compact";

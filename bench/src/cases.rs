@@ -5,8 +5,9 @@ use serde::{Deserialize, Serialize};
 
 /// Which scores a case hides (see SCHEMA.md for how each is drawn). `topk`, `blocks` and
 /// `compress_dense` are given to dmattn as dense bool masks; `key_topk` as a query-broadcast bool
-/// mask through `.mask(..)`, prepared by every timed call; the others are [`dmattn::SparseMask`]
-/// forms, prepared once per case outside the timed region.
+/// mask and `key_fraction` as a packed batch's key-side one, each through `.mask(..)` and
+/// prepared by every timed call; the others are [`dmattn::SparseMask`] forms, prepared once per
+/// case outside the timed region.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Mask {
@@ -37,6 +38,13 @@ pub enum Mask {
     /// the timed forward prepares it, which for a query-broadcast mask keeping at most half the
     /// keys compacts the kept keys and runs attention over them alone ("gather attention").
     KeyTopk { keep: usize },
+    /// `key_topk` in proportion to each sequence's length, for packed batches (the `varlen`
+    /// group) only: a bias `[total_k, mask_heads]`, N(0, 1) per packed key and mask head, and a
+    /// bool mask of the same shape keeping, per (sequence, mask head), the `ceil(len_k * percent
+    /// / 100)` keys of largest bias ([`key_fraction_scores`], [`top_fraction_keys`]), the same for
+    /// every query of the sequence. Given to dmattn unprepared, `.mask(..)` and `.bias(..)` with
+    /// `.seqlens(..)` (and `.kv_pages(..)`: mask and bias stay in the packed key order).
+    KeyFraction { percent: usize },
     /// Per-query index lists (`attn_indices`): each row lists `keep` keys among those the case's
     /// causal lets it see ([`index_lists`]): `random` ones (a repeat means the key once) or the
     /// `window` of the last `keep` (listed descending), -1 past a row's visible keys. Given to
@@ -86,7 +94,7 @@ impl Mask {
     /// Whether dmattn gets this mask as a prepared `SparseMask` (the rest go in as `.mask(..)`,
     /// and `select` is no attention).
     pub fn is_sparse(&self) -> bool {
-        !matches!(self, Mask::Topk { .. } | Mask::Blocks { .. } | Mask::KeyTopk { .. } | Mask::Select { .. })
+        !matches!(self, Mask::Topk { .. } | Mask::Blocks { .. } | Mask::KeyTopk { .. } | Mask::KeyFraction { .. } | Mask::Select { .. })
     }
 }
 
@@ -122,26 +130,67 @@ const KEY_TOPK_TAG: u64 = 0x6B65_795F_746F_706B;
 /// and ranks as `u` does, so the top-`keep` keys of the bias are those of `u` ([`top_keys`]),
 /// exactly: `peers.py` draws the same scores, so both sides keep the same keys.
 pub fn key_scores(c: &Case, keep: usize) -> Vec<f64> {
-    let words = [KEY_TOPK_TAG, c.batch as u64, c.mask_heads as u64, c.seqlen_k as u64, keep as u64];
+    unit_scores(&[KEY_TOPK_TAG, c.batch as u64, c.mask_heads as u64, c.seqlen_k as u64, keep as u64], c.batch * c.mask_heads * c.seqlen_k)
+}
+
+/// `n` scores uniform in (0, 1), `u_n = (2 * (splitmix64(seed + n) >> 12) + 1) * 2^-53`, `seed`
+/// folding `words` through splitmix64 as [`block_pattern`] does.
+fn unit_scores(words: &[u64], n: usize) -> Vec<f64> {
     let seed = words.iter().fold(0u64, |s, &w| splitmix64(s ^ w));
     let unit = 1.0 / (1u64 << 53) as f64;
-    (0..(c.batch * c.mask_heads * c.seqlen_k) as u64).map(|n| ((splitmix64(seed.wrapping_add(n)) >> 12) * 2 + 1) as f64 * unit).collect()
+    (0..n as u64).into_par_iter().map(|n| ((splitmix64(seed.wrapping_add(n)) >> 12) * 2 + 1) as f64 * unit).collect()
 }
 
 /// The `keep` keys of largest score in each plane of `scores` (`seqlen_k` a plane; ties to the
 /// lower key), as ascending key lists, one per plane.
 pub fn top_keys(scores: &[f64], seqlen_k: usize, keep: usize) -> Vec<Vec<u32>> {
-    let keep = keep.min(seqlen_k);
-    scores
-        .chunks(seqlen_k)
-        .map(|s| {
-            let mut idx: Vec<u32> = (0..seqlen_k as u32).collect();
-            if keep < seqlen_k {
-                idx.select_nth_unstable_by(keep, |&a, &b| s[b as usize].total_cmp(&s[a as usize]).then(a.cmp(&b)));
-            }
-            idx.truncate(keep);
-            idx.sort_unstable();
-            idx
+    scores.chunks(seqlen_k.max(1)).map(|s| top_of(s, keep)).collect()
+}
+
+/// The `keep` keys of largest score of one plane (ties to the lower key), ascending.
+fn top_of(s: &[f64], keep: usize) -> Vec<u32> {
+    let keep = keep.min(s.len());
+    let mut idx: Vec<u32> = (0..s.len() as u32).collect();
+    if keep < s.len() {
+        idx.select_nth_unstable_by(keep, |&a, &b| s[b as usize].total_cmp(&s[a as usize]).then(a.cmp(&b)));
+    }
+    idx.truncate(keep);
+    idx.sort_unstable();
+    idx
+}
+
+/// Folded into the seed of [`key_fraction_scores`] first (ASCII "key_frac").
+const KEY_FRACTION_TAG: u64 = 0x6B65_795F_6672_6163;
+
+/// How many of a sequence's `len_k` keys a `key_fraction` mask keeps in each plane:
+/// `ceil(len_k * percent / 100)`, at most `len_k`.
+pub fn fraction_kept(len_k: usize, percent: usize) -> usize {
+    (len_k * percent).div_ceil(100).min(len_k)
+}
+
+/// The key-side scores of a packed `key_fraction` case, `[total_k, mask_heads]` row-major (the
+/// layout of its mask and bias), uniform in (0, 1) as [`key_scores`] draws them, `seed` folding
+/// the tag "key_frac", the number of sequences, mask_heads, total_k and `percent`. The bias is
+/// `Φ⁻¹(u)` ([`normal_quantile`]), ranked as `u`: `peers.py` draws the same scores, so both
+/// sides keep the same keys. `None` for a case that is not packed.
+pub fn key_fraction_scores(c: &Case, percent: usize) -> Option<Vec<f64>> {
+    let p = c.seqlens.as_ref()?;
+    let words = [KEY_FRACTION_TAG, p.lens_k.len() as u64, c.mask_heads as u64, c.seqlen_k as u64, percent as u64];
+    Some(unit_scores(&words, c.seqlen_k * c.mask_heads))
+}
+
+/// The kept keys of a `key_fraction` mask: per (sequence, mask head) plane, sequence-major, the
+/// [`fraction_kept`] keys of largest score of that sequence's keys (ties to the lower key), as
+/// ascending positions within the sequence (`0..len_k`; add the sequence's first packed key for
+/// the packed row). `scores` are [`key_fraction_scores`], `[total_k, mask_heads]`.
+pub fn top_fraction_keys(scores: &[f64], lens_k: &[usize], mask_heads: usize, percent: usize) -> Vec<Vec<u32>> {
+    let starts: Vec<usize> = lens_k.iter().scan(0, |start, &n| Some(std::mem::replace(start, *start + n))).collect();
+    (0..lens_k.len() * mask_heads)
+        .into_par_iter()
+        .map(|plane| {
+            let (b, h) = (plane / mask_heads, plane % mask_heads);
+            let s: Vec<f64> = (starts[b]..starts[b] + lens_k[b]).map(|key| scores[key * mask_heads + h]).collect();
+            top_of(&s, fraction_kept(lens_k[b], percent))
         })
         .collect()
 }
@@ -215,6 +264,10 @@ pub fn packed_lengths(n: usize, range: std::ops::RangeInclusive<usize>) -> Vec<u
 /// The most queries a sequence of a packed batch may have for the batch to count as decoding
 /// ([`Case::is_decode`]: reported in GB/s).
 pub const DECODE_ROWS: usize = 16;
+
+/// Issue 18's bound for batched decoding over a key-side mask and bias ([`Case::copy_time_target`]):
+/// the forward's time over the time to move its bytes at the device copy bandwidth.
+pub const KEY_FRACTION_COPY_TARGET: f64 = 1.3;
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct Case {
@@ -332,11 +385,11 @@ impl Case {
         lo as usize..(hi.max(lo)) as usize
     }
 
-    /// The query dimension of mask and bias: 1 for `key_topk` (query-broadcast) and a key-side
-    /// `select` bias, else `seqlen_q`.
+    /// The query dimension of mask and bias: 1 for `key_topk` and `key_fraction` (key-side, the
+    /// same for every query) and a key-side `select` bias, else `seqlen_q`.
     pub fn mask_rows(&self) -> usize {
         match self.mask {
-            Some(Mask::KeyTopk { .. } | Mask::Select { rows: SelectRows::KeySide, .. }) => 1,
+            Some(Mask::KeyTopk { .. } | Mask::KeyFraction { .. } | Mask::Select { rows: SelectRows::KeySide, .. }) => 1,
             _ => self.seqlen_q,
         }
     }
@@ -368,10 +421,28 @@ impl Case {
     }
 
     /// The kept keys of a `key_topk` case, per (batch, mask head) plane, ascending
-    /// ([`key_scores`], [`top_keys`]).
+    /// ([`key_scores`], [`top_keys`]); of a packed `key_fraction` case, per (sequence, mask head)
+    /// plane, sequence-major, ascending positions within the sequence ([`key_fraction_scores`],
+    /// [`top_fraction_keys`]).
     pub fn kept_keys(&self) -> Option<Vec<Vec<u32>>> {
         match self.mask {
             Some(Mask::KeyTopk { keep }) => Some(top_keys(&key_scores(self, keep), self.seqlen_k, keep)),
+            Some(Mask::KeyFraction { percent }) => {
+                let scores = key_fraction_scores(self, percent)?;
+                Some(top_fraction_keys(&scores, &self.seqlens.as_ref()?.lens_k, self.mask_heads, percent))
+            }
+            _ => None,
+        }
+    }
+
+    /// The keys of each plane a key-side mask keeps, summed over a packed batch's sequences
+    /// (`key_topk`: `keep`; `key_fraction`: each sequence's [`fraction_kept`]): the rows of k and
+    /// v a forward over the kept keys reads per kv head (one plane per kv head, or one for all);
+    /// `None` for the other masks.
+    pub fn kept_rows(&self) -> Option<usize> {
+        match (self.mask, &self.seqlens) {
+            (Some(Mask::KeyTopk { keep }), _) => Some(keep.min(self.seqlen_k)),
+            (Some(Mask::KeyFraction { percent }), Some(p)) => Some(p.lens_k.iter().map(|&n| fraction_kept(n, percent)).sum()),
             _ => None,
         }
     }
@@ -400,9 +471,13 @@ impl Case {
     /// a window's exactly, random lists' distinct keys in expectation (`hi (1 - (1 - 1/hi)^keep)`
     /// of a row's `hi` visible keys). A packed batch (batch 1) counts every sequence's pairs, each
     /// as a fixed-length case of its lengths counts them (causal aligned to its own bottom-right
-    /// corner: query `i` sees keys `j <= i + sk - sq` of its sequence).
+    /// corner: query `i` sees keys `j <= i + sk - sq` of its sequence), for `key_fraction` among
+    /// the sequence's kept keys (averaged over its mask heads).
     pub fn pairs(&self) -> f64 {
         if let Some(seqs) = self.sequences() {
+            if let Some(planes) = self.kept_keys() {
+                return seqs.iter().zip(planes.chunks(self.mask_heads.max(1))).map(|(s, planes)| s.kept_pairs(planes)).sum();
+            }
             return seqs.iter().map(Case::pairs).sum();
         }
         if let Some(Mask::IndexLists { keep, layout, .. }) = self.mask {
@@ -416,14 +491,7 @@ impl Case {
                 .sum();
         }
         if let Some(planes) = self.kept_keys() {
-            let per_plane = |kept: &Vec<u32>| {
-                // before[j]: kept keys below j.
-                let mut before = vec![0usize; self.seqlen_k + 1];
-                kept.iter().for_each(|&j| before[j as usize + 1] = 1);
-                (1..before.len()).for_each(|j| before[j] += before[j - 1]);
-                (0..self.seqlen_q).map(|i| self.row_keys(i)).map(|r| before[r.end] - before[r.start]).sum::<usize>() as f64
-            };
-            return planes.iter().map(per_plane).sum::<f64>() / planes.len().max(1) as f64;
+            return self.kept_pairs(&planes);
         }
         let rows = |plane: Option<(&[bool], usize)>| -> f64 {
             (0..self.seqlen_q)
@@ -453,6 +521,19 @@ impl Case {
                 kept.chunks(per_plane).map(|p| rows(Some((p, block)))).sum::<f64>() / planes as f64
             }
         }
+    }
+
+    /// The pairs of [`Case::row_keys`] among each plane's `kept` keys (ascending), averaged over
+    /// the planes.
+    fn kept_pairs(&self, planes: &[Vec<u32>]) -> f64 {
+        let per_plane = |kept: &Vec<u32>| {
+            // before[j]: kept keys below j.
+            let mut before = vec![0usize; self.seqlen_k + 1];
+            kept.iter().for_each(|&j| before[j as usize + 1] = 1);
+            (1..before.len()).for_each(|j| before[j] += before[j - 1]);
+            (0..self.seqlen_q).map(|i| self.row_keys(i)).map(|r| before[r.end] - before[r.start]).sum::<usize>() as f64
+        };
+        planes.iter().map(per_plane).sum::<f64>() / planes.len().max(1) as f64
     }
 
     /// Forward FLOPs: the two matmuls over [`Case::pairs`] (FlashAttention's count, which for
@@ -497,24 +578,24 @@ impl Case {
 
     /// Bytes a forward must read at least (q, k, v, and the mask and bias) and write (out):
     /// the memory traffic that bounds decoding. Elements are 2 bytes, dense mask entries 1,
-    /// parametric masks none; `key_topk` needs only the kept keys' rows of k and v (its mask and
-    /// bias have one row); a packed batch (batch 1, the totals) its packed q, k, v and out (paged
-    /// K/V the same rows: a paged call reads each sequence's keys, not the pages' spare rows). A
-    /// `select` case has no forward: the bytes it reads ([`Case::select_bytes`]).
+    /// parametric masks none; a key-side mask (`key_topk`, `key_fraction`) needs only the kept
+    /// keys' rows of k and v ([`Case::kept_rows`] of each kv head: each kv head's own kept keys
+    /// where `mask_heads = kv_heads`) and its mask and bias have one row; a packed batch (batch
+    /// 1, the totals) its packed q, k, v and out (paged K/V the same rows: a paged call reads each
+    /// sequence's keys, not the pages' spare rows), and `key_fraction`'s mask and bias once
+    /// (`[total_k, mask_heads]`, 1 and 2 B an entry). A `select` case has no forward: the bytes it
+    /// reads ([`Case::select_bytes`]).
     pub fn fwd_bytes(&self) -> f64 {
         if let Some((read, _)) = self.select_bytes() {
             return read;
         }
-        let kv_rows = match self.mask {
-            Some(Mask::KeyTopk { keep }) => keep.min(self.seqlen_k),
-            _ => self.seqlen_k,
-        };
+        let kv_rows = self.kept_rows().unwrap_or(self.seqlen_k);
         let qo = 2 * self.batch * self.seqlen_q * self.heads * self.head_dim;
         let kv = 2 * self.batch * kv_rows * self.kv_heads * self.head_dim;
         let scores = self.batch * self.mask_heads * self.mask_rows() * self.seqlen_k;
         let mask = match self.mask {
             None | Some(Mask::Window { .. } | Mask::Compress { .. }) => 0,
-            Some(Mask::Topk { .. } | Mask::Blocks { .. } | Mask::CompressDense { .. } | Mask::KeyTopk { .. } | Mask::Select { .. }) => scores,
+            Some(Mask::Topk { .. } | Mask::Blocks { .. } | Mask::CompressDense { .. } | Mask::KeyTopk { .. } | Mask::KeyFraction { .. } | Mask::Select { .. }) => scores,
             Some(Mask::IndexLists { dense: true, .. }) => scores,
             Some(Mask::IndexLists { keep, dense: false, .. }) => 4 * self.batch * self.mask_heads * self.seqlen_q * keep,
             // The kept flags (BCSR's indices are as many words, near enough).
@@ -529,6 +610,17 @@ impl Case {
         match &self.seqlens {
             Some(p) => p.lens_q.iter().all(|&n| n <= DECODE_ROWS),
             None => self.seqlen_q == 1,
+        }
+    }
+
+    /// The target of a decoding case with a `key_fraction` mask (issue 18: batched decode over a
+    /// key-side mask and bias): its forward should take at most this many times the time to move
+    /// [`Case::fwd_bytes`] (the kept K/V rows, mask, bias, q and out) at the measured device copy
+    /// bandwidth ([`crate::results::Ceilings::copy_gbps`]). `None` for other cases.
+    pub fn copy_time_target(&self) -> Option<f64> {
+        match self.mask {
+            Some(Mask::KeyFraction { .. }) if self.is_decode() => Some(KEY_FRACTION_COPY_TARGET),
+            _ => None,
         }
     }
 
@@ -561,6 +653,7 @@ impl Case {
             Some(Mask::Bcsr { block, density }) => parts.push(format!("bcsr{block}x{:.0}%", density * 100.0)),
             Some(Mask::Bitset { block, density }) => parts.push(format!("bitset{block}x{:.0}%", density * 100.0)),
             Some(Mask::KeyTopk { keep }) => parts.push(format!("keytopk{keep}")),
+            Some(Mask::KeyFraction { percent }) => parts.push(format!("keyfrac{percent}%")),
             Some(Mask::IndexLists { keep, layout, dense }) => {
                 let layout = match layout {
                     ListLayout::Random => "random",
@@ -822,8 +915,21 @@ fn packed(head_dim: usize, lens_q: Vec<usize>, lens_k: Vec<usize>, backward: boo
         backward,
         seqlens: Some(Packed { lens_q, lens_k, page_size: None }),
     };
-    c.id = format!("varlen/d{head_dim}/q{}/k{}/{}", c.seqlen_q, c.seqlen_k, c.variant());
+    c.id = varlen_id(&c);
     c
+}
+
+/// A packed case's id: `varlen/d{head_dim}/q{total_q}/k{total_k}/{variant}`.
+fn varlen_id(c: &Case) -> String {
+    format!("varlen/d{}/q{}/k{}/{}", c.head_dim, c.seqlen_q, c.seqlen_k, c.variant())
+}
+
+/// A packed case with a `key_fraction` mask keeping `percent` % of each sequence's keys per kv
+/// head (`mask_heads = kv_heads`) and its key-side bias.
+fn key_fraction(c: &Case, percent: usize) -> Case {
+    let mut m = Case { mask: Some(Mask::KeyFraction { percent }), bias: true, mask_heads: c.kv_heads, ..c.clone() };
+    m.id = varlen_id(&m);
+    m
 }
 
 /// A packed case with its K and V as pages of `page_size` keys ([`page_table`]), forward only
@@ -833,7 +939,7 @@ fn paged(c: &Case, page_size: usize) -> Case {
     let mut p = c.clone();
     p.seqlens.as_mut().expect("a packed case").page_size = Some(page_size);
     p.backward = false;
-    p.id = format!("varlen/d{}/q{}/k{}/{}", p.head_dim, p.seqlen_q, p.seqlen_k, p.variant());
+    p.id = varlen_id(&p);
     p
 }
 
@@ -843,9 +949,11 @@ fn paged(c: &Case, page_size: usize) -> Case {
 /// about 64K tokens), at dims 128 and 64, forward and backward; next to it, the same number of
 /// tokens as one fixed-length causal call, batch 8 of 8192 (dim 128); batched decoding, 64
 /// sequences of 1..=8 queries over 1024..=65536 keys (dim 128), forward, then the same batch with
-/// K and V in a paged KV cache of 256-key pages (`.kv_pages(..)`, [`page_table`]). `quick`: a
-/// pack of 8 sequences of 128..=4096 tokens (dim 128) and decoding of 16 sequences over
-/// 1024..=16384 keys, contiguous and paged.
+/// K and V in a paged KV cache of 256-key pages (`.kv_pages(..)`, [`page_table`]); then both
+/// again with a key-side mask keeping 10 % of each sequence's keys per kv head and a key-side
+/// bias (`key_fraction`, issue 18's target). `quick`: a pack of 8 sequences of 128..=4096 tokens
+/// (dim 128) and decoding of 16 sequences over 1024..=16384 keys, contiguous and paged, without
+/// and with the mask and bias.
 fn varlen(quick: bool) -> Vec<Case> {
     let (seqs, tokens) = if quick { (8, 128..=4096) } else { (16, 128..=8192) };
     let pack = packed_lengths(seqs, tokens);
@@ -858,8 +966,9 @@ fn varlen(quick: bool) -> Vec<Case> {
     }
     let (seqs, keys) = if quick { (16, 1024..=16384) } else { (64, 1024..=65536) };
     let decode = packed(128, packed_lengths(seqs, 1..=8), packed_lengths(seqs, keys), false);
-    let decode_paged = paged(&decode, 256);
-    cases.extend([decode, decode_paged]);
+    let (decode_paged, masked) = (paged(&decode, 256), key_fraction(&decode, 10));
+    let masked_paged = paged(&masked, 256);
+    cases.extend([decode, decode_paged, masked, masked_paged]);
     cases
 }
 
@@ -1205,10 +1314,12 @@ mod tests {
                 "varlen/d64/q67566/k67566/causal+varlen16",
                 "varlen/d128/q304/k2128486/causal+varlen64",
                 "varlen/d128/q304/k2128486/causal+varlen64+paged256",
+                "varlen/d128/q304/k2128486/causal+keyfrac10%+varlen64+bias",
+                "varlen/d128/q304/k2128486/causal+keyfrac10%+varlen64+paged256+bias",
             ]
         );
-        for c in &all {
-            assert!((c.heads, c.kv_heads, c.causal, c.mask, c.bias) == (32, 8, true, None, false), "{}", c.id);
+        for c in &all[..5] {
+            assert!((c.heads, c.kv_heads, c.causal, c.mask, c.bias, c.mask_heads) == (32, 8, true, None, false, 1), "{}", c.id);
         }
         // The training pack: 16 sequences of 128..=8192 tokens, q lengths = k lengths, about 64K
         // tokens, the same pack at both dims; forward and backward.
@@ -1233,15 +1344,37 @@ mod tests {
         assert_eq!(paged.seqlens.as_ref().unwrap(), &Packed { page_size: Some(256), ..seqs.clone() });
         assert_eq!(&Case { id: decode.id.clone(), seqlens: decode.seqlens.clone(), ..paged.clone() }, decode);
         assert!(!paged.backward && paged.is_decode() && paged.fwd_bytes() == decode.fwd_bytes() && paged.fwd_flops() == decode.fwd_flops());
-        assert!(all.iter().take(4).all(|c| c.seqlens.as_ref().is_none_or(|p| p.page_size.is_none())));
+        assert!([0, 1, 2, 3, 5].iter().all(|&i| all[i].seqlens.as_ref().is_none_or(|p| p.page_size.is_none())));
+        // Then both again with issue 18's key-side mask (10 % of each sequence's keys per kv
+        // head) and bias: the same batch, forward only, decoding, with a target against the copy.
+        let (masked, masked_paged) = (&all[5], &all[6]);
+        assert_eq!(&Case { id: decode.id.clone(), mask: None, bias: false, mask_heads: 1, ..masked.clone() }, decode);
+        assert_eq!(&Case { id: masked.id.clone(), seqlens: masked.seqlens.clone(), ..masked_paged.clone() }, masked);
+        assert_eq!(masked_paged.seqlens.as_ref().unwrap().page_size, Some(256));
+        for c in [masked, masked_paged] {
+            assert!((c.mask, c.bias, c.mask_heads) == (Some(Mask::KeyFraction { percent: 10 }), true, 8), "{}", c.id);
+            assert!(!c.backward && c.is_decode() && c.mask_rows() == 1 && !c.mask.unwrap().is_sparse(), "{}", c.id);
+            assert_eq!(c.copy_time_target(), Some(1.3));
+        }
+        assert!(masked_paged.fwd_bytes() == masked.fwd_bytes() && masked.fwd_bytes() < decode.fwd_bytes() / 5.0);
+        assert!(masked_paged.fwd_flops() == masked.fwd_flops() && masked.fwd_flops() < decode.fwd_flops() / 5.0);
+        assert!(all[..5].iter().all(|c| c.copy_time_target().is_none()));
         // Every run draws the same lengths; quick packs fewer, shorter sequences.
         assert_eq!(grid(false, &["varlen".into()]), all);
         let quick = grid(true, &["varlen".into()]);
         let quick_ids: Vec<&str> = quick.iter().map(|c| c.id.as_str()).collect();
         assert_eq!(
             quick_ids,
-            ["varlen/d128/q20339/k20339/causal+varlen8", "varlen/d128/q77/k119835/causal+varlen16", "varlen/d128/q77/k119835/causal+varlen16+paged256"]
+            [
+                "varlen/d128/q20339/k20339/causal+varlen8",
+                "varlen/d128/q77/k119835/causal+varlen16",
+                "varlen/d128/q77/k119835/causal+varlen16+paged256",
+                "varlen/d128/q77/k119835/causal+keyfrac10%+varlen16+bias",
+                "varlen/d128/q77/k119835/causal+keyfrac10%+varlen16+paged256+bias",
+            ]
         );
+        assert_eq!(quick[3].seqlens, quick[1].seqlens);
+        assert_eq!(quick[4].seqlens, quick[2].seqlens);
         assert!(quick[0].seqlen_q < all[0].seqlen_q && quick[1].seqlen_k < decode.seqlen_k && quick.iter().all(|c| c.seqlens.is_some()));
         assert_eq!(quick[2].seqlens.as_ref().unwrap(), &Packed { page_size: Some(256), ..quick[1].seqlens.clone().unwrap() });
         assert!(quick[0].seqlens.as_ref().unwrap().lens_q.iter().all(|n| (128..=4096).contains(n)));
@@ -1258,6 +1391,99 @@ mod tests {
         let text = serde_json::to_string(paged).unwrap();
         assert!(text.contains(r#"],"page_size":256}"#), "{text}");
         assert_eq!(&serde_json::from_str::<Case>(&text).unwrap(), paged);
+        let text = serde_json::to_string(masked_paged).unwrap();
+        assert!(text.contains(r#""mask":{"kind":"key_fraction","percent":10}"#), "{text}");
+        assert_eq!(&serde_json::from_str::<Case>(&text).unwrap(), masked_paged);
+    }
+
+    /// A small packed `key_fraction` case: 4 sequences, 2 kv heads (one mask plane each).
+    fn key_fraction_case(lens_q: Vec<usize>, lens_k: Vec<usize>, percent: usize) -> Case {
+        let mut c = packed(16, lens_q, lens_k, false);
+        (c.heads, c.kv_heads) = (4, 2);
+        key_fraction(&c, percent)
+    }
+
+    #[test]
+    fn key_fraction_keeps_the_top_share_of_each_sequence_and_head() {
+        let lens_k = [95, 1, 40, 0, 300];
+        let c = key_fraction_case(vec![3, 1, 2, 0, 8], lens_k.to_vec(), 10);
+        assert_eq!((c.mask_heads, c.variant().as_str()), (2, "causal+keyfrac10%+varlen5+bias"));
+        let u = key_fraction_scores(&c, 10).unwrap();
+        assert_eq!(u.len(), 436 * 2);
+        assert!(u.iter().all(|&x| x > 0.0 && x < 1.0));
+        let kept = c.kept_keys().unwrap();
+        assert_eq!(kept.len(), 5 * 2);
+        // ceil(len * 10 %) keys of each (sequence, head): 9.5 -> 10, 0.1 -> 1, 4, 0, 30.
+        assert_eq!(lens_k.map(|n| fraction_kept(n, 10)), [10, 1, 4, 0, 30]);
+        let mut start = 0;
+        for (b, &len) in lens_k.iter().enumerate() {
+            for h in 0..2 {
+                let keys = &kept[b * 2 + h];
+                assert_eq!(keys.len(), fraction_kept(len, 10), "sequence {b} head {h}");
+                assert!(keys.windows(2).all(|w| w[0] < w[1]) && keys.iter().all(|&j| (j as usize) < len));
+                // Scores [total_k, mask_heads]: this plane's are column h of the sequence's rows.
+                let s: Vec<f64> = (0..len).map(|j| u[(start + j) * 2 + h]).collect();
+                let least_kept = keys.iter().map(|&j| s[j as usize]).fold(f64::INFINITY, f64::min);
+                assert!((0..len as u32).filter(|j| !keys.contains(j)).all(|j| s[j as usize] < least_kept));
+                // The bias ranks as the scores do.
+                let bias: Vec<f64> = s.iter().map(|&x| normal_quantile(x)).collect();
+                assert!(len == 0 || top_keys(&bias, len, keys.len()) == [keys.clone()]);
+            }
+            start += len;
+        }
+        // The heads keep their own keys; every call draws the same.
+        assert_ne!(kept[8], kept[9]);
+        assert_eq!(key_fraction_scores(&c, 10).unwrap(), u);
+        assert_eq!(c.kept_keys().unwrap(), kept);
+        // A paged twin keeps the same keys; another share others; a fixed-length case has none.
+        assert_eq!(paged(&c, 64).kept_keys().unwrap(), kept);
+        assert_ne!(key_fraction_case(vec![3, 1, 2, 0, 8], lens_k.to_vec(), 20).kept_keys().unwrap()[8][..30], kept[8][..]);
+        assert_eq!(Case { seqlens: None, ..c.clone() }.kept_keys(), None);
+        assert_eq!(fraction_kept(1000, 100), 1000);
+    }
+
+    #[test]
+    fn key_fraction_scores_are_the_ones_peers_py_draws() {
+        // peers.py's key_fraction_scores and key_fraction_inputs on this case: the first scores
+        // and the kept keys of the first sequence (95 keys) and the third (40), per mask head.
+        let c = key_fraction_case(vec![3, 1, 2, 0, 8], vec![95, 1, 40, 0, 300], 10);
+        let first: Vec<String> = key_fraction_scores(&c, 10).unwrap()[..3].iter().map(|x| format!("{x:.17}")).collect();
+        assert_eq!(first, ["0.46640388745768846", "0.38616992391373783", "0.21194328424341136"]);
+        let kept = c.kept_keys().unwrap();
+        assert_eq!(kept[0], [6, 11, 23, 32, 47, 54, 61, 77, 84, 92]);
+        assert_eq!(kept[1], [3, 15, 20, 27, 30, 56, 71, 79, 88, 94]);
+        assert_eq!((&kept[4][..], &kept[5][..]), (&[1, 18, 32, 33][..], &[7, 26, 33, 35][..]));
+    }
+
+    #[test]
+    fn key_fraction_pairs_count_each_sequences_visible_kept_keys() {
+        let c = key_fraction_case(vec![3, 1, 2, 0, 8], vec![95, 1, 40, 0, 300], 10);
+        let kept = c.kept_keys().unwrap();
+        let p = c.seqlens.as_ref().unwrap();
+        // Query i of (sq, sk) sees kept keys j <= i + sk - sq; averaged over the mask heads.
+        let brute: f64 = (0..5)
+            .map(|b| {
+                let (sq, sk) = (p.lens_q[b], p.lens_k[b]);
+                let seen = |keys: &Vec<u32>| (0..sq).map(|i| keys.iter().filter(|&&j| j as usize + sq <= i + sk).count()).sum::<usize>();
+                (seen(&kept[b * 2]) + seen(&kept[b * 2 + 1])) as f64 / 2.0
+            })
+            .sum();
+        assert_eq!(c.pairs(), brute);
+        assert_eq!(c.fwd_flops(), 4.0 * (4 * 16) as f64 * brute);
+        assert!(brute > 0.0 && brute < Case { mask: None, bias: false, mask_heads: 1, ..c.clone() }.pairs() / 5.0);
+    }
+
+    #[test]
+    fn key_fraction_bytes_count_the_kept_rows_and_the_key_side_mask_and_bias() {
+        let c = grid(false, &["varlen".into()]).into_iter().find(|c| c.mask.is_some()).unwrap();
+        let p = c.seqlens.as_ref().unwrap();
+        let (total_q, total_k) = (p.lens_q.iter().sum::<usize>(), p.lens_k.iter().sum::<usize>());
+        let kept: usize = p.lens_k.iter().map(|n| n.div_ceil(10)).sum();
+        assert_eq!(c.kept_rows(), Some(kept));
+        // q and out (2 B an element); each kv head's kept rows of k and v; mask 1 B and bias 2 B
+        // per packed key and mask head.
+        let want = 2 * (2 * total_q * 32 * 128) + 2 * (2 * kept * 8 * 128) + total_k * 8 + 2 * total_k * 8;
+        assert_eq!(c.fwd_bytes(), want as f64);
     }
 
     #[test]

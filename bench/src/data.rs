@@ -1,8 +1,9 @@
 //! Operands of a case, drawn as SCHEMA.md says: N(0, 1) data, Flash-DMA's top-k masks (per query
-//! row, or key-side and query-broadcast), random blocks or the sparse group's masks (a
-//! `SparseMask`, prepared once), generated in parallel on the host and copied to the GPU once.
+//! row, or key-side and query-broadcast, or a packed batch's key-side share of each sequence's
+//! keys), random blocks or the sparse group's masks (a `SparseMask`, prepared once), generated in
+//! parallel on the host and copied to the GPU once.
 use dmattn::{Device, PageTable, PreparedMask, SeqLens, SparseMask, Tensor};
-use dmattn_bench::cases::{Case, Mask, PageLayout, block_pattern, index_lists, key_scores, normal_quantile, page_table, top_keys};
+use dmattn_bench::cases::{Case, Mask, PageLayout, block_pattern, index_lists, key_fraction_scores, key_scores, normal_quantile, page_table, top_fraction_keys, top_keys};
 use half::bf16;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use rand_distr::StandardNormal;
@@ -89,6 +90,7 @@ fn visibility(c: &Case, mask: Mask, scores: &[f32]) -> Option<Vec<bool>> {
             vis.par_chunks_mut(sk).zip(lists.par_chunks(keep)).for_each(|(row, l)| l.iter().filter(|&&k| k >= 0).for_each(|&k| row[k as usize] = true));
         }
         Mask::KeyTopk { .. } => unreachable!("key_topk is query-broadcast: see key_topk"),
+        Mask::KeyFraction { .. } => unreachable!("key_fraction is a packed batch's key-side mask: see key_fraction"),
         Mask::Select { .. } => unreachable!("select cases run no attention: see select.rs"),
     }
     Some(vis)
@@ -103,6 +105,26 @@ fn key_topk(c: &Case, keep: usize) -> (Vec<bool>, Vec<f32>, Vec<Vec<u32>>) {
     let mut vis = vec![false; scores.len()];
     for (plane, keys) in vis.chunks_mut(c.seqlen_k).zip(&kept) {
         keys.iter().for_each(|&j| plane[j as usize] = true);
+    }
+    let bias = scores.par_iter().map(|&u| normal_quantile(u) as f32).collect();
+    (vis, bias, kept)
+}
+
+/// A packed `key_fraction` case's mask and bias, each `[total_k, mask_heads]` (the packed key
+/// order dmattn takes with `.seqlens(..)`, paged K/V or not): the kept keys of each (sequence,
+/// mask head) and the bias `Φ⁻¹` of the scores that pick them (SCHEMA.md), with the kept keys of
+/// each plane ([`top_fraction_keys`]: within the sequence, sequence-major).
+fn key_fraction(c: &Case, percent: usize) -> (Vec<bool>, Vec<f32>, Vec<Vec<u32>>) {
+    let (p, mh) = (c.seqlens.as_ref().expect("key_fraction is for packed cases"), c.mask_heads);
+    let scores = key_fraction_scores(c, percent).expect("a packed case");
+    let kept = top_fraction_keys(&scores, &p.lens_k, mh, percent);
+    let mut vis = vec![false; scores.len()];
+    let mut start = 0;
+    for (b, &len) in p.lens_k.iter().enumerate() {
+        for (h, keys) in kept[b * mh..][..mh].iter().enumerate() {
+            keys.iter().for_each(|&j| vis[(start + j as usize) * mh + h] = true);
+        }
+        start += len;
     }
     let bias = scores.par_iter().map(|&u| normal_quantile(u) as f32).collect();
     (vis, bias, kept)
@@ -193,7 +215,7 @@ fn sparse_mask(c: &Case, mask: Mask, vis: Option<Vec<bool>>, dev: &Device) -> dm
             let rows = c.seqlen_q.div_ceil(block);
             SparseMask::bcsr(&Tensor::from_vec(row_ptr, &[b, h, rows + 1], dev)?, &Tensor::from_vec(col_idx, &[b, h, nnz], dev)?, block)
         }
-        Mask::Topk { .. } | Mask::Blocks { .. } | Mask::KeyTopk { .. } | Mask::Select { .. } => unreachable!("dense masks are not sparse"),
+        Mask::Topk { .. } | Mask::Blocks { .. } | Mask::KeyTopk { .. } | Mask::KeyFraction { .. } | Mask::Select { .. } => unreachable!("dense masks are not sparse"),
     };
     Ok(if c.causal { structural.and(SparseMask::causal()) } else { structural })
 }
@@ -246,15 +268,20 @@ pub struct Operands {
 }
 
 /// A packed batch's share of computed tiles ([`computed_fraction`] of each sequence as a
-/// fixed-length case), weighted by the sequences' `sq × sk` areas (which [`Case::computed_flops`]
-/// adds up).
-fn packed_fraction(seqs: &[Case]) -> f64 {
+/// fixed-length case, or with a key-side mask the [`gathered_fraction`] of its planes' `kept`
+/// keys, `mask_heads` planes a sequence), weighted by the sequences' `sq × sk` areas (which
+/// [`Case::computed_flops`] adds up).
+fn packed_fraction(seqs: &[Case], kept: Option<&[Vec<u32>]>) -> f64 {
     let area = |s: &Case| (s.seqlen_q * s.seqlen_k) as f64;
     let total: f64 = seqs.iter().map(area).sum();
     if total == 0.0 {
         return 1.0;
     }
-    seqs.iter().filter(|s| area(s) > 0.0).map(|s| computed_fraction(s, None) * area(s)).sum::<f64>() / total
+    let fraction = |b: usize, s: &Case| match kept {
+        Some(planes) => gathered_fraction(s, &planes[b * s.mask_heads..][..s.mask_heads]),
+        None => computed_fraction(s, None),
+    };
+    seqs.iter().enumerate().filter(|(_, s)| area(s) > 0.0).map(|(b, s)| fraction(b, s) * area(s)).sum::<f64>() / total
 }
 
 /// Enough operand sets that they do not all sit in L2 (256 MiB of q, k, v; 1 to 4 sets).
@@ -270,9 +297,14 @@ pub(crate) fn rotation_sets(bytes: usize) -> usize {
 impl Operands {
     pub fn new(c: &Case, dev: &Device, rng: &mut StdRng) -> dmattn::Result<Operands> {
         let (b, sq, sk, d) = (c.batch, c.seqlen_q, c.seqlen_k, c.head_dim);
-        // dmattn takes no mask or bias with a packed batch yet, and the grid gives none.
-        if c.seqlens.is_some() && (c.mask.is_some() || c.bias) {
-            return Err(dmattn::Error::Unsupported { what: "a mask or bias with a packed batch".into(), backend: "dmattn-bench" });
+        // A packed batch takes the key-side `key_fraction` mask and its bias (drawn over the
+        // sequences), and that mask nothing else.
+        let key_fraction_mask = matches!(c.mask, Some(Mask::KeyFraction { .. }));
+        if c.seqlens.is_some() && !key_fraction_mask && (c.mask.is_some() || c.bias) {
+            return Err(dmattn::Error::Unsupported { what: "a packed batch with a mask other than key_fraction, or a bias without it".into(), backend: "dmattn-bench" });
+        }
+        if c.seqlens.is_none() && key_fraction_mask {
+            return Err(dmattn::Error::Unsupported { what: "a key_fraction mask without a packed batch".into(), backend: "dmattn-bench" });
         }
         // A paged case's layout, the same for every set.
         let (lens_k, pages) = match &c.seqlens {
@@ -309,7 +341,21 @@ impl Operands {
             if let Some(layout) = &pages {
                 o.pages = Some(PageTable::new(&layout.table, p.lens_k.len(), dev)?);
             }
-            o.computed_fraction = packed_fraction(&c.sequences().expect("packed"));
+            let kept = match c.mask {
+                // Key-side `[total_k, mask_heads]`, shared by every set (paged or not: the
+                // packed key order).
+                Some(Mask::KeyFraction { percent }) => {
+                    let (vis, bias, kept) = key_fraction(c, percent);
+                    let shape = [sk, c.mask_heads];
+                    o.mask = Some(Tensor::from_vec(vis, &shape, dev)?);
+                    if c.bias {
+                        o.bias = Some(bf16_tensor(&bias, &shape, dev)?);
+                    }
+                    Some(kept)
+                }
+                _ => None,
+            };
+            o.computed_fraction = packed_fraction(&c.sequences().expect("packed"), kept.as_deref());
             return Ok(o);
         }
         let score_shape = [b, c.mask_heads, c.mask_rows(), sk];
@@ -622,6 +668,95 @@ mod tests {
             let (got, want) = (run(&paged), run(&packed));
             assert!(got.0 == want.0 && got.1.iter().map(|x| x.to_bits()).eq(want.1.iter().map(|x| x.to_bits())), "set {s}");
         }
+    }
+
+    /// A small packed `key_fraction` case shaped as the varlen group's masked decode: 4
+    /// sequences (one of no queries), 4 heads, 2 kv heads (a mask plane each), dim 16.
+    fn key_fraction_case(page_size: Option<usize>) -> Case {
+        let mut c = grid(true, &["varlen".into()])[3].clone();
+        assert_eq!(c.mask, Some(Mask::KeyFraction { percent: 10 }));
+        (c.heads, c.kv_heads, c.mask_heads, c.head_dim, c.seqlen_q, c.seqlen_k) = (4, 2, 2, 16, 12, 403);
+        c.seqlens = Some(dmattn_bench::cases::Packed { lens_q: vec![1, 3, 0, 8], lens_k: vec![70, 3, 130, 200], page_size });
+        c
+    }
+
+    /// The mask and bias are key-side `[total_k, mask_heads]` in the packed key order, keep each
+    /// (sequence, mask head)'s ceil(10 %) keys of largest bias, and are the same in every draw.
+    #[test]
+    fn key_fraction_operands_keep_the_top_share_of_each_sequence() {
+        let c = key_fraction_case(None);
+        let dev = Device::Cpu;
+        let o = Operands::new(&c, &dev, &mut StdRng::seed_from_u64(5)).unwrap();
+        let (mask, bias) = (o.mask.as_ref().unwrap(), o.bias.as_ref().unwrap());
+        assert!(o.sparse.is_none() && o.pages.is_none() && mask.shape() == [403, 2] && bias.shape() == [403, 2]);
+        let (mask, bias) = (mask.to_vec::<bool>().unwrap(), bias.to_vec::<bf16>().unwrap());
+        let kept = c.kept_keys().unwrap();
+        let mut start = 0;
+        for (b, (&len, want)) in [70, 3, 130, 200].iter().zip([7, 1, 13, 20]).enumerate() {
+            for h in 0..2 {
+                let plane = |j: usize| (start + j) * 2 + h;
+                let keys: Vec<u32> = (0..len).filter(|&j| mask[plane(j)]).map(|j| j as u32).collect();
+                assert_eq!((keys.len(), &keys), (want, &kept[b * 2 + h]), "sequence {b} head {h}");
+                // The kept keys are those of largest bias (bf16 may tie at the edge).
+                let least_kept = keys.iter().map(|&j| bias[plane(j as usize)].to_f32()).fold(f32::INFINITY, f32::min);
+                assert!((0..len).all(|j| mask[plane(j)] || bias[plane(j)].to_f32() <= least_kept), "sequence {b} head {h}");
+            }
+            start += len;
+        }
+        // Another draw of the operands has the same mask and bias (q, k and v differ).
+        let again = Operands::new(&c, &dev, &mut StdRng::seed_from_u64(6)).unwrap();
+        assert_eq!(again.mask.unwrap().to_vec::<bool>().unwrap(), mask);
+        assert_eq!(again.bias.unwrap().to_vec::<bf16>().unwrap(), bias);
+        assert_ne!(again.q[0].to_vec::<bf16>().unwrap(), o.q[0].to_vec::<bf16>().unwrap());
+        // Gathered tiles, one query tile a sequence: 1 of 2 key tiles (70 keys, 7 kept), 1 of 1,
+        // none of the sequence without queries, 1 of 4 (200 keys, 20 kept), weighted by area.
+        assert_eq!(o.computed_fraction, (0.5 * 70.0 + 9.0 + 0.25 * 1600.0) / (70.0 + 9.0 + 1600.0));
+    }
+
+    /// dmattn takes them as main.rs gives them (`.seqlens(..)`, `.mask(..)`, `.bias(..)`,
+    /// causal) and computes what each sequence's fixed-length call with its key-side mask and
+    /// bias `[1, mask_heads, 1, len_k]` gives; the paged twin (`.kv_pages(..)`, the same mask and
+    /// bias in the packed key order) gives the same output bit for bit.
+    #[test]
+    fn key_fraction_operands_run_as_each_sequences_key_side_mask() {
+        let (c, dev) = (key_fraction_case(None), Device::Cpu);
+        let o = Operands::new(&c, &dev, &mut StdRng::seed_from_u64(7)).unwrap();
+        let run = |o: &Operands| {
+            let (mask, bias) = (o.mask.as_ref().unwrap(), o.bias.as_ref().unwrap());
+            let mut call = attention(&o.q[0], &o.k[0], &o.v[0]).seqlens(o.seqlens.as_ref().unwrap()).mask(mask).bias(bias).causal(c.causal);
+            if let Some(t) = &o.pages {
+                call = call.kv_pages(t);
+            }
+            call.forward().unwrap().out.to_vec::<bf16>().unwrap()
+        };
+        let got = run(&o);
+        let (q, k, v) = (o.q[0].to_vec::<bf16>().unwrap(), o.k[0].to_vec::<bf16>().unwrap(), o.v[0].to_vec::<bf16>().unwrap());
+        let (mask, bias) = (o.mask.as_ref().unwrap().to_vec::<bool>().unwrap(), o.bias.as_ref().unwrap().to_vec::<bf16>().unwrap());
+        let p = c.seqlens.as_ref().unwrap();
+        let qw = c.heads * c.head_dim;
+        let (mut sq0, mut sk0) = (0, 0);
+        for (&sq, &sk) in p.lens_q.iter().zip(&p.lens_k) {
+            if sq > 0 {
+                // This sequence's rows of packed q `[total_q, heads, d]` and k, v `[total_k,
+                // kv_heads, d]`, as a batch of one.
+                let rows = |data: &[bf16], first: usize, n: usize, heads: usize| {
+                    let width = heads * c.head_dim;
+                    Tensor::from_vec(data[first * width..][..n * width].to_vec(), &[1, n, heads, c.head_dim], &dev).unwrap()
+                };
+                let (qs, ks, vs) = (rows(&q, sq0, sq, c.heads), rows(&k, sk0, sk, c.kv_heads), rows(&v, sk0, sk, c.kv_heads));
+                // [total_k, mask_heads] -> this sequence's [1, mask_heads, 1, len_k].
+                let side = |h: usize, j: usize| (sk0 + j) * c.mask_heads + h;
+                let m: Vec<bool> = (0..c.mask_heads * sk).map(|n| mask[side(n / sk, n % sk)]).collect();
+                let b: Vec<bf16> = (0..c.mask_heads * sk).map(|n| bias[side(n / sk, n % sk)]).collect();
+                let (m, b) = (Tensor::from_vec(m, &[1, c.mask_heads, 1, sk], &dev).unwrap(), Tensor::from_vec(b, &[1, c.mask_heads, 1, sk], &dev).unwrap());
+                let want = attention(&qs, &ks, &vs).mask(&m).bias(&b).causal(c.causal).forward().unwrap().out.to_vec::<bf16>().unwrap();
+                assert_eq!(got[sq0 * qw..][..sq * qw], want[..], "sequence at query {sq0}");
+            }
+            (sq0, sk0) = (sq0 + sq, sk0 + sk);
+        }
+        let paged = Operands::new(&key_fraction_case(Some(64)), &dev, &mut StdRng::seed_from_u64(7)).unwrap();
+        assert!(paged.pages.is_some() && paged.mask.as_ref().unwrap().shape() == [403, 2]);
+        assert_eq!(run(&paged), got);
     }
 
     #[test]

@@ -102,7 +102,8 @@ fn record(c: &Case, imp: Impl, pass: Pass, timed: &dmattn::Result<f64>) -> Recor
 
 /// The line printed for each measurement: time, and throughput against the ceilings (for a
 /// `prep` record, the bytes of the prepared mask; for a `select` case, GB/s of the bias and mask
-/// read, and with the output written against the copy).
+/// read, and with the output written against the copy; for a decoding case with a target against
+/// the copy, `Case::copy_time_target`, the time to move its bytes at copy speed and the ratio).
 fn describe(c: &Case, r: &Record, computed: f64, ceil: &Ceilings) -> String {
     let Some(ms) = r.ms else { return format!("{:?}: {}", r.status, r.note) };
     if r.pass == Pass::Prep {
@@ -119,6 +120,10 @@ fn describe(c: &Case, r: &Record, computed: f64, ceil: &Ceilings) -> String {
     let mut s = format!("{ms:9.3} ms {tf:6.0} TF/s dense-eq ({tc:.0} computed, {:.0}% of matmul)", 100.0 * tc / ceil_tflops);
     if c.is_decode() {
         s += &format!(" {:.0} GB/s", c.fwd_bytes() / (ms * 1e-3) / 1e9);
+    }
+    if let Some(target) = c.copy_time_target() {
+        let copy_ms = c.fwd_bytes() / (ceil.copy_gbps * 1e9) * 1e3;
+        s += &format!(", {:.2}x the {copy_ms:.3} ms to move them at copy speed (target <= {target})", ms / copy_ms);
     }
     s
 }

@@ -364,9 +364,9 @@ pub unsafe fn decode<E: Elem, const D: usize, const KT: usize, const DT: usize, 
         }
     }
 
-    // Epilogue: each warp's O rows through its own rows of the Q tile (only it read them), then
-    // stored row by row. A row with nothing visible gets O = 0 and LSE = -inf; a split that saw
-    // no key writes its LSE alone (the combine never reads the O of such a split).
+    // Epilogue: each warp's O rows through its own rows of the Q tile, then stored row by row.
+    // A row with nothing visible gets O = 0 and LSE = -inf; a split that saw no key writes its
+    // LSE alone (the combine never reads the O of such a split).
     let (inv, lse) = softmax.finish();
     for h in 0..2 {
         let r = warp_row0 + 8 * h as u32 + g;
@@ -377,6 +377,9 @@ pub unsafe fn decode<E: Elem, const D: usize, const KT: usize, const DT: usize, 
     if !visited && p.splits > 1 {
         return;
     }
+    // Every lane is past its last read of the Q tile (another lane's `ldmatrix` may have read
+    // what this one writes: racecheck asks for the order).
+    sync_threads();
     let o_at = sm.q.chunk(g, 0) + 4 * t;
     for h in 0..2 {
         let dr = warp_row0 + 8 * h as u32;

@@ -53,6 +53,12 @@ pub unsafe extern "ptx-kernel" fn dmattn_mask_pack(p: MaskPackParams) {
 
 #[cfg(not(target_feature = "sm_90a"))]
 #[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn dmattn_mask_pack_keys(p: MaskPackParams) {
+    unsafe { mask_pack::mask_pack_keys(&p) }
+}
+
+#[cfg(not(target_feature = "sm_90a"))]
+#[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn dmattn_block_mask(p: BlockMaskParams) {
     unsafe { block_mask::block_mask(&p) }
 }

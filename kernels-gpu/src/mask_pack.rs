@@ -84,3 +84,48 @@ pub unsafe fn mask_pack(p: &MaskPackParams) {
         unsafe { *(c.ptr as *mut u8).add(at as usize) = block_class::of(any, all) };
     }
 }
+
+/// [`mask_pack`] for a key-side mask (one row per batch entry or sequence and head, `dims[2]`
+/// 1, bool bytes): a warp per 64-key word, lane `l` reading keys `2 l` and `2 l + 1`, the warp
+/// ORing the bits together; lane 0 writes the word and its block's class. Grid
+/// `(ceil(k_blocks / warps), 1, mask_batch * mask_heads)`, `MASK_PACK_THREADS` threads: the
+/// block-per-CTA kernel leaves 252 of its 256 threads idle on one row.
+#[inline(always)]
+pub unsafe fn mask_pack_keys(p: &MaskPackParams) {
+    let tid = thread_idx();
+    let (bx, _, bh) = block_idx();
+    let [_, heads, mq, sk] = p.dims;
+    let (b, h) = (bh / heads, (bh % heads) as u64);
+    let seq = Seq::in_batch::<true>(&p.seqs, b, mq, sk);
+    let (lane, kb) = (tid % 32, bx * (MASK_PACK_THREADS / 32) + tid / 32);
+    let first = kb * BLOCK_MAP_K;
+    // Warp-uniform: every lane of a warp has the same word.
+    if first >= seq.len_k {
+        return;
+    }
+    let s = p.mask.stride;
+    let base = p.mask.ptr + seq.origin(&s) + h * s[1];
+    let mut word = 0u64;
+    for e in 0..2 {
+        let k = 2 * lane + e;
+        if first + k < seq.len_k && unsafe { ld_global_nc_u8(base + (first + k) as u64 * s[3]) } != 0 {
+            word |= 1 << mask_bit(k);
+        }
+    }
+    let (mut lo, mut hi) = (word as u32, (word >> 32) as u32);
+    let mut d = 1;
+    while d < 32 {
+        lo |= shfl_xor_u32(lo, d);
+        hi |= shfl_xor_u32(hi, d);
+        d *= 2;
+    }
+    if lane == 0 {
+        let word = lo as u64 | (hi as u64) << 32;
+        let (o, c) = (&p.bits, &p.classes);
+        unsafe {
+            *(o.ptr as *mut u64).add((seq.origin(&o.stride) + h * o.stride[1] + kb as u64) as usize) = word;
+            let full = word.count_ones() == (seq.len_k - first).min(BLOCK_MAP_K);
+            *(c.ptr as *mut u8).add((seq.origin(&c.stride) + h * c.stride[1] + kb as u64) as usize) = block_class::of(word != 0, full);
+        }
+    }
+}

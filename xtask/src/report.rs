@@ -7,11 +7,13 @@ use std::path::{Path, PathBuf};
 
 /// Column order: dmattn, our baseline, then the peers users would pick first, then the
 /// references that skip part of the work ([`REFERENCES`]).
-pub const ORDER: [&str; 9] = ["dmattn", "cublas-materialized", "flex", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "sdpa-math", "fa2-kept-keys", "fa2-dense-causal"];
-/// peers.py's FlashAttention-2 references of the `gather` group: attention over the kept keys
-/// alone without bias or causal (the floor), and dense causal ignoring the mask. Listed for
-/// scale, never counted as the best peer: they do not do the case's work.
-pub const REFERENCES: [&str; 2] = ["fa2-kept-keys", "fa2-dense-causal"];
+pub const ORDER: [&str; 11] =
+    ["dmattn", "cublas-materialized", "flex", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "sdpa-math", "fa2-varlen", "fa2-kept-keys", "fa2-varlen-kept", "fa2-dense-causal"];
+/// peers.py's FlashAttention-2 references: attention over the kept keys alone without bias or
+/// causal (the floor; `fa2-varlen-kept` for a packed batch's key-side mask, each kv head's kept
+/// keys a sequence of its own), and dense causal ignoring the mask. Listed for scale, never
+/// counted as the best peer: they do not do the case's work.
+pub const REFERENCES: [&str; 3] = ["fa2-kept-keys", "fa2-varlen-kept", "fa2-dense-causal"];
 const DMATTN: &str = "dmattn";
 /// How peers.py notes a backward run without the bias gradient.
 const NO_DBIAS: &str = "no dbias";

@@ -481,20 +481,12 @@ fn split_and_combine(
     launch(dev, &Launch::kernel(&name, (row_blocks(&rows), 1, 1), PRE_THREADS, 0), combine)
 }
 
-/// The decoding plan of a forward (see [`decode::decode_plan`]), and the mask its kernel reads:
-/// the prepared one, or a gathered mask's dense-tile form (made on first use).
+/// The decoding plan of a forward (see [`decode::decode_plan`]) and the prepared mask its kernel
+/// reads.
 fn decoding(dev: &CudaDevice, p: &Problem, saved: &Saved) -> Result<Option<(decode::DecodePlan, Option<PreparedMask>)>> {
     let elem = check_operands(p, saved)?;
     let mask = device_mask(saved);
-    let Some(plan) = decode::decode_plan(dev.sms(), p, elem, mask.map(decode::MaskShape::of)) else { return Ok(None) };
-    let mask = match mask {
-        Some(m) => Some(match &m.gather {
-            Some(lists) => lists.dense_tiles(dev)?,
-            None => m.clone(),
-        }),
-        None => None,
-    };
-    Ok(Some((plan, mask)))
+    Ok(decode::decode_plan(dev.sms(), p, elem, mask.map(decode::MaskShape::of)).map(|plan| (plan, mask.cloned())))
 }
 
 /// Runs a decoding `plan` of problem `p` on `saved`'s operands with `mask` (see [`decoding`]):

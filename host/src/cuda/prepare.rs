@@ -15,7 +15,7 @@ use crate::sparse::{Part, bcsr_to_bitset, check_block, check_part_shape, combine
 use crate::tensor::Tensor;
 use crate::problem::PackedLayout;
 use crate::seqlens::SeqLens;
-use dmattn_abi::{BLOCK_MAP_K, BLOCK_MAP_Q, BLOCK_MASK_THREADS, BlockMaskParams, MaskPackParams, Seqs, View4, names};
+use dmattn_abi::{BLOCK_MAP_K, BLOCK_MAP_Q, BLOCK_MASK_THREADS, BlockMaskParams, MASK_PACK_THREADS, MaskPackParams, Seqs, View4, names};
 use std::sync::Arc;
 
 /// The GPU's prepared mask: block classes `[pb, ph, {1|q_blocks}, k_blocks]` and its bits
@@ -160,8 +160,16 @@ pub(crate) fn pack_sequences(dev: &CudaDevice, t: &Tensor, layout: PackedLayout,
         seq_rows: (layout == PackedLayout::PerQuery) as u32,
         seqs: Seqs { cu_q: ptr(cu_q), cu_k: ptr(cu_k), ..Seqs::default() },
     };
-    if k_blocks > 0 && q_blocks > 0 {
-        launch(dev, &Launch::mask_pack((k_blocks as u32, q_blocks as u32, (seqs.batch() * heads) as u32)), params)?;
+    let planes = (seqs.batch() * heads) as u32;
+    match layout {
+        // A warp per word: the block-per-CTA pack would leave all but four threads of each CTA
+        // idle on a key-side mask's one row (H100, 64 sequences, 2.1M keys, 8 heads: most of a
+        // decoding call's time).
+        PackedLayout::KeySide => {
+            let grid = ((k_blocks as u32).div_ceil(MASK_PACK_THREADS / 32), 1, planes);
+            launch(dev, &Launch::kernel(names::MASK_PACK_KEYS, grid, MASK_PACK_THREADS, 0), params)?;
+        }
+        PackedLayout::PerQuery => launch(dev, &Launch::mask_pack((k_blocks as u32, q_blocks as u32, planes)), params)?,
     }
     Ok(PreparedMask::new(params.classes, params.bits, [1, heads], vec![buf]))
 }
