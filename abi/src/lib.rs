@@ -135,8 +135,9 @@ pub struct FwdParams {
 /// longest sequence's lengths (the grid's extent), and LSE/delta are `[h, total_q]`. A bias (and
 /// its gradient's accumulator) is key-side `[total_k, h]` or query-based `[total_q, h,
 /// max_seqlen_k]`, seen as `[·, h, rows, keys]` whose `stride[0]` is the step per packed key (the
-/// key stride of a key-side bias, 0 for a query-based one). The kernels ask `Seq` (kernels-gpu's
-/// `seq`) for a sequence's bounds and first rows.
+/// key stride of a key-side bias, 0 for a query-based one); a mask's packed bits and block classes
+/// are laid out so that the same rule places a sequence's ([`MaskPackParams`]). The kernels ask
+/// `Seq` (kernels-gpu's `seq`) for a sequence's bounds and first rows.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Seqs {
