@@ -1,0 +1,62 @@
+//! Exported kernel names, built by one rule on both sides: `dmattn_fwd_<elem>_d<head_dim>`, with
+//! the variant's suffix (`modifiers::suffix`) appended.
+
+pub const MASK_PACK: &str = "dmattn_mask_pack";
+/// The mask pack for key-side masks (one row a plane): a warp per 64-key word.
+pub const MASK_PACK_KEYS: &str = "dmattn_mask_pack_keys";
+pub const BLOCK_MASK: &str = "dmattn_block_mask";
+pub const KEY_COUNT: &str = "dmattn_key_count";
+pub const KEY_COMPACT: &str = "dmattn_key_compact";
+pub const GATHER_ROWS: &str = "dmattn_gather_rows";
+pub const INDICES_BITS: &str = "dmattn_indices_bits";
+pub const GATHER_MASK: &str = "dmattn_gather_mask";
+/// Key selection over 16-bit (bf16, f16) and 32-bit (f32) bias elements.
+pub const SELECT_KEYS_16: &str = "dmattn_select_keys_16";
+pub const SELECT_KEYS_32: &str = "dmattn_select_keys_32";
+/// `dmattn_scatter_rows_<elem>`.
+pub const SCATTER_ROWS_PREFIX: &str = "dmattn_scatter_rows_";
+pub const BWD_PREFIX: &str = "dmattn_bwd_";
+/// The Hopper backward kernels (sm_90a module): `dmattn_bwd_sm90_<elem>_d<dim>[_mask|_bias|_mods]`.
+pub const BWD_WGMMA_PREFIX: &str = "dmattn_bwd_sm90_";
+/// Appended to a backward kernel's name for its deterministic variant, which adds dQ and
+/// dBias in a fixed order (bit-identical runs) instead of with atomics.
+pub const DETERMINISTIC_SUFFIX: &str = "_det";
+/// Appended to a Hopper backward kernel's name (plain and `_mask` variants) for its variant
+/// that takes any band ([`super::Band::needs_band_kernel`]): the others take only bands
+/// without a left edge or compression, whose code then folds away (the backward's tiles are
+/// at the register limit). Of the portable backward, the `_mods` variants take any band.
+pub const BAND_SUFFIX: &str = "_band";
+/// Appended to a forward kernel's modifier-variant name (`dmattn_fwd_<elem>_d<dim>_mods`)
+/// for its gather-attention variant ([`super::FwdParams::key_ranks`]).
+pub const GATHER_SUFFIX: &str = "_gather";
+/// Appended to a forward kernel's modifier-variant name for its packed-batch variant
+/// ([`super::Seqs`]; its own kernel: the sequences' loads in the fixed-length one spilled
+/// it once the mask's origin moved per sequence).
+pub const PACKED_SUFFIX: &str = "_packed";
+/// Appended to a forward kernel's modifier-variant name for its paged-K/V variant
+/// ([`super::Seqs::block_table`], a packed batch's; its own kernel, without mask tiles: a
+/// branch in the modifier variants spilled them).
+pub const PAGED_SUFFIX: &str = "_paged";
+/// Appended to a gather variant's name for its narrow tile ([`super::FwdVariants::gather_narrow`]).
+pub const NARROW_SUFFIX: &str = "_narrow";
+/// The narrow gather variants (launch bounds, [`super::LAUNCH_BOUNDS`]).
+pub const FWD_BF16_D64_GATHER_NARROW: &str = "dmattn_fwd_bf16_d64_mods_gather_narrow";
+pub const FWD_F16_D64_GATHER_NARROW: &str = "dmattn_fwd_f16_d64_mods_gather_narrow";
+pub const FWD_SM90_BF16_D64_GATHER_NARROW: &str = "dmattn_fwd_sm90_bf16_d64_mods_gather_narrow";
+pub const FWD_SM90_F16_D64_GATHER_NARROW: &str = "dmattn_fwd_sm90_f16_d64_mods_gather_narrow";
+pub const BWD_PRE_PREFIX: &str = "dmattn_bwd_pre_";
+pub const CONVERT_PREFIX: &str = "dmattn_convert_";
+pub const COMBINE_PREFIX: &str = "dmattn_fwd_combine_";
+/// `dmattn_decode_<elem>_d<dim>`, and its paged-K/V kernel with [`PAGED_SUFFIX`]: the
+/// decoding forward ([`super::DecodeParams`]).
+pub const DECODE_PREFIX: &str = "dmattn_decode_";
+pub const FWD_PREFIX: &str = "dmattn_fwd_";
+/// `dmattn_fwd_sm90_<elem>_d<dim>[_mods[_gather[_narrow]|_packed|_paged]]`: the Hopper forward
+/// ([`super::FWD_TILES_SM90`]).
+pub const FWD_WGMMA_PREFIX: &str = "dmattn_fwd_sm90_";
+/// `dmattn_fwd_order_d<dim>`: the work order of that head dim's modifier variant.
+pub const FWD_ORDER_PREFIX: &str = "dmattn_fwd_order_d";
+/// `dmattn_bwd_order_n<block_n>`: the work order of a backward with that key tile.
+pub const BWD_ORDER_PREFIX: &str = "dmattn_bwd_order_n";
+/// `dmattn_softmax_rows_<elem>`: the materialising path's row softmax.
+pub const SOFTMAX_ROWS_PREFIX: &str = "dmattn_softmax_rows_";

@@ -1,0 +1,254 @@
+//! The kernels' parameter blocks for attention: the forward's (and its packed-batch and work-order
+//! parts), the split-KV combine's, the backward's and its row passes', the unfused path's row
+//! softmax's.
+use crate::{Band, KeyLists, View4};
+
+/// Forward kernel parameters. Layouts: q/o `[b, sq, h, d]`, k/v `[b, sk, hk, d]` (unit stride on
+/// d), bias `[b, h, sq, sk]` broadcast through zero strides, the packed mask
+/// (see [`MaskPackParams`](crate::MaskPackParams)) as u64 words `[b, h, sq, kwords]` and its block map
+/// `[b, h, qblk, kblk]` (zero strides where broadcast), lse f32 `[b, h, sq]` contiguous.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FwdParams {
+    pub q: View4,
+    pub k: View4,
+    pub v: View4,
+    pub o: View4,
+    /// Packed mask words; absent without a mask.
+    pub mask_bits: View4,
+    pub bias: View4,
+    pub block_map: View4,
+    pub lse: u64,
+    pub batch: u32,
+    pub heads: u32,
+    /// Query heads per kv head (`h / hk`).
+    pub kv_group: u32,
+    /// Mask/bias head index = query head / this (1 when they have `h` heads, `kv_group` for `hk`).
+    pub mask_head_div: u32,
+    pub bias_head_div: u32,
+    pub seqlen_q: u32,
+    pub seqlen_k: u32,
+    /// Softmax scale times log2(e): the kernel works in base 2.
+    pub scale_log2: f32,
+    /// Softcap `c` of `c * tanh(s / c)`; 0 disables it.
+    pub softcap: f32,
+    pub flags: u32,
+    pub band: Band,
+    /// Split-KV for grids too small to fill the GPU (short queries, long keys); 0 or 1 = off.
+    /// Split `s` (grid z = `batch * splits + s`) covers key tiles `s * split_tiles..` up to
+    /// `split_tiles` of them and writes its normalised partial O and LSE at `o` and `lse`
+    /// shifted by `s` times `o_split_stride` / `lse_split_stride` elements; [`CombineParams`]
+    /// merges them.
+    pub splits: u32,
+    pub split_tiles: u32,
+    pub o_split_stride: u64,
+    pub lse_split_stride: u64,
+    /// The work order (modifier variant, no splits): CTA `i` (linear block index, x fastest)
+    /// runs the grid position in `order[i]`, a u64 [`packed_position`]; 0: grid order.
+    pub order: u64,
+    /// Gather attention (the `_gather` variants, [`names::GATHER_SUFFIX`](crate::names::GATHER_SUFFIX)): each plane's kept
+    /// keys in ascending order (`key_pos`, [`KeyCompactParams::pos`](crate::KeyCompactParams::pos)), the kept keys at or before
+    /// each original key (`key_ranks`, [`KeyCompactParams::ranks`](crate::KeyCompactParams::ranks)), both read through the
+    /// mask's plane of a (batch, head) with `key_ranks`' strides. K and V rows are read at the
+    /// listed keys; the bias holds the plane's kept keys' columns in list order. The band and
+    /// `seqlen_k` are the original problem's: a query sees the kept keys the band shows it, a
+    /// contiguous run of the list whose ends are two ranks. The band has no sinks.
+    pub key_ranks: KeyLists,
+    pub key_pos: u64,
+    /// Packed variable-length batches ([`Seqs`]); all zero for a fixed-length call.
+    pub seqs: Seqs,
+}
+
+/// Where a sequence's rows are, for packed variable-length batches (`cu_seqlens`): q/o/dO/dQ
+/// `[total_q, h, d]` and k/v/dK/dV `[total_k, hk, d]` seen as batch 1 (`View4::stride[0]` 0),
+/// sequence `b` (grid z) at rows `cu_q[b]..cu_q[b + 1]` and keys `cu_k[b]..cu_k[b + 1]`
+/// (int32 prefix sums, validated on the host). `FwdParams::seqlen_q`/`seqlen_k` are then the
+/// longest sequence's lengths (the grid's extent), and LSE/delta are `[h, total_q]`. A bias (and
+/// its gradient's accumulator) is key-side `[total_k, h]` or query-based `[total_q, h,
+/// max_seqlen_k]`, seen as `[·, h, rows, keys]` whose `stride[0]` is the step per packed key (the
+/// key stride of a key-side bias, 0 for a query-based one); a mask's packed bits and block classes
+/// are laid out so that the same rule places a sequence's ([`MaskPackParams`](crate::MaskPackParams)). The kernels ask
+/// `Seq` (kernels-gpu's `seq`) for a sequence's bounds and first rows.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Seqs {
+    /// Device addresses of `cu_seqlens_q` and `cu_seqlens_k`; 0: fixed-length call.
+    pub cu_q: u64,
+    pub cu_k: u64,
+    /// LSE (and delta) index of (batch `b`, head `h`, row `i`) is `(b * heads + h) * lse_rows
+    /// + i`: `seqlen_q` for fixed lengths; `total_q` packed, where `b` is 0 and `i` counts from
+    /// the packed tensor's first row.
+    pub lse_rows: u32,
+    /// Paged K/V (forward only): log2 of the page size (a power of two; each row's page is
+    /// looked up); unused with contiguous K/V.
+    pub page_shift: u32,
+    /// Paged K/V: the block table's device address, int32 `[batch, table_stride]` (sequence
+    /// `b`'s key `j` is row `j % page_size` of page `table[b][j / page_size]` of k and v,
+    /// `[num_pages, page_size, hk, d]`, entries validated on the host); 0: K/V are packed rows.
+    pub block_table: u64,
+    pub table_stride: u32,
+    pub _pad: u32,
+}
+
+/// Orders a masked grid heaviest first (`FwdParams::order`, which the backward's copy of the
+/// forward's parameters holds too): each warp counts the tiles one CTA will visit into `work`
+/// (u32 per linear block index, x fastest), the forward's key tiles or the backward's query
+/// tiles; the CTA that takes the last ticket (`ticket`, a u32 that is 0 between launches and
+/// that this CTA resets) sorts them into `order`, a [`packed_position`] per CTA, by a counting
+/// sort over [`ORDER_BUCKETS`] work values (larger ones share the last bucket).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OrderParams {
+    pub fwd: FwdParams,
+    pub work: u64,
+    pub order: u64,
+    pub ticket: u64,
+    /// The backward's [`BwdParams::kv_heads_first`].
+    pub kv_heads_first: u32,
+}
+
+/// Warps per CTA of the ordering pass (one counted CTA each).
+pub const ORDER_WARPS: u32 = 8;
+
+pub const ORDER_BUCKETS: u32 = 1024;
+
+/// The ordering pass's shared memory: a counter per bucket and a total per warp.
+pub const ORDER_SMEM_BYTES: u32 = 4 * (ORDER_BUCKETS + ORDER_WARPS);
+
+/// Shared memory a CTA keeps its grid position in (a [`packed_position`]).
+pub const POSITION_BYTES: u32 = 8;
+
+/// A grid position as a work order holds it: block x in the low 32 bits, y (< 2^16)
+/// and z (< 2^16) above, so a CTA unpacks it with shifts.
+pub const fn packed_position(x: u32, y: u32, z: u32) -> u64 {
+    x as u64 | (y as u64) << 32 | (z as u64) << 48
+}
+
+/// The `(x, y, z)` of a [`packed_position`].
+pub const fn unpacked_position(at: u64) -> (u32, u32, u32) {
+    (at as u32, (at >> 32) as u32 & 0xffff, (at >> 48) as u32)
+}
+
+/// Merges split-KV partial results: per query row, LSE = log Σ exp(LSE_s) and
+/// O = Σ exp(LSE_s - LSE) O_s. Partials are contiguous: O `[splits, b, sq, h, d]` (q's element
+/// type), LSE f32 `[splits, b, h, sq]`; the outputs are `o` (strided) and `lse` `[b, h, sq]`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CombineParams {
+    pub o_part: u64,
+    pub lse_part: u64,
+    pub o: View4,
+    pub lse: u64,
+    pub splits: u32,
+    pub rows: QueryRows,
+}
+
+/// The query rows a row pass walks (`batch * heads * seqlen_q` of `head_dim`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct QueryRows {
+    pub batch: u32,
+    pub heads: u32,
+    pub seqlen_q: u32,
+    pub head_dim: u32,
+}
+
+impl QueryRows {
+    pub const fn count(&self) -> u32 {
+        self.batch * self.heads * self.seqlen_q
+    }
+
+    /// Lanes per row: a lane holds 8 elements (16 bytes) of a row, and a warp takes
+    /// `32 / lanes()` consecutive rows (a power of two: a row's lanes form a shuffle group).
+    pub const fn lanes(&self) -> u32 {
+        let lanes = self.head_dim.div_ceil(8).next_power_of_two();
+        if lanes < 32 { lanes } else { 32 }
+    }
+}
+
+/// Backward kernel parameters: the forward's operands and outputs, the output gradient, and
+/// where the gradients go. dq and dbias are accumulated in f32 (`dq_accum` `[b, sq, h, d]`,
+/// `dbias_accum` in the bias's own shape, zero strides on broadcast dims) and converted after;
+/// dk and dv are written directly. `delta` is rowsum(dO * O), f32 `[b, h, sq]` like `lse`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BwdParams {
+    pub fwd: FwdParams,
+    pub dout: View4,
+    pub dq_accum: View4,
+    pub dk: View4,
+    pub dv: View4,
+    pub dbias_accum: View4,
+    pub delta: u64,
+    /// Deterministic mode: u32 per dQ tile `[b, h, q_tiles]`, counting the key tiles added.
+    pub dq_turns: u64,
+    /// Deterministic mode with a bias shared across CTAs: u32 per dbias column slot.
+    pub dbias_turns: u64,
+    /// The bias's shape `[mb, mh, mq, mk]` as the dbias turns read it (size 1: CTAs of several
+    /// batch entries, kv heads or key tiles add to one element); a packed batch's never shares
+    /// along its sequences or keys.
+    pub bias_dims: [u32; 4],
+    pub kv_heads: u32,
+    /// Nonzero: the grid is `(kv_heads, key tiles, batch)`, not `(key tiles, kv_heads, batch)`
+    /// (where a work order is given, the positions it holds are in this grid).
+    pub kv_heads_first: u32,
+}
+
+/// rowsum(dO * O) per query row: the backward's preprocessing pass.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BwdPreParams {
+    pub o: View4,
+    pub dout: View4,
+    pub delta: u64,
+    pub rows: QueryRows,
+}
+
+/// f32 → 16-bit conversion of an accumulated gradient, `len` contiguous elements.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ConvertParams {
+    pub src: u64,
+    pub dst: u64,
+    pub len: u64,
+}
+
+/// The row softmax of the materialising (unfused) path, between its two cuBLAS products. `s`
+/// holds the unscaled scores `QKᵀ` in q's element type, `[b, h, sq, sk]` contiguous; per row the
+/// kernel forms `softcap(scale · s) + bias`, hides what the prepared mask (block classes and
+/// packed bits, as [`FwdParams`] has them) and the [`Band`] hide, and overwrites the row with its probabilities P
+/// (0 where hidden, all 0 on a row with nothing visible), writing the row's natural-log LSE
+/// (f32 `[b, h, sq]`, -inf on such a row) as the fused forward does. Mask and bias are
+/// broadcast through zero strides, as in [`FwdParams`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SoftmaxRowsParams {
+    pub s: u64,
+    pub lse: u64,
+    /// The prepared mask's block classes (absent without a mask) and bits (absent without a
+    /// score mask).
+    pub block_map: View4,
+    pub mask_bits: View4,
+    /// Absent without a bias.
+    pub bias: View4,
+    pub heads: u32,
+    /// Mask/bias head index = query head / this (as in [`FwdParams`]).
+    pub mask_head_div: u32,
+    pub bias_head_div: u32,
+    pub seqlen_q: u32,
+    pub seqlen_k: u32,
+    /// The softmax scale (natural, not folded with log2(e)).
+    pub scale: f32,
+    /// Softcap `c` of `c * tanh(s / c)`; 0 disables it.
+    pub softcap: f32,
+    pub band: Band,
+}
+
+/// Threads per block of the row softmax: one CTA per row of scores.
+pub const SOFTMAX_ROWS_THREADS: u32 = 256;
+
+/// Its dynamic shared memory: one (max, sum) pair of f32 per warp for the block reduction.
+pub const SOFTMAX_ROWS_SMEM_BYTES: u32 = 8 * (SOFTMAX_ROWS_THREADS / 32);
+
+/// Threads per block of the preprocessing and conversion kernels.
+pub const PRE_THREADS: u32 = 256;

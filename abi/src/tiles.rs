@@ -1,0 +1,396 @@
+//! Tile shapes and kernel variants: the forward's and backward's tile tables, the modifier sets
+//! a variant compiles in, and the launch bounds the link step writes.
+use crate::{BwdParams, POSITION_BYTES, SELECT_THREADS, names, select_ctas_per_sm};
+
+/// Tile shape of the backward kernel: a CTA of `warps` warps owns `block_n` keys of one kv head
+/// and walks the query tiles (`block_m` rows) and the query heads of its group. Each of its three
+/// products spreads the warps over a grid of its own, so that every warp's share is at least 32
+/// rows by 32 columns where registers allow (a 16-row share reloads its operands from shared
+/// memory for half the tensor-core work):
+/// - S = QKᵀ and dP = dO Vᵀ (`block_m` x `block_n`): `sdp_rows` warps along the query rows, the
+///   rest along the keys;
+/// - dV += Pᵀ dO and dK += dSᵀ Q (`block_n` x `head_dim`, held in registers for the whole CTA):
+///   `kv_keys` warps along the keys, the rest along the head dim;
+/// - dQ = dS K (`block_m` x `head_dim`): `dq_rows` warps along the rows, the rest along the head dim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BwdTile {
+    pub head_dim: u32,
+    pub block_m: u32,
+    pub block_n: u32,
+    /// 2: the next query tile loads while this one computes; 1 where shared memory is short.
+    pub stages: u32,
+    pub warps: u32,
+    pub sdp_rows: u32,
+    /// Chunks a warp computes its share of S and dP in (each reloading its Q and dO fragments):
+    /// 2 where 32 accumulators beside dK and dV do not fit in registers.
+    pub sdp_chunks: u32,
+    pub kv_keys: u32,
+    pub dq_rows: u32,
+    /// Hopper variant (sm_90a module): each product is a warpgroup `wgmma` reading its operands
+    /// from shared memory, so the warp grids are the warpgroups' (4 warps of 16 rows each).
+    pub wgmma: bool,
+    /// The stages hold a bias tile: every tile but those that serve only calls without a bias
+    /// (`modifiers::NONE`, `MASK`), whose shared memory goes to a taller query tile instead.
+    pub bias: bool,
+}
+
+impl BwdTile {
+    pub const fn threads(&self) -> u32 {
+        32 * self.warps
+    }
+    /// m16 row tiles and n8 key tiles of a warp's share of S and dP.
+    pub const fn sdp_m_tiles(&self) -> u32 {
+        self.block_m / (16 * self.sdp_rows)
+    }
+    pub const fn sdp_n_tiles(&self) -> u32 {
+        self.block_n / (8 * (self.warps / self.sdp_rows))
+    }
+    /// The n8 key tiles of S (and of dP) a warp holds at once: its share in `sdp_chunks` chunks.
+    pub const fn sdp_chunk_tiles(&self) -> u32 {
+        self.sdp_n_tiles() / self.sdp_chunks
+    }
+    /// m16 key tiles and n8 column tiles of a warp's share of dK and dV.
+    pub const fn kv_m_tiles(&self) -> u32 {
+        self.block_n / (16 * self.kv_keys)
+    }
+    pub const fn kv_d_tiles(&self) -> u32 {
+        self.head_dim / (8 * (self.warps / self.kv_keys))
+    }
+    /// m16 row tiles and n8 column tiles of a warp's share of dQ, and the n8 tiles it computes
+    /// per pass (4 up to d96, else 2: the dQ accumulators are live beside dK and dV).
+    pub const fn dq_m_tiles(&self) -> u32 {
+        self.block_m / (16 * self.dq_rows)
+    }
+    pub const fn dq_d_tiles(&self) -> u32 {
+        self.head_dim / (8 * (self.warps / self.dq_rows))
+    }
+    pub const fn dq_pass_tiles(&self) -> u32 {
+        if self.wgmma {
+            self.dq_d_tiles()
+        } else if self.dq_d_tiles() % 4 == 0 && self.head_dim <= 96 {
+            4
+        } else {
+            2
+        }
+    }
+    pub const fn stage_bytes(&self) -> u32 {
+        bwd_stage_bytes(self.block_m, self.block_n, self.head_dim, self.bias)
+    }
+    /// Whether the tile serves a call with the score modifiers `modifiers`.
+    pub const fn serves(&self, modifiers: u8) -> bool {
+        self.bias || modifiers == modifiers::NONE || modifiers == modifiers::MASK
+    }
+    /// K, V, then P and dS, then the stages, then each warp's dQ staging slice (not in the wgmma
+    /// variant), then the kernel's copy of its parameters and its grid position.
+    pub const fn smem_bytes(&self) -> u32 {
+        self.params_offset() + BWD_PARAMS_BYTES + POSITION_BYTES
+    }
+    pub const fn params_offset(&self) -> u32 {
+        let (m, n, d) = (self.block_m, self.block_n, self.head_dim);
+        // The wgmma variant adds dQ to its accumulator straight from registers: no staging.
+        let dq_stage = if self.wgmma { 0 } else { self.warps * BWD_DQ_STAGE_BYTES };
+        2 * n * d * 2 + 2 * m * n * 2 + self.stages * self.stage_bytes() + dq_stage
+    }
+}
+
+/// Bytes of the backward kernel's shared-memory copy of [`BwdParams`] (see `kernels-gpu`'s
+/// `arch::params_in_smem`).
+pub const BWD_PARAMS_BYTES: u32 = core::mem::size_of::<BwdParams>().next_multiple_of(16) as u32;
+
+/// n8 tiles of dQ a backward warp stages in shared memory at once on their way to the f32
+/// accumulator, and the bytes of its slice (16 rows x 8 f32 columns per tile).
+pub const BWD_DQ_STAGE_TILES: u32 = 2;
+
+pub const BWD_DQ_STAGE_BYTES: u32 = BWD_DQ_STAGE_TILES * 16 * 8 * 4;
+
+/// Bytes of one backward pipeline stage: Q, dO, bias (where `bias`), packed mask, lse and delta
+/// of one query tile (the kernel lays the stage out in this order), rounded up so that every
+/// stage's tiles start on the 1024-byte boundaries wgmma's swizzle atoms need.
+pub const fn bwd_stage_bytes(block_m: u32, block_n: u32, head_dim: u32, bias: bool) -> u32 {
+    let (m, n, d) = (block_m, block_n, head_dim);
+    (2 * m * d * 2 + bias as u32 * m * n * 2 + mask_tile_bytes(m, n) + 2 * m * 4).next_multiple_of(1024)
+}
+
+/// Bytes of a packed mask tile in shared memory: one bit per score (forward and backward).
+pub const fn mask_tile_bytes(block_m: u32, block_n: u32) -> u32 {
+    block_m * block_n / 8
+}
+
+/// The shipped backward tiles (none spills under ptxas for sm_80 or sm_90). Up to d128 a CTA
+/// owns 128 keys: half the dQ reductions per score of 64-key tiles, and warp shares of 32 x 32
+/// (S, dP) and 32 keys x d/2 (dK, dV; 128 accumulator registers at d128, where S and dP are
+/// computed in two chunks and dQ two n8 tiles at a time to fit beside them). Wider heads take
+/// 64 keys, their dK/dV split over 4 column groups of warps; d256 has room for one stage only.
+pub const BWD_TILES: [BwdTile; 6] = [
+    bwd(32, 128, 2, (2, 1), 4, 4),
+    bwd(64, 128, 2, (2, 1), 4, 2),
+    bwd(96, 128, 2, (2, 1), 4, 4),
+    bwd(128, 128, 2, (2, 2), 4, 2),
+    bwd(192, 64, 2, (2, 1), 2, 2),
+    bwd(256, 64, 1, (2, 1), 2, 2),
+];
+
+/// The deterministic variants' tiles: their turn bookkeeping holds registers the default
+/// kernels spend on tiles, so they take 64 keys (half the dK/dV accumulators up to d128).
+pub const BWD_DET_TILES: [BwdTile; 6] = [
+    bwd(32, 64, 2, (2, 1), 4, 4),
+    bwd(64, 64, 2, (2, 1), 2, 2),
+    bwd(96, 64, 2, (2, 1), 4, 4),
+    bwd(128, 64, 2, (2, 1), 2, 2),
+    bwd(192, 64, 2, (2, 1), 2, 2),
+    bwd(256, 64, 1, (2, 1), 2, 2),
+];
+
+/// The Hopper (sm_90a, `wgmma`) tiles, for the default (atomic) mode: two warpgroups. S and dP
+/// are 64 rows x 64 keys per warpgroup, dK and dV 64 keys x d, dQ 64 rows x d/2; a warp's share
+/// is the 16 rows of the warpgroup's product it holds. At d64 calls without a bias take a
+/// 128-row tile (each warpgroup S and dP for 64 rows x 128 keys, dQ for 64 rows x d): twice the
+/// products per step for the step's fixed work; its stages have no room for a bias tile.
+pub const BWD_WGMMA_TILES: [BwdTile; 3] =
+    [BwdTile { block_m: 128, sdp_rows: 8, dq_rows: 8, bias: false, ..bwd_wgmma(64) }, bwd_wgmma(64), bwd_wgmma(128)];
+
+/// A tile: `sdp` is (warps along the rows of S and dP, chunks each warp computes its share in).
+const fn bwd(head_dim: u32, block_n: u32, stages: u32, sdp: (u32, u32), kv_keys: u32, dq_rows: u32) -> BwdTile {
+    BwdTile { head_dim, block_m: 64, block_n, stages, warps: 8, sdp_rows: sdp.0, sdp_chunks: sdp.1, kv_keys, dq_rows, wgmma: false, bias: true }
+}
+
+const fn bwd_wgmma(head_dim: u32) -> BwdTile {
+    BwdTile { wgmma: true, ..bwd(head_dim, 128, 2, (4, 1), 8, 4) }
+}
+
+/// The backward tile for a head dim and a call's score modifiers (`modifiers`): the Hopper one
+/// where `wgmma` (the device runs the sm_90a module) and the table has one for the mode, else
+/// the `mma.sync` one of the deterministic variant or the default one.
+pub const fn bwd_tile(head_dim: u32, deterministic: bool, wgmma: bool, modifiers: u8) -> Option<BwdTile> {
+    if wgmma
+        && !deterministic
+        && let Some(t) = bwd_tile_in(&BWD_WGMMA_TILES, head_dim, modifiers)
+    {
+        return Some(t);
+    }
+    bwd_tile_in(if deterministic { &BWD_DET_TILES } else { &BWD_TILES }, head_dim, modifiers)
+}
+
+/// The first tile of `tiles` for `head_dim` that serves `modifiers`.
+const fn bwd_tile_in(tiles: &[BwdTile], head_dim: u32, modifiers: u8) -> Option<BwdTile> {
+    let mut i = 0;
+    while i < tiles.len() {
+        if tiles[i].head_dim == head_dim && tiles[i].serves(modifiers) {
+            return Some(tiles[i]);
+        }
+        i += 1;
+    }
+    None
+}
+
+/// Launch bounds the link step writes into the PTX (`.maxntid`, `.minnctapersm`), CUDA's
+/// `__launch_bounds__`: (kernel name, threads per block, CTAs per SM to fit). ptxas then keeps
+/// each thread's registers within what that many CTAs leave; the host launches these kernels
+/// with exactly these threads.
+pub const LAUNCH_BOUNDS: [(&str, u32, u32); 26] = [
+    (names::SELECT_KEYS_16, SELECT_THREADS, select_ctas_per_sm(2)),
+    (names::SELECT_KEYS_32, SELECT_THREADS, select_ctas_per_sm(4)),
+    (names::FWD_BF16_D64_GATHER_NARROW, 128, GATHER_NARROW_CTAS_PER_SM),
+    (names::FWD_F16_D64_GATHER_NARROW, 128, GATHER_NARROW_CTAS_PER_SM),
+    (names::FWD_SM90_BF16_D64_GATHER_NARROW, 128, GATHER_NARROW_CTAS_PER_SM),
+    (names::FWD_SM90_F16_D64_GATHER_NARROW, 128, GATHER_NARROW_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_bf16_d64", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_bf16_d64_mods", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_bf16_d64_mods_gather", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_bf16_d64_mods_packed", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_bf16_d64_mods_paged", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_f16_d64", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_f16_d64_mods", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_f16_d64_mods_gather", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_f16_d64_mods_packed", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_f16_d64_mods_paged", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_bf16_d128", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_bf16_d128_mods", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_bf16_d128_mods_gather", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_bf16_d128_mods_packed", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_bf16_d128_mods_paged", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_f16_d128", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_f16_d128_mods", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_f16_d128_mods_gather", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_f16_d128_mods_packed", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_f16_d128_mods_paged", 256, FWD_SM90_CTAS_PER_SM),
+];
+
+/// CTAs per SM the Hopper forward's 128-row tiles are compiled for. Each CTA's two warpgroups
+/// meet at the same barriers and so reach their products and softmaxes together; a second CTA
+/// on the SM, on its own schedule, keeps the tensor cores busy through one CTA's softmax (one
+/// CTA per SM, at 166-188 registers, was slower than `mma.sync`: H100, b2 h32 hk8 8K, d64
+/// dense 4.54 ms against 3.55).
+pub const FWD_SM90_CTAS_PER_SM: u32 = 2;
+
+/// Tile shape of a forward kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FwdTile {
+    pub head_dim: u32,
+    /// Query rows per CTA.
+    pub block_m: u32,
+    /// Keys per pipeline stage.
+    pub block_n: u32,
+    pub warps: u32,
+    /// Hopper variant (sm_90a module, [`FWD_TILES_SM90`]): S = QKᵀ and O += PV are warpgroup
+    /// `wgmma`s (Q, K and V read from shared memory, P from registers), one warp per 16 query rows.
+    pub wgmma: bool,
+}
+
+impl FwdTile {
+    pub const fn threads(&self) -> u32 {
+        self.warps * 32
+    }
+    /// Query rows each warp owns, in 16-row MMA tiles.
+    pub const fn m_tiles_per_warp(&self) -> u32 {
+        self.block_m / (16 * self.warps)
+    }
+    /// Dynamic shared memory: Q, K, V tiles, the bias and packed-mask tiles of one key block,
+    /// the gather variant's key positions, the CTA's grid position, then the online softmax's
+    /// running state.
+    pub const fn smem_bytes(&self) -> u32 {
+        let qkv = (self.block_m + 2 * self.block_n) * self.head_dim * 2;
+        qkv + self.bias_tile_bytes() + self.mask_tile_bytes() + self.key_pos_bytes() + POSITION_BYTES + self.softmax_state_bytes()
+    }
+    /// The gather variant's key positions of two key tiles (the current one's and the next's).
+    pub const fn key_pos_bytes(&self) -> u32 {
+        2 * self.block_n * 4
+    }
+    /// A running max and sum (f32) per thread per row it holds: two rows per 16-row MMA tile.
+    pub const fn softmax_state_bytes(&self) -> u32 {
+        self.threads() * self.m_tiles_per_warp() * 2 * 2 * 4
+    }
+    pub const fn bias_tile_bytes(&self) -> u32 {
+        self.block_m * self.block_n * 2
+    }
+    pub const fn mask_tile_bytes(&self) -> u32 {
+        mask_tile_bytes(self.block_m, self.block_n)
+    }
+}
+
+/// Forward kernels shipped for one head dimension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FwdVariants {
+    /// The lean variant (no mask, bias or softcap), where it fits in registers without spills;
+    /// without one, the modifier variant serves every call.
+    pub plain: Option<FwdTile>,
+    /// The variant with score modifiers.
+    pub mods: FwdTile,
+    /// A tile of fewer query rows for the gather variant, where the modifier tile's grid would
+    /// leave the GPU under two CTAs per SM ([`gather_tile`]).
+    pub gather_narrow: Option<FwdTile>,
+}
+
+/// CTAs per SM the narrow gather tiles are compiled for (registers bounded to fit them).
+pub const GATHER_NARROW_CTAS_PER_SM: u32 = 3;
+
+/// The gather variant's tile for a grid of `ctas` CTAs (query tiles x heads x batch) with the
+/// modifier tile on a GPU of `sms` SMs: the narrow tile where it has one and that grid is under
+/// two CTAs per SM (the modifier tile's occupancy at d64). A gathered query tile visits few key
+/// tiles, each a chain of dependent steps; half the rows per CTA and three CTAs per SM hide
+/// more of that latency than key splits, which add a combine pass (H100, b1 h2 d64, 16K
+/// queries, 1024 kept keys: 128-row tiles with 2 key splits 0.080-0.088 ms, 64-row tiles
+/// 0.061 ms; at 32K queries, 512 CTAs, the 128-row tile is the faster, 0.083-0.093 against
+/// 0.098-0.100 ms). At d128 a 64-row tile was slower throughout (b1 h16 hk4, 2048 kept keys,
+/// 8K queries: 0.375 against 0.331 ms), as were 8 warps on 128 rows at d64 and d128.
+pub const fn gather_tile(v: &FwdVariants, ctas: u64, sms: u32) -> (FwdTile, bool) {
+    match v.gather_narrow {
+        Some(t) if ctas < 2 * sms as u64 => (t, true),
+        _ => (v.mods, false),
+    }
+}
+
+const fn tile(head_dim: u32, block_m: u32, block_n: u32, warps: u32) -> FwdTile {
+    FwdTile { head_dim, block_m, block_n, warps, wgmma: false }
+}
+
+/// A Hopper forward tile: a warpgroup per 64 query rows, so that each warp's 16 rows are its
+/// share of the warpgroup's m64 products.
+const fn wgmma_tile(head_dim: u32, block_m: u32, block_n: u32) -> FwdTile {
+    FwdTile { head_dim, block_m, block_n, warps: block_m / 16, wgmma: true }
+}
+
+/// The shipped forward tiles. Shapes are chosen per head dim so that no variant spills under
+/// ptxas for sm_80 or sm_90 (`cargo xtask ptxas` checks; the GPU test `no_kernel_spills_on_this_gpu`
+/// checks the driver's own compilation). 32 query rows per warp halve the shared-memory reads per
+/// MMA against 16; up to d128 both variants afford it (d128: 253-255 and 249-255 registers),
+/// d192 and d256 do not. d64 takes 128-key tiles (255 registers): half the barriers and
+/// per-tile bookkeeping per key, ~15 % faster on training shapes, though 28 % slower on
+/// sparse decoding at 512K keys, where each visited tile carries twice the keys.
+pub const FWD_TILES: [FwdVariants; 6] = [
+    FwdVariants { plain: Some(tile(32, 128, 64, 4)), mods: tile(32, 128, 64, 4), gather_narrow: None },
+    FwdVariants { plain: Some(tile(64, 128, 128, 4)), mods: tile(64, 128, 128, 4), gather_narrow: Some(tile(64, 64, 128, 4)) },
+    FwdVariants { plain: Some(tile(96, 128, 64, 4)), mods: tile(96, 128, 64, 4), gather_narrow: None },
+    FwdVariants { plain: Some(tile(128, 128, 64, 4)), mods: tile(128, 128, 64, 4), gather_narrow: None },
+    FwdVariants { plain: Some(tile(192, 64, 64, 4)), mods: tile(192, 64, 64, 4), gather_narrow: None },
+    FwdVariants { plain: Some(tile(256, 128, 64, 8)), mods: tile(256, 128, 64, 8), gather_narrow: None },
+];
+
+/// The Hopper forward tiles (sm_90a module, `names::FWD_WGMMA_PREFIX`): the portable tiles'
+/// shapes, so that the work orders, key splits and gather tile choice are theirs, with a warp per
+/// 16 query rows.
+pub const FWD_TILES_SM90: [FwdVariants; 2] = [
+    FwdVariants { plain: Some(wgmma_tile(64, 128, 128)), mods: wgmma_tile(64, 128, 128), gather_narrow: Some(wgmma_tile(64, 64, 128)) },
+    FwdVariants { plain: Some(wgmma_tile(128, 128, 64)), mods: wgmma_tile(128, 128, 64), gather_narrow: None },
+];
+
+/// The forward kernels for a head dimension: the Hopper module's where `wgmma` (the GPU runs
+/// it) and it has that head dim, else the portable ones.
+pub const fn fwd_variants_for(head_dim: u32, wgmma: bool) -> Option<FwdVariants> {
+    if wgmma {
+        let mut i = 0;
+        while i < FWD_TILES_SM90.len() {
+            if FWD_TILES_SM90[i].mods.head_dim == head_dim {
+                return Some(FWD_TILES_SM90[i]);
+            }
+            i += 1;
+        }
+    }
+    fwd_variants(head_dim)
+}
+
+/// The portable kernels shipped for a head dimension.
+pub const fn fwd_variants(head_dim: u32) -> Option<FwdVariants> {
+    let mut i = 0;
+    while i < FWD_TILES.len() {
+        if FWD_TILES[i].mods.head_dim == head_dim {
+            return Some(FWD_TILES[i]);
+        }
+        i += 1;
+    }
+    None
+}
+
+/// The score modifiers a kernel variant compiles in. A lean variant leaves the others' code
+/// (and registers) out: the backward with a mask but no bias or softcap runs as fast as without
+/// a mask wherever the mask's tiles are full, and a bias without a softcap skips the softcap's
+/// derivative in every score.
+pub mod modifiers {
+    /// None: plain and causal attention.
+    pub const NONE: u8 = 0;
+    /// A mask; no bias, no softcap (the Hopper backward only).
+    pub const MASK: u8 = 1;
+    /// A bias, and a mask if given; no softcap (the Hopper backward only). Its mask tiles are
+    /// the score bits alone, not narrowed by block classes: a mask with block parts (whose
+    /// visited tiles may hold empty blocks over shown bits) takes `ALL` instead.
+    pub const BIAS: u8 = 2;
+    /// Mask, bias and softcap, each if given.
+    pub const ALL: u8 = 3;
+
+    /// The kernel-name suffix of a variant.
+    pub const fn suffix(modifiers: u8) -> &'static str {
+        match modifiers {
+            NONE => "",
+            MASK => "_mask",
+            BIAS => "_bias",
+            _ => "_mods",
+        }
+    }
+
+    /// Whether a backward variant runs where `BwdParams::kv_heads_first` and a work order
+    /// (`FwdParams::order`) place it: the lean ones (`MASK`, `BIAS`). The others read their block
+    /// index (the kernels at the register limit have no room to hold a placed position).
+    pub const fn bwd_placed(variant: u8) -> bool {
+        variant == MASK || variant == BIAS
+    }
+}
