@@ -180,11 +180,15 @@ fn bias_index(p: &Problem, q: &Range<usize>, k: &Range<usize>, h: usize, i: usiz
     packed_index(p.packed_bias.expect("a packed bias"), heads, max_k, q, k, h, i, j)
 }
 
-/// The (head, query, key) cells of a sequence's bias (`sp`'s `[1, heads, {1|sq}, sk]`), in its
-/// element order; none without a bias.
+/// The (head, query, key) cells of a `[heads, rows, keys]` operand, in its element order.
+fn cells([heads, rows, keys]: [usize; 3]) -> impl Iterator<Item = (usize, usize, usize)> {
+    (0..heads).flat_map(move |h| (0..rows).flat_map(move |i| (0..keys).map(move |j| (h, i, j))))
+}
+
+/// The [`cells`] of a sequence's bias (`sp`'s `[1, heads, {1|sq}, sk]`); none without a bias.
 fn bias_cells(sp: &Problem) -> impl Iterator<Item = (usize, usize, usize)> {
     let [_, heads, rows, sk] = sp.bias.unwrap_or([0; 4]);
-    (0..heads).flat_map(move |h| (0..rows).flat_map(move |i| (0..sk).map(move |j| (h, i, j))))
+    cells([heads, rows, sk])
 }
 
 /// Sequence `(q, k)` of packed batch `p` (`sp`, from [`sequences`]): its operands, its bias as
@@ -196,8 +200,7 @@ fn sequence_operands(p: &Problem, sp: &Problem, ops: &Operands, q: &Range<usize>
     // The mask's flags (`PreparedMask::packed`) as the sequence's dense `[1, heads, sq, sk]`.
     let mask = ops.mask.as_ref().zip(p.packed_mask).map(|(m, layout)| {
         let (heads, max_k) = (m.planes[1], p.seqs.as_ref().map_or(0, |s| s.max_seqlen_k()));
-        let cells = (0..heads).flat_map(|h| (0..q.len()).flat_map(move |i| (0..k.len()).map(move |j| (h, i, j))));
-        let keep = cells.map(|(h, i, j)| m.keep[packed_index(layout, heads, max_k, q, k, h, i, j)]).collect();
+        let keep = cells([heads, q.len(), k.len()]).map(|(h, i, j)| m.keep[packed_index(layout, heads, max_k, q, k, h, i, j)]).collect();
         Arc::new(DenseMask { planes: m.planes, keep })
     });
     Operands { q: rows_of(&ops.q, q, q_width), k: rows_of(&ops.k, k, k_width), v: rows_of(&ops.v, k, k_width), mask, bias }

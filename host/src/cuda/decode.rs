@@ -32,6 +32,8 @@ impl MaskShape {
 /// each split scans.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct DecodePlan {
+    /// The element type the operands were checked to be (the combine pass's too).
+    pub elem: DeviceElem,
     pub kernel: String,
     pub grid: (u32, u32, u32),
     pub splits: u32,
@@ -75,6 +77,7 @@ pub(crate) fn decode_plan(sms: u32, p: &Problem, elem: DeviceElem, mask: Option<
     let splits = longest.div_ceil(split_keys);
     let kernel = format!("{}{}_d{}{}", names::DECODE_PREFIX, elem.name(), d.head_dim, if p.pages.is_some() { names::PAGED_SUFFIX } else { "" });
     Some(DecodePlan {
+        elem,
         kernel,
         grid: (d.kv_heads as u32, splits as u32, d.batch as u32),
         splits: splits as u32,

@@ -163,7 +163,7 @@ fn fwd_params(p: &Problem, saved: &Saved, out: &Tensor, lse: &Tensor, gathered: 
         ..FwdParams::default()
     };
     if let Some(m) = device_mask(saved) {
-        set_mask(&mut params, &d, m);
+        (params.mask_bits, params.block_map, params.mask_head_div) = (m.bits, m.classes, head_div(&d, m.planes[1]));
     }
     if let (Some(bias), Some(layout)) = (&saved.bias, p.packed_bias) {
         // Read element by element (a sequence's first key or row is not 16-byte aligned in
@@ -183,11 +183,6 @@ fn fwd_params(p: &Problem, saved: &Saved, out: &Tensor, lse: &Tensor, gathered: 
         }
     }
     Ok(params)
-}
-
-/// The kernels' view of a prepared mask: its bits, block classes and heads.
-fn set_mask(params: &mut FwdParams, d: &Dims, m: &PreparedMask) {
-    (params.mask_bits, params.block_map, params.mask_head_div) = (m.bits, m.classes, head_div(d, m.planes[1]));
 }
 
 /// Where a packed batch's sequences are, the LSE's rows, and paged K/V's block table (see
@@ -378,8 +373,9 @@ pub(crate) fn fwd_plan(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: FwdMask) -
 }
 
 pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, into: ForwardBuffers) -> Result<Forward> {
-    if let Some((plan, mask)) = decoding(dev, &p, &saved)? {
-        let (out, lse) = run_decode(dev, &plan, &p, &saved, mask.as_ref(), into)?;
+    let elem = check_operands(&p, &saved)?;
+    if let Some(plan) = decode::decode_plan(dev.sms(), &p, elem, device_mask(&saved).map(decode::MaskShape::of)) {
+        let (out, lse) = run_decode(dev, &plan, &p, &saved, into)?;
         return Ok(Forward { out, lse, problem: p, saved });
     }
     if p.pages.is_some() && p.mask.is_some() {
@@ -391,7 +387,6 @@ pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, into: ForwardB
     if let Some(lists) = key_lists(&saved) {
         return gather::forward(dev, p, saved, &lists, into);
     }
-    let elem = check_operands(&p, &saved)?;
     let mask = if device_mask(&saved).is_some() { FwdMask::Prepared } else { FwdMask::None };
     let plan = fwd_plan(dev.gpu(), &p, elem, mask)?;
     let (out, lse) = run_forward(dev, &plan, &p, &saved, into, None)?;
@@ -481,32 +476,16 @@ fn split_and_combine(
     launch(dev, &Launch::kernel(&name, (row_blocks(&rows), 1, 1), PRE_THREADS, 0), combine)
 }
 
-/// The decoding plan of a forward (see [`decode::decode_plan`]) and the prepared mask its kernel
-/// reads.
-fn decoding(dev: &CudaDevice, p: &Problem, saved: &Saved) -> Result<Option<(decode::DecodePlan, Option<PreparedMask>)>> {
-    let elem = check_operands(p, saved)?;
-    let mask = device_mask(saved);
-    Ok(decode::decode_plan(dev.sms(), p, elem, mask.map(decode::MaskShape::of)).map(|plan| (plan, mask.cloned())))
-}
-
-/// Runs a decoding `plan` of problem `p` on `saved`'s operands with `mask` (see [`decoding`]):
+/// Runs a decoding `plan` (see [`decode::decode_plan`]) of problem `p` on `saved`'s operands:
 /// its kernel, and the combine pass of a split. Returns O and LSE.
-fn run_decode(dev: &CudaDevice, plan: &decode::DecodePlan, p: &Problem, saved: &Saved, mask: Option<&PreparedMask>, into: ForwardBuffers) -> Result<(Tensor, Tensor)> {
-    let elem = check_operands(p, saved)?;
+fn run_decode(dev: &CudaDevice, plan: &decode::DecodePlan, p: &Problem, saved: &Saved, into: ForwardBuffers) -> Result<(Tensor, Tensor)> {
     check_limits(&p.dims, dmattn_abi::DECODE_ROWS)?;
     let (out, lse) = forward_outputs(p, saved, into)?;
-    let params_for = |o: &Tensor, l: &Tensor| -> Result<FwdParams> {
-        let mut params = fwd_params(p, saved, o, l, false)?;
-        if let Some(m) = mask {
-            set_mask(&mut params, &p.dims, m);
-        }
-        Ok(params)
-    };
     if plan.splits == 1 {
-        decode::launch_decode(dev, plan, params_for(&out, &lse)?)?;
+        decode::launch_decode(dev, plan, fwd_params(p, saved, &out, &lse, false)?)?;
     } else {
-        split_and_combine(dev, p, elem, plan.splits, &out, &lse, |o_part, lse_part, strides| {
-            let mut params = params_for(o_part, lse_part)?;
+        split_and_combine(dev, p, plan.elem, plan.splits, &out, &lse, |o_part, lse_part, strides| {
+            let mut params = fwd_params(p, saved, o_part, lse_part, false)?;
             params.splits = plan.splits;
             (params.o_split_stride, params.lse_split_stride) = strides;
             decode::launch_decode(dev, plan, params)
