@@ -72,6 +72,15 @@ impl Band {
         self.left != Band::NONE || self.compress != 0
     }
 
+    /// Whether a backward may split a key tile's query tiles among CTAs: each then sees a
+    /// problem ending at its share's last row, with `sk - sq` kept so that the diagonal stays
+    /// (`kernels-gpu`'s `seq::localize_split`). That drops keys right of the diagonal, which only
+    /// a right edge on it (causal) hides; a compressed diagonal ignores the lengths, and without
+    /// edges the diagonal does not matter.
+    pub const fn splits_queries(&self) -> bool {
+        self.compress != 0 || self.right == 0 || (self.right == Band::NONE && self.left == Band::NONE)
+    }
+
     /// An unbounded side.
     pub const NONE: u32 = u32::MAX;
     /// Every key visible.

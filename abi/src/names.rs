@@ -45,6 +45,8 @@ pub const FWD_F16_D64_GATHER_NARROW: &str = "dmattn_fwd_f16_d64_mods_gather_narr
 pub const FWD_SM90_BF16_D64_GATHER_NARROW: &str = "dmattn_fwd_sm90_bf16_d64_mods_gather_narrow";
 pub const FWD_SM90_F16_D64_GATHER_NARROW: &str = "dmattn_fwd_sm90_f16_d64_mods_gather_narrow";
 pub const BWD_PRE_PREFIX: &str = "dmattn_bwd_pre_";
+/// The backward's query-tile shares (`BwdSharesParams`).
+pub const BWD_SHARES: &str = "dmattn_bwd_shares";
 pub const CONVERT_PREFIX: &str = "dmattn_convert_";
 pub const COMBINE_PREFIX: &str = "dmattn_fwd_combine_";
 /// `dmattn_decode_<elem>_d<dim>`, and its paged-K/V kernel with [`PAGED_SUFFIX`]: the

@@ -169,7 +169,8 @@ impl QueryRows {
 /// Backward kernel parameters: the forward's operands and outputs, the output gradient, and
 /// where the gradients go. dq and dbias are accumulated in f32 (`dq_accum` `[b, sq, h, d]`,
 /// `dbias_accum` in the bias's own shape, zero strides on broadcast dims) and converted after;
-/// dk and dv are written directly. `delta` is rowsum(dO * O), f32 `[b, h, sq]` like `lse`.
+/// dk and dv are written directly, or where the query tiles are split (`q_split_shift`)
+/// accumulated in f32 too. `delta` is rowsum(dO * O), f32 `[b, h, sq]` like `lse`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct BwdParams {
@@ -192,6 +193,35 @@ pub struct BwdParams {
     /// Nonzero: the grid is `(kv_heads, key tiles, batch)`, not `(key tiles, kv_heads, batch)`
     /// (where a work order is given, the positions it holds are in this grid).
     pub kv_heads_first: u32,
+    /// log2 of the CTAs each key tile's query tiles are split among (0: one CTA walks them all).
+    /// A split call runs one batch entry per launch (the operands' batch strides 0, their bases
+    /// and `fwd.lse`/`delta` at the entry's rows), its grid's z the split; `dk` and `dv` are f32
+    /// accumulators `[b, sk, hk, d]` (element strides) the CTAs add their shares to. Never with
+    /// a work order, a packed batch or in deterministic mode.
+    pub q_split_shift: u32,
+    /// Where split: the shares, `[u32; 4]` per (key tile, split) at `key_tile << q_split_shift |
+    /// split`, [`BwdSharesParams`] writes.
+    pub split_shares: u64,
+    /// The first query tile a CTA walks (from the host 0; a split CTA's copy holds its share's,
+    /// see `kernels-gpu`'s `seq::localize_split`).
+    pub first_tile: u32,
+    pub _pad: u32,
+}
+
+/// The backward's query-tile shares (`BwdParams::q_split_shift`): for each key tile and split,
+/// `[first query tile, seqlen_q, seqlen_k, 0]`, the problem the split's CTA walks as if whole:
+/// the split's run of the query tiles the band lets see the key tile (as even as the split
+/// allows), its lengths ending at the run's last row with `sk - sq` kept so that the diagonal
+/// stays (`Band::splits_queries`), or `(0, col0)` where the run is empty.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BwdSharesParams {
+    pub fwd: FwdParams,
+    pub shares: u64,
+    pub block_m: u32,
+    pub block_n: u32,
+    pub key_tiles: u32,
+    pub shift: u32,
 }
 
 /// rowsum(dO * O) per query row: the backward's preprocessing pass.

@@ -393,4 +393,11 @@ pub mod modifiers {
     pub const fn bwd_placed(variant: u8) -> bool {
         variant == MASK || variant == BIAS
     }
+
+    /// Whether the backward variant of head dim `head_dim` (not deterministic) can split a key
+    /// tile's query tiles among CTAs (`BwdParams::q_split_shift`): all but the d96 and d128 ones
+    /// with a bias, which sit at the register limit and spill with it (ptxas: 4-216 bytes).
+    pub const fn bwd_splits(head_dim: u32, variant: u8) -> bool {
+        !((head_dim == 96 || head_dim == 128) && variant & BIAS != 0)
+    }
 }

@@ -85,3 +85,5 @@ pub use pages::PageTable;
 pub use seqlens::SeqLens;
 pub use sparse::{PreparedMask, SparseMask};
 pub use tensor::{Layout, Tensor, set_output_poisoning};
+#[doc(hidden)]
+pub use cuda::force_backward_query_split;

@@ -1,10 +1,12 @@
-//! Backward attention: one CTA per (key tile, kv head, batch). K and V of the tile stay in
-//! shared memory while the CTA walks the query tiles that can see them (the mask's block map and
-//! the causal rule skip the rest) and, inside each, the query heads of its kv group; the next
-//! query tile's Q, dO, bias and mask load while the current one computes. Per step, on tensor
-//! cores: S = QKᵀ and dP = dO Vᵀ, then P and dS = P (dP - delta) through shared memory into
-//! dV += Pᵀ dO, dK += dSᵀ Q (registers, summed over the group: GQA needs no reduction pass) and
-//! dQ = dS K, added to an f32 accumulator. dS also replaces the bias in its shared tile, from
+//! Backward attention: one CTA per (key tile, kv head, batch), or where key tiles are too few to
+//! fill the GPU, several per key tile, each walking a share of its query tiles and adding its dK
+//! and dV to f32 accumulators (`BwdParams::q_split_shift`, `seq::localize_split`). K and V of the
+//! tile stay in shared memory while the CTA walks the query tiles that can see them (the mask's
+//! block map and the causal rule skip the rest) and, inside each, the query heads of its kv
+//! group; the next query tile's Q, dO, bias and mask load while the current one computes. Per
+//! step, on tensor cores: S = QKᵀ and dP = dO Vᵀ, then P and dS = P (dP - delta) through shared
+//! memory into dV += Pᵀ dO, dK += dSᵀ Q (registers, summed over the group: GQA needs no
+//! reduction pass) and dQ = dS K, added to an f32 accumulator. dS also replaces the bias in its shared tile, from
 //! where it is added to the f32 dbias accumulator at the bias's own (broadcast) coordinates.
 //! Each product spreads the CTA's warps over a grid of its own (`dmattn_abi::BwdTile`), so that
 //! every warp's share is large enough to use each operand fragment it loads several times. On
@@ -21,7 +23,7 @@ use crate::arch::*;
 use crate::elem::{Elem, wgmma_wait};
 use crate::mask::{MapCols, TileCursor, Visibility, block_map_plane, load_mask_tile, map_planes};
 use crate::scores::{LOG2E, Mods, WarpScores};
-use crate::seq::localize;
+use crate::seq::{localize, localize_split};
 use crate::tile::{Fragments, SmemTile};
 use dmattn_abi::{
     BWD_DQ_STAGE_BYTES, BWD_DQ_STAGE_TILES, BWD_PARAMS_BYTES, BwdParams, bwd_stage_bytes, flags, mask_tile_bytes, modifiers,
@@ -143,10 +145,10 @@ impl<'a> KeyBlock<'a> {
         if head_div == 1 { h } else { self.kv_head }
     }
 
-    /// Byte address of key row `col0` of a `[b, sk, hk, d]` 16-bit operand.
+    /// Byte address of key row `col0` of a `[b, sk, hk, d]` operand of `elem` bytes.
     #[inline(always)]
-    fn kv_row(&self, t: &dmattn_abi::View4) -> u64 {
-        t.ptr + 2 * (self.batch as u64 * t.stride[0] + self.kv_head as u64 * t.stride[2] + self.col0 as u64 * t.stride[1])
+    fn kv_row(&self, t: &dmattn_abi::View4, elem: u64) -> u64 {
+        t.ptr + elem * (self.batch as u64 * t.stride[0] + self.kv_head as u64 * t.stride[2] + self.col0 as u64 * t.stride[1])
     }
 
     /// Byte address of row `row0` of head `h` of a `[b, sq, h, d]` operand of `elem` bytes.
@@ -334,8 +336,18 @@ pub unsafe fn backward<
     // The Hopper `BIAS` variant has no registers for reading block classes (`modifiers::BIAS`).
     let by_class = !(WGMMA && MODS == modifiers::BIAS);
     let tid = thread_idx();
-    // A packed sequence's CTA sees its sequence as a fixed-length problem (`seq::localize`).
-    let p = unsafe { params_in_smem(params, smem_base() + params_at, tid, |_, dst| localize(dst, block_idx(), BM as u32, BN as u32)) };
+    // Variants that may split their query tiles (`modifiers::bwd_splits`).
+    let splits = !DET && modifiers::bwd_splits(D as u32, MODS);
+    // A packed sequence's CTA sees its sequence as a fixed-length problem (`seq::localize`), a
+    // split CTA its share of the query tiles as one (`seq::localize_split`).
+    let p = unsafe {
+        params_in_smem(params, smem_base() + params_at, tid, |_, dst| {
+            localize(dst, block_idx(), BM as u32, BN as u32);
+            if splits {
+                localize_split(dst, block_idx());
+            }
+        })
+    };
     let f = &p.fwd;
     let threads = 32 * W as u32;
     let sm = Smem::new(D, BM, BN, STAGES, BIAS_TILE);
@@ -359,15 +371,17 @@ pub unsafe fn backward<
     // K and V stay for the whole CTA.
     let kv_bytes = (D * 2) as u32;
     unsafe {
-        sm.k.load_async(kb.kv_row(&f.k), 2 * f.k.stride[1], kb.keys_valid, kv_bytes, tid, threads);
-        sm.v.load_async(kb.kv_row(&f.v), 2 * f.v.stride[1], kb.keys_valid, kv_bytes, tid, threads);
+        sm.k.load_async(kb.kv_row(&f.k, 2), 2 * f.k.stride[1], kb.keys_valid, kv_bytes, tid, threads);
+        sm.v.load_async(kb.kv_row(&f.v, 2), 2 * f.v.stride[1], kb.keys_valid, kv_bytes, tid, threads);
     }
 
     // Steps are (query tile, head of the group), tiles in order; a deterministic run also visits
     // the tiles it skips, to pass their dQ turns on.
     let map = MapCols::<BM, BN>::new(&f.block_map, block_map_plane(f, kb.batch, kb.kv_head), map_planes(f), kb.n_block, &kb.vis);
     let mut cursor = TileCursor::new();
+    // A split CTA's share starts at its first tile (`seq::localize_split`).
     let m_begin = kb.vis.query_tile_begin(kb.col0, BM as u32);
+    let m_begin = if splits { m_begin.max(p.first_tile) } else { m_begin };
     let mut next_tile = cursor.next(m_begin, tid % 32, &map);
     if DET {
         unsafe { pass_skipped_turns(p, &kb, 0, next_tile.map_or(m_tiles, |t| t.n), m_tiles, tid) };
@@ -652,6 +666,27 @@ pub unsafe fn backward<
     let (wk, wd) = warp_at(tid / 32, KR);
     cp_async_wait_all();
     sync_threads();
+    if splits && p.q_split_shift != 0 {
+        // A share of the query tiles: added to the f32 accumulators (their keys past the
+        // CTA's `seqlen_k` got nothing from it, see `seq::localize_split`).
+        let (dk_at, dv_at) = (kb.kv_row(&p.dk, 4), kb.kv_row(&p.dv, 4));
+        let row_bytes = 4 * p.dk.stride[1];
+        for mt in 0..MKV {
+            for hh in 0..2 {
+                let key = 16 * (MKV as u32 * wk + mt as u32) + 8 * hh as u32 + g;
+                let ok = key < kb.keys_valid;
+                for dt in 0..DKV {
+                    let at = key as u64 * row_bytes + 4 * (8 * (DKV as u32 * wd + dt as u32) + 2 * t) as u64;
+                    let (k, v) = (&dk[mt][dt], &dv[mt][dt]);
+                    unsafe {
+                        add_pair::<WGMMA>(ok, dk_at + at, [k[2 * hh], k[2 * hh + 1]]);
+                        add_pair::<WGMMA>(ok, dv_at + at, [v[2 * hh], v[2 * hh + 1]]);
+                    }
+                }
+            }
+        }
+        return;
+    }
     let at = sm.k.chunk(g, 0) + 4 * t;
     for mt in 0..MKV {
         for hh in 0..2 {
@@ -668,8 +703,22 @@ pub unsafe fn backward<
     }
     sync_threads();
     unsafe {
-        sm.k.store(kb.kv_row(&p.dk), 2 * p.dk.stride[1], kb.keys_valid, tid, threads);
-        sm.v.store(kb.kv_row(&p.dv), 2 * p.dv.stride[1], kb.keys_valid, tid, threads);
+        sm.k.store(kb.kv_row(&p.dk, 2), 2 * p.dk.stride[1], kb.keys_valid, tid, threads);
+        sm.v.store(kb.kv_row(&p.dv, 2), 2 * p.dv.stride[1], kb.keys_valid, tid, threads);
+    }
+}
+
+/// Adds two consecutive f32 (8-byte aligned) where `ok`: one vector reduction where the device
+/// has sm_90's (`V2`).
+#[inline(always)]
+unsafe fn add_pair<const V2: bool>(ok: bool, addr: u64, v: [f32; 2]) {
+    unsafe {
+        if V2 {
+            red_add_v2_f32_if(ok, addr, v);
+        } else {
+            red_add_f32_if(ok, addr, v[0]);
+            red_add_f32_if(ok, addr + 4, v[1]);
+        }
     }
 }
 

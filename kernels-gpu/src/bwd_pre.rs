@@ -1,8 +1,10 @@
-//! The backward's two small passes: delta = rowsum(dO * O) per query row before the main
-//! kernel, and the f32 → 16-bit conversion of the accumulated dQ and dBias after it.
+//! The backward's small passes: delta = rowsum(dO * O) per query row and, where the query tiles
+//! are split, their shares before the main kernel; the f32 → 16-bit conversion of the
+//! accumulated gradients after it.
 use crate::arch::*;
 use crate::elem::Elem;
-use dmattn_abi::{BwdPreParams, ConvertParams, PRE_THREADS, QueryRows};
+use crate::mask::Visibility;
+use dmattn_abi::{Band, BwdPreParams, BwdSharesParams, ConvertParams, PRE_THREADS, QueryRows};
 
 /// Runs `f(row, lane, live)` for every row of `rows` in `[b, sq, h]` order (consecutive rows are
 /// consecutive heads of one query: adjacent in q, o and dO), `rows.lanes()` lanes per row,
@@ -72,4 +74,27 @@ pub unsafe fn convert<E: Elem>(p: &ConvertParams) {
         }
         i += step;
     }
+}
+
+/// The query-tile shares of a split backward (`BwdSharesParams`), a thread per (key tile, split).
+#[inline(always)]
+pub unsafe fn shares(p: &BwdSharesParams) {
+    let i = block_idx().0 * PRE_THREADS + thread_idx();
+    let (shift, bm, bn, f) = (p.shift, p.block_m, p.block_n, &p.fwd);
+    if i >= p.key_tiles << shift {
+        return;
+    }
+    let vis = Visibility::of(f);
+    let col0 = (i >> shift) * bn;
+    let (begin, end) = (vis.query_tile_begin(col0, bm), vis.query_tile_end(col0, col0 + bn - 1, bm));
+    let end = end.max(begin);
+    let share = (end - begin).div_ceil(1 << shift);
+    let first = (begin + (i & ((1 << shift) - 1)) * share).min(end);
+    let last = (first + share).min(end);
+    let rows = (last * bm).min(f.seqlen_q);
+    // Keys past `sk - (sq - rows)` lie right of every kept row's diagonal where its right edge
+    // is the diagonal (a compressed diagonal ignores the lengths; no right edge, no diagonal).
+    let keys = if f.band.compress == 0 && f.band.right != Band::NONE { f.seqlen_k.saturating_sub(f.seqlen_q - rows) } else { f.seqlen_k };
+    let (len_q, len_k) = if first < last && col0 < keys { (rows, keys) } else { (0, col0) };
+    unsafe { st_global_v4(p.shares + 16 * i as u64, [first, len_q, len_k, 0]) };
 }

@@ -1,7 +1,7 @@
 //! One sequence's bounds and where its rows start: a fixed-length call's batch entry or a packed
 //! variable-length batch's sequence (`dmattn_abi::Seqs`) alike. Every kernel that walks a
 //! sequence asks this for its lengths and first rows, and nothing else reads `cu_seqlens`.
-use crate::arch::{ld_global_nc_u32, opaque, smem_ref, st_shared_u32, st_shared_u64};
+use crate::arch::{ld_global_nc_u32, ld_global_nc_v4, opaque, smem_ref, st_shared_u32, st_shared_u64};
 use core::mem::offset_of;
 use dmattn_abi::{BwdParams, FwdParams, Seqs, View4};
 
@@ -156,4 +156,33 @@ pub unsafe fn localize(dst: u32, (n_block, _, b): (u32, u32, u32), block_m: u32,
         st_shared_u32(dst + offset_of!(BwdParams, fwd.seqlen_k) as u32, len_k);
     }
     store(offset_of!(BwdParams, fwd.seqs.cu_q), 0);
+}
+
+/// Rewrites a backward CTA's shared-memory copy of its parameters (`dst`, as [`localize`]) where
+/// its key tile's query tiles are split among several CTAs (`BwdParams::q_split_shift`; a launch
+/// per batch entry, grid position `(n_block, kv_head, split)`), so that the kernel walks its
+/// share as if it were the whole problem and its main loop stays as it is unsplit: the lengths
+/// the share pass wrote (`dmattn_abi::BwdSharesParams`), LSE and delta moved so that the
+/// fixed-length indexing with batch `split` lands on the launch's rows (the operands' batch
+/// strides are 0), and the share's first tile (`BwdParams::first_tile`), where the kernel starts
+/// its walk. (Computing the shares here spilled the kernels at their register limit.) Split
+/// calls are never packed or deterministic, so the turn counters stay.
+#[inline(always)]
+pub unsafe fn localize_split(dst: u32, (n_block, _, split): (u32, u32, u32)) {
+    let p: &BwdParams = unsafe { smem_ref(opaque(dst)) };
+    let f = &p.fwd;
+    let shift = p.q_split_shift;
+    if shift == 0 {
+        return;
+    }
+    let [first, len_q, len_k, _] = unsafe { ld_global_nc_v4(p.split_shares + 16 * ((n_block << shift) | split) as u64) };
+    let rows_back = split as u64 * f.heads as u64 * f.seqs.lse_rows as u64;
+    let store = |offset: usize, v: u64| unsafe { st_shared_u64(dst + offset as u32, v) };
+    store(offset_of!(BwdParams, fwd.lse), f.lse.wrapping_sub(4 * rows_back));
+    store(offset_of!(BwdParams, delta), p.delta.wrapping_sub(4 * rows_back));
+    unsafe {
+        st_shared_u32(dst + offset_of!(BwdParams, first_tile) as u32, first);
+        st_shared_u32(dst + offset_of!(BwdParams, fwd.seqlen_q) as u32, len_q);
+        st_shared_u32(dst + offset_of!(BwdParams, fwd.seqlen_k) as u32, len_k);
+    }
 }

@@ -4,7 +4,7 @@ use crate::device::CudaDevice;
 use crate::error::Result;
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use dmattn_abi::{
-    BlockMaskParams, BwdParams, DecodeParams, GatherMaskParams, GatherParams, IndicesParams, KeyCompactParams, ScatterParams, SelectParams, BwdPreParams, CombineParams, ConvertParams, OrderParams, FwdParams, MASK_PACK_THREADS, MaskPackParams, SoftmaxRowsParams,
+    BlockMaskParams, BwdParams, BwdSharesParams, DecodeParams, GatherMaskParams, GatherParams, IndicesParams, KeyCompactParams, ScatterParams, SelectParams, BwdPreParams, CombineParams, ConvertParams, OrderParams, FwdParams, MASK_PACK_THREADS, MaskPackParams, SoftmaxRowsParams,
     names,
 };
 
@@ -22,6 +22,7 @@ unsafe impl DeviceRepr for ByValue<MaskPackParams> {}
 unsafe impl DeviceRepr for ByValue<BlockMaskParams> {}
 unsafe impl DeviceRepr for ByValue<BwdParams> {}
 unsafe impl DeviceRepr for ByValue<BwdPreParams> {}
+unsafe impl DeviceRepr for ByValue<BwdSharesParams> {}
 unsafe impl DeviceRepr for ByValue<ConvertParams> {}
 unsafe impl DeviceRepr for ByValue<CombineParams> {}
 unsafe impl DeviceRepr for ByValue<SoftmaxRowsParams> {}

@@ -23,7 +23,7 @@ use crate::memory::DeviceBuffer;
 use crate::sparse::MaskData;
 use std::sync::Arc;
 use dmattn_abi::{
-    BwdParams, BwdTile, BwdPreParams, CombineParams, ConvertParams, DeviceElem, FwdParams, FwdTile, KeyLists, ORDER_SMEM_BYTES, ORDER_WARPS, OrderParams,
+    BwdParams, BwdSharesParams, BwdTile, BwdPreParams, CombineParams, ConvertParams, DeviceElem, FwdParams, FwdTile, KeyLists, ORDER_SMEM_BYTES, ORDER_WARPS, OrderParams,
     PRE_THREADS, QueryRows, Seqs, View4, bwd_tile, flags, fwd_variants_for, modifiers,
 };
 use launch::{Launch, launch};
@@ -517,9 +517,9 @@ fn order_pays(sms: u32, l2_bytes: usize, d: &Dims, grid: (u32, u32, u32)) -> boo
 /// Q and dO stay within a few times L2's size. Same H100 run (50 MB L2), b2 h32 hk8, 50 % blocks
 /// with and without a bias, both against grid order: with Q and dO of 67-134 MB (d64 4K and 8K,
 /// d128 4K) 4.5-10 % faster; of 268 MB, d128 8K 3-17 % slower and d64 16K unchanged.
-fn bwd_placement_pays(dev: &CudaDevice, d: &Dims) -> bool {
+fn bwd_placement_pays(l2_bytes: usize, d: &Dims) -> bool {
     let q_dout_bytes = 2 * 2 * d.batch * d.heads * d.seqlen_q * d.head_dim;
-    q_dout_bytes <= 3 * dev.l2_bytes()
+    q_dout_bytes <= 3 * l2_bytes
 }
 
 /// A work order (`FwdParams::order`) for a grid of `grid` CTAs from the ordering kernel `name`:
@@ -597,12 +597,151 @@ pub(crate) fn forward_materialized(dev: &CudaDevice, p: Problem, saved: Saved) -
     }
 }
 
+/// How a backward runs, worked out from the problem and the GPU's size alone: the kernel, its
+/// tile and grid, where its CTAs go, and how many CTAs share each key tile's query tiles.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct BwdPlan {
+    pub kernel: String,
+    pub tile: BwdTile,
+    pub grid: (u32, u32, u32),
+    /// CTAs run heaviest first, in an order the work-order pass makes.
+    pub ordered: bool,
+    /// The grid is `(kv_heads, key tiles, batch)` (`BwdParams::kv_heads_first`).
+    pub kv_heads_first: bool,
+    /// log2 of the CTAs each key tile's query tiles are split among (`BwdParams::q_split_shift`);
+    /// a split call launches `grid` once per batch entry.
+    pub q_split_shift: u32,
+}
+
+/// A grid of at most this many CTAs per SM splits its query tiles (`bwd_q_split_shift`) ...
+const BWD_SPLIT_BELOW_PER_SM: u64 = 2;
+/// ... where it has at most this many batch entries (a split call launches once per entry).
+const BWD_SPLIT_MAX_BATCH: usize = 8;
+/// Split grids aim at this many CTAs per SM ...
+const BWD_SPLIT_TARGET_PER_SM: u64 = 4;
+/// ... each walking at least this many query tiles (its K/V load and dK/dV additions are then
+/// small beside its steps).
+const BWD_SPLIT_MIN_TILES: usize = 8;
+
+/// log2 of the CTAs each key tile's query tiles are split among, for `batch` entries of `ctas`
+/// CTAs each (one per key tile and kv head) over `m_tiles` query tiles: where the grid leaves the
+/// GPU short (few key tiles: short or compressed keys, few heads), each entry's tiles are shared
+/// until its launch reaches `BWD_SPLIT_TARGET_PER_SM` CTAs per SM or a share would walk fewer
+/// than `BWD_SPLIT_MIN_TILES`. (H100, b2 h32 hk8 d64, 16K queries over 256 compressed keys: 32
+/// CTAs of 256 query tiles each, the GPU a quarter busy.)
+fn bwd_q_split_shift(sms: u32, batch: usize, ctas: u64, m_tiles: usize) -> u32 {
+    let mut shift = 0;
+    if batch > BWD_SPLIT_MAX_BATCH || batch as u64 * ctas > BWD_SPLIT_BELOW_PER_SM * sms as u64 {
+        return 0;
+    }
+    while ctas << shift < BWD_SPLIT_TARGET_PER_SM * sms as u64 && m_tiles >> (shift + 1) >= BWD_SPLIT_MIN_TILES && shift < 16 {
+        shift += 1;
+    }
+    shift
+}
+
+std::thread_local! {
+    static FORCED_SPLIT: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
+}
+
+/// Testing hook: while `Some(shift)`, every backward this thread runs that may split its query
+/// tiles (not deterministic, not packed, contiguous dK/dV) splits them among `2^shift` CTAs per
+/// key tile, whatever its size, so that small problems exercise the split path's edges (shares
+/// with no visible tile, bands, masks). `None`: the plan's own choice.
+#[doc(hidden)]
+pub fn force_backward_query_split(shift: Option<u32>) {
+    FORCED_SPLIT.with(|f| f.set(shift.map(|s| s.min(8))));
+}
+
+/// The backward's plan for `p` on `gpu`, with `modifiers` (the variant the call needs), a
+/// `prepared` mask, and dK/dV outputs that are `contiguous` (split query tiles accumulate them in
+/// f32 and convert into contiguous outputs); `forced_split` overrides the split where one may run
+/// ([`force_backward_query_split`]).
+pub(crate) fn bwd_plan(gpu: Gpu, p: &Problem, elem: DeviceElem, modifiers: u8, prepared: bool, contiguous: bool, forced_split: Option<u32>) -> Result<BwdPlan> {
+    let d = p.dims;
+    let deterministic = p.deterministic;
+    let banded = p.band.needs_band_kernel();
+    let wgmma = gpu.wgmma && bwd_wgmma_serves(modifiers, banded);
+    let tile = bwd_tile(d.head_dim as u32, deterministic, wgmma, modifiers).ok_or_else(|| unsupported_head_dim(d.head_dim))?;
+    check_limits(&d, tile.block_m)?;
+    let (m_tiles, n_blocks) = (d.seqlen_q.div_ceil(tile.block_m as usize), d.seqlen_k.div_ceil(tile.block_n as usize));
+    let (entry_ctas, sms) = ((n_blocks * d.kv_heads) as u64, gpu.sms as u64);
+    let ctas = entry_ctas * d.batch as u64;
+    // Split query tiles add their dK/dV in any order: not in deterministic mode. Packed CTAs find
+    // their sequence in the grid's z (`seq::localize`). Bands with a right edge off the diagonal
+    // (or a left edge alone) do not split (`Band::splits_queries`), nor the variants without room
+    // for it (`modifiers::bwd_splits`).
+    let splittable = !deterministic
+        && p.seqs.is_none()
+        && contiguous
+        && p.band.splits_queries()
+        && modifiers::bwd_splits(d.head_dim as u32, bwd_band_variant(&tile, modifiers, banded));
+    let q_split_shift = match forced_split {
+        _ if !splittable => 0,
+        Some(shift) => shift,
+        None => bwd_q_split_shift(gpu.sms, d.batch, entry_ctas, m_tiles),
+    };
+    // CTAs run in grid order, x fastest: one kv head's key tiles side by side, so that their dQ
+    // additions to a query tile meet in L2 and they share its Q and dO. A placed variant may run
+    // otherwise where there is more than one wave (a single wave has neither a tail to balance
+    // nor waves to keep apart) and `bwd_placement_pays`: heaviest first under a mask, and with a
+    // bias every kv head adds to (broadcast over heads) the kv heads of a key tile side by side,
+    // so that their dbias additions meet in L2 rather than each wave's going through DRAM to the
+    // whole f32 accumulator (H100, d64 8K, 50 % blocks + bias: 7.7 GB of DRAM traffic, 0.8 GB
+    // without the bias). Not for a packed batch: its CTAs find their sequence and key tile in the
+    // grid (`seq::localize`), and the work-order pass reads fixed-length block maps.
+    let placed = !deterministic
+        && q_split_shift == 0
+        && p.seqs.is_none()
+        && modifiers::bwd_placed(bwd_band_variant(&tile, modifiers, banded))
+        && ctas > sms
+        && bwd_placement_pays(gpu.l2_bytes, &d);
+    // Key tiles then count along grid y and in a packed position's y: both 16-bit.
+    let kv_heads_first = placed && d.kv_heads > 1 && p.bias.is_some_and(|s| s[1] == 1) && n_blocks <= u16::MAX as usize;
+    // A split call's launches (one per batch entry) take the splits along z.
+    let (n, hk, b) = (n_blocks as u32, d.kv_heads as u32, if q_split_shift > 0 { 1 << q_split_shift } else { d.batch as u32 });
+    let grid = if kv_heads_first { (hk, n, b) } else { (n, hk, b) };
+    // Deterministic mode keeps grid order: there CTAs wait on CTAs of lower block index, which
+    // the hardware schedules first, so any grid size is safe.
+    let ordered = placed && prepared && ctas <= u32::MAX as u64;
+    let kernel = bwd_kernel_name(&tile, elem, d.head_dim, modifiers, deterministic, banded);
+    Ok(BwdPlan { kernel, tile, grid, ordered, kv_heads_first, q_split_shift })
+}
+
+/// `p` for batch entry `b` alone: every batch-strided operand's base at the entry, its batch
+/// stride 0, LSE and delta at its rows (a split call's launch, see `BwdParams::q_split_shift`).
+fn batch_entry(p: &BwdParams, b: u64) -> BwdParams {
+    let at = |v: View4, elem: u64| if v.is_present() { View4 { ptr: v.ptr + elem * b * v.stride[0], stride: [0, v.stride[1], v.stride[2], v.stride[3]] } } else { v };
+    let f = &p.fwd;
+    let rows = 4 * b * f.heads as u64 * f.seqs.lse_rows as u64;
+    BwdParams {
+        fwd: FwdParams {
+            q: at(f.q, 2),
+            k: at(f.k, 2),
+            v: at(f.v, 2),
+            o: at(f.o, 2),
+            mask_bits: at(f.mask_bits, 8),
+            bias: at(f.bias, 2),
+            block_map: at(f.block_map, 1),
+            lse: f.lse + rows,
+            batch: 1,
+            ..*f
+        },
+        dout: at(p.dout, 2),
+        dq_accum: at(p.dq_accum, 4),
+        dk: at(p.dk, 4),
+        dv: at(p.dv, 4),
+        dbias_accum: at(p.dbias_accum, 4),
+        delta: p.delta + rows,
+        ..*p
+    }
+}
+
 pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, into: GradientBuffers) -> Result<Gradients> {
     if let Some(lists) = key_lists(&fwd.saved) {
         return gather::backward(dev, fwd, &lists, dout, into);
     }
     let (p, saved) = (&fwd.problem, &fwd.saved);
-    let deterministic = p.deterministic;
     let d = p.dims;
     let elem = check_operands(p, saved)?;
     // The Hopper `BIAS` variant reads no block classes (see `modifiers::BIAS`).
@@ -610,11 +749,13 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, into: Gra
         modifiers::BIAS if device_mask(saved).is_some_and(|m| m.blocks) => modifiers::ALL,
         m => m,
     };
-    let banded = p.band.needs_band_kernel();
-    let wgmma = dev.has_wgmma() && bwd_wgmma_serves(modifiers, banded);
-    let tile = bwd_tile(d.head_dim as u32, deterministic, wgmma, modifiers).ok_or_else(|| unsupported_head_dim(d.head_dim))?;
-    check_limits(&d, tile.block_m)?;
     let device = saved.q.device();
+    let dk = output(into.dk, saved.k.shape(), p.dtype, &device)?;
+    let dv = output(into.dv, saved.v.shape(), p.dtype, &device)?;
+    let prepared = device_mask(saved).is_some();
+    let contiguous = dk.layout().is_contiguous() && dv.layout().is_contiguous();
+    let plan = bwd_plan(dev.gpu(), p, elem, modifiers, prepared, contiguous, FORCED_SPLIT.with(|f| f.get()))?;
+    let tile = plan.tile;
     let dout_view = qkv_view(dout, "dout")?;
 
     // delta = rowsum(dO * O).
@@ -631,6 +772,7 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, into: Gra
     launch(dev, &Launch::kernel(&pre_name, (blocks, 1, 1), PRE_THREADS, 0), pre)?;
 
     // Accumulators, outputs and (deterministic mode) turn counters.
+    let deterministic = p.deterministic;
     let (m_tiles, n_blocks) = (d.seqlen_q.div_ceil(tile.block_m as usize), d.seqlen_k.div_ceil(tile.block_n as usize));
     let q_shape = [rows.batch as usize, rows.seqlen_q as usize, d.heads, d.head_dim];
     let (_dq_acc, dq_acc) = zeroed(dev, q_shape.iter().product())?;
@@ -638,55 +780,65 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, into: Gra
     let (_dbias_acc, dbias_acc) = zeroed(dev, bias_len)?;
     let (_dq_turns, dq_turns) = zeroed(dev, if deterministic { d.batch * d.heads * m_tiles } else { 0 })?;
     let (_dbias_turns, dbias_turns) = zeroed(dev, if deterministic { d.batch * d.kv_heads * n_blocks } else { 0 })?;
-    let dk = output(into.dk, saved.k.shape(), p.dtype, &device)?;
-    let dv = output(into.dv, saved.v.shape(), p.dtype, &device)?;
+    // Split query tiles add their dK and dV shares to f32 accumulators.
+    let split = plan.q_split_shift > 0;
+    let kv_shape = [d.batch, d.seqlen_k, d.kv_heads, d.head_dim];
+    let kv_len = if split { kv_shape.iter().product() } else { 0 };
+    let (_dk_acc, dk_acc) = zeroed(dev, kv_len)?;
+    let (_dv_acc, dv_acc) = zeroed(dev, kv_len)?;
+    let kv_accum = |ptr| View4 { ptr, stride: prepare::strides(kv_shape) };
 
-    let prepared = device_mask(saved).is_some();
-    let fwd_p = fwd_params(p, saved, &fwd.out, &fwd.lse, false)?;
-    // CTAs run in grid order, x fastest: one kv head's key tiles side by side, so that their dQ
-    // additions to a query tile meet in L2 and they share its Q and dO. A placed variant may run
-    // otherwise where there is more than one wave (a single wave has neither a tail to balance
-    // nor waves to keep apart) and `bwd_placement_pays`: heaviest first under a mask, and with a
-    // bias every kv head adds to (broadcast over heads) the kv heads of a key tile side by side,
-    // so that their dbias additions meet in L2 rather than each wave's going through DRAM to the
-    // whole f32 accumulator (H100, d64 8K, 50 % blocks + bias: 7.7 GB of DRAM traffic, 0.8 GB
-    // without the bias).
-    let (ctas, sms) = ((n_blocks * d.kv_heads * d.batch) as u64, dev.sms() as u64);
-    // Not for a packed batch: its CTAs find their sequence and key tile in the grid
-    // (`seq::localize`), and the work-order pass reads fixed-length block maps.
-    let placed = !deterministic && p.seqs.is_none() && modifiers::bwd_placed(bwd_band_variant(&tile, modifiers, banded)) && ctas > sms && bwd_placement_pays(dev, &d);
-    // Key tiles then count along grid y and in a packed position's y: both 16-bit.
-    let kv_heads_first = placed && d.kv_heads > 1 && p.bias.is_some_and(|s| s[1] == 1) && n_blocks <= u16::MAX as usize;
     let mut params = BwdParams {
-        fwd: fwd_p,
+        fwd: fwd_params(p, saved, &fwd.out, &fwd.lse, false)?,
         dout: dout_view,
         dq_accum: View4 { ptr: dq_acc, stride: prepare::strides(q_shape) },
-        dk: qkv_view(&dk, "dk")?,
-        dv: qkv_view(&dv, "dv")?,
+        dk: if split { kv_accum(dk_acc) } else { qkv_view(&dk, "dk")? },
+        dv: if split { kv_accum(dv_acc) } else { qkv_view(&dv, "dv")? },
         dbias_accum: View4 { ptr: dbias_acc, stride: dbias_strides(p) },
         delta,
         dq_turns,
         dbias_turns,
         bias_dims: bias_dims(p),
         kv_heads: d.kv_heads as u32,
-        kv_heads_first: kv_heads_first as u32,
+        kv_heads_first: plan.kv_heads_first as u32,
+        q_split_shift: plan.q_split_shift,
+        split_shares: 0,
+        first_tile: 0,
+        _pad: 0,
     };
-    let name = bwd_kernel_name(&tile, elem, d.head_dim, modifiers, deterministic, banded);
-    let (n, hk, b) = (n_blocks as u32, d.kv_heads as u32, d.batch as u32);
-    let grid = if kv_heads_first { (hk, n, b) } else { (n, hk, b) };
-    // Heaviest first (see `schedule`; the kernels number CTAs in u32). Deterministic mode keeps
-    // grid order: there CTAs wait on CTAs of lower block index, which the hardware schedules
-    // first, so any grid size is safe.
-    let order = if placed && prepared && ctas <= u32::MAX as u64 {
+    // Heaviest first (see `schedule`; the kernels number CTAs in u32).
+    let order = if plan.ordered {
         let name = format!("{}{}", dmattn_abi::names::BWD_ORDER_PREFIX, tile.block_n);
-        Some(work_order(dev, &name, &params.fwd, grid, kv_heads_first)?)
+        Some(work_order(dev, &name, &params.fwd, plan.grid, plan.kv_heads_first)?)
     } else {
         None
     };
     if let Some((_, at)) = &order {
         params.fwd.order = *at;
     }
-    launch(dev, &Launch::kernel(&name, grid, tile.threads(), tile.smem_bytes()), params)?;
+    let kernel = Launch::kernel(&plan.kernel, plan.grid, tile.threads(), tile.smem_bytes());
+    if split {
+        // The shares, then a launch per batch entry (see `BwdParams::q_split_shift`).
+        let entries = n_blocks << plan.q_split_shift;
+        let shares = DeviceBuffer::uninit(dev.stream(), 16 * entries)?;
+        let sp = BwdSharesParams {
+            fwd: params.fwd,
+            shares: shares.ptr(),
+            block_m: tile.block_m,
+            block_n: tile.block_n,
+            key_tiles: n_blocks as u32,
+            shift: plan.q_split_shift,
+        };
+        launch(dev, &Launch::kernel(dmattn_abi::names::BWD_SHARES, (entries.div_ceil(PRE_THREADS as usize) as u32, 1, 1), PRE_THREADS, 0), sp)?;
+        params.split_shares = shares.ptr();
+        for b in 0..d.batch {
+            launch(dev, &kernel, batch_entry(&params, b as u64))?;
+        }
+        convert(dev, elem, dk_acc, &dk, kv_len)?;
+        convert(dev, elem, dv_acc, &dv, kv_len)?;
+    } else {
+        launch(dev, &kernel, params)?;
+    }
 
     let dq = output(into.dq, saved.q.shape(), p.dtype, &device)?;
     convert(dev, elem, dq_acc, &dq, dq.layout().numel())?;
@@ -727,6 +879,50 @@ mod tests {
     fn problem(d: Dims, band: dmattn_abi::Band, bias: bool) -> Problem {
         let bias = bias.then_some([1, 1, 1, d.seqlen_k]);
         Problem { dims: d, dtype: DType::BF16, mask: None, bias, band, scale: 0.125, softcap: 0.0, deterministic: false, seqs: None, packed_bias: None, packed_mask: None, pages: None }
+    }
+
+    /// The backward splits the query tiles of grids that leave the GPU short of CTAs (short or
+    /// compressed keys) into shares of at least `BWD_SPLIT_MIN_TILES`, enough for about four CTAs
+    /// per SM; never in deterministic mode, into strided dK/dV, or for grids of two CTAs per SM.
+    #[test]
+    fn backward_plans() {
+        let plan = |d: Dims, det: bool, contiguous: bool| {
+            let p = Problem { deterministic: det, ..problem(d, dmattn_abi::Band::CAUSAL, true) };
+            bwd_plan(H100, &p, DeviceElem::Bf16, modifiers::BIAS, false, contiguous, None).unwrap()
+        };
+        // 16K queries over 256 keys, b2 h32 hk8.
+        let short = Dims { kv_heads: 8, ..dims(2, 32, 16384, 256) };
+        let split = plan(short, false, true);
+        let (n, m) = (256u32.div_ceil(split.tile.block_n), 16384u32.div_ceil(split.tile.block_m));
+        let ctas = (n * 8 * 2) as u64;
+        assert!(split.q_split_shift > 0 && !split.ordered, "{split:?}");
+        assert_eq!(split.grid, (n, 8, 1 << split.q_split_shift));
+        assert!((ctas / 2) << split.q_split_shift >= 4 * 132 || m >> (split.q_split_shift + 1) < 8, "{split:?}");
+        assert!(m >> split.q_split_shift >= 8);
+        assert_eq!(plan(short, true, true).q_split_shift, 0);
+        assert_eq!(plan(short, false, false).q_split_shift, 0);
+        // Few query tiles: each share keeps at least 8.
+        assert_eq!(plan(Dims { kv_heads: 8, ..dims(1, 8, 1024, 256) }, false, true).q_split_shift, (1024 / split.tile.block_m as u32 / 8).ilog2());
+        // A right edge off the diagonal, or a left edge alone, keeps its query tiles together
+        // (`Band::splits_queries`); causal windows and compressed causal split.
+        let banded = |band| bwd_plan(H100, &problem(short, band, false), DeviceElem::Bf16, modifiers::NONE, false, true, None).unwrap().q_split_shift;
+        assert_eq!(banded(dmattn_abi::Band { left: 100, right: 5, sinks: 0, compress: 0 }), 0);
+        assert_eq!(banded(dmattn_abi::Band { left: 100, right: dmattn_abi::Band::NONE, sinks: 0, compress: 0 }), 0);
+        assert!(banded(dmattn_abi::Band { left: 100, right: 0, sinks: 4, compress: 0 }) > 0);
+        assert!(banded(dmattn_abi::Band { left: dmattn_abi::Band::NONE, right: 0, sinks: 0, compress: 64 }) > 0);
+        // The d128 bias variant has no room for the split; its plain one has.
+        let d128 = Dims { head_dim: 128, ..short };
+        assert_eq!(plan(d128, false, true).q_split_shift, 0);
+        let plain = bwd_plan(H100, &problem(d128, dmattn_abi::Band::CAUSAL, false), DeviceElem::Bf16, modifiers::NONE, false, true, None).unwrap();
+        assert!(plain.q_split_shift > 0);
+        // More than two CTAs per SM: unsplit.
+        assert_eq!(plan(Dims { kv_heads: 8, ..dims(2, 32, 8192, 8192) }, false, true).q_split_shift, 0);
+        assert_eq!(bwd_q_split_shift(132, 1, 2 * 132 + 1, 1 << 10), 0);
+        assert_eq!(bwd_q_split_shift(132, 1, 33, 1 << 10), 4);
+        assert_eq!(bwd_q_split_shift(132, 2, 33, 1 << 10), 4);
+        assert_eq!(bwd_q_split_shift(132, 1, 33, 1 << 5), 2);
+        // More batch entries than launches pay for.
+        assert_eq!(bwd_q_split_shift(132, 9, 1, 1 << 10), 0);
     }
 
     /// The forward's plan: the lean kernel without modifiers, the modifier kernel with any, its
