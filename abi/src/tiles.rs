@@ -395,9 +395,12 @@ pub mod modifiers {
     }
 
     /// Whether the backward variant of head dim `head_dim` (not deterministic) can split a key
-    /// tile's query tiles among CTAs (`BwdParams::q_split_shift`): all but the d96 and d128 ones
-    /// with a bias, which sit at the register limit and spill with it (ptxas: 4-216 bytes).
+    /// tile's query tiles among CTAs (`BwdParams::q_split_shift`): d32 and d64. With the split
+    /// compiled in, the d96/d128 bias variants spilled (ptxas: 4-216 bytes), and the others ran
+    /// their unsplit calls 5-18 % slower (H100, same-run A/B: d128 50 % blocks 7.74 -> 9.16 ms,
+    /// windows and 4x-compressed causal 5-6 %); d64's cost 1-2 %.
     pub const fn bwd_splits(head_dim: u32, variant: u8) -> bool {
-        !((head_dim == 96 || head_dim == 128) && variant & BIAS != 0)
+        let _ = variant;
+        head_dim <= 64
     }
 }

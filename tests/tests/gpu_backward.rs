@@ -18,12 +18,14 @@ fn deterministic_backward_matches_reference() {
 }
 
 /// Query tiles split among several CTAs per key tile, which add their dK/dV shares to f32
-/// accumulators: forced on every case (2-16 shares, whatever its size), so that shares with no
-/// visible tile, causal bounds with sq != sk, masks, every bias broadcast and GQA meet the split.
+/// accumulators: forced on every case (2-16 shares, whatever its size, at head dim 32 or 64, the
+/// ones that split), so that shares with no visible tile, causal bounds with sq != sk, masks,
+/// every bias broadcast and GQA meet the split.
 #[test]
 fn split_query_backward_matches_reference() {
     let Some(gpu) = gpu() else { return };
-    gpu_property(1000, 300, |(case, seed)| {
+    gpu_property(1500, 300, |(case, seed)| {
+        let case = Case { head_dim: [32, 64][(seed / 4 % 2) as usize], ..case };
         dmattn::force_backward_query_split(Some(1 + (seed % 4) as u32));
         let checked = check_gpu_backward(&case, ForwardPath::Fused, &gpu, seed, false);
         dmattn::force_backward_query_split(None);
@@ -31,16 +33,16 @@ fn split_query_backward_matches_reference() {
     });
 }
 
-/// Many queries over few keys, where the plan itself splits the query tiles (a grid of a few
-/// CTAs otherwise): causal with sq >> sk (most rows see nothing), GQA, key-side and full biases,
-/// a mask, and a d128 call that does not split (its bias variant has no room for it).
+/// Many queries over few keys, where the plan itself splits the query tiles at d32/d64 (a grid
+/// of a few CTAs otherwise): causal with sq >> sk (most rows see nothing), GQA, key-side and full
+/// biases, a mask; and larger head dims, which keep one CTA per key tile.
 #[test]
 fn long_queries_over_few_keys() {
     let Some(gpu) = gpu() else { return };
     let mut rng = fresh_rng("long_queries_over_few_keys");
     for case in [
         Case { bias: Some([1, 1, 1, 64]), causal: true, dtype: DType::BF16, ..Case::new(1, 4096, 64, 2, 1, 64) },
-        Case { bias: Some([2, 4, 3000, 130]), dtype: DType::F16, ..Case::new(2, 3000, 130, 4, 2, 192) },
+        Case { bias: Some([2, 4, 3000, 130]), dtype: DType::F16, ..Case::new(2, 3000, 130, 4, 2, 32) },
         Case { mask: Some([1, 1, 2500, 200]), mask_pattern: MaskPattern::Blocks(0.5), dtype: DType::BF16, ..Case::new(1, 2500, 200, 3, 1, 32) },
         Case { causal: true, softcap: 20.0, dtype: DType::BF16, ..Case::new(1, 3000, 1000, 1, 1, 256) },
         Case { bias: Some([1, 1, 1, 100]), causal: true, dtype: DType::BF16, ..Case::new(1, 2048, 100, 2, 1, 128) },

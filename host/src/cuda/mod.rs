@@ -669,8 +669,8 @@ pub(crate) fn bwd_plan(gpu: Gpu, p: &Problem, elem: DeviceElem, modifiers: u8, p
     let ctas = entry_ctas * d.batch as u64;
     // Split query tiles add their dK/dV in any order: not in deterministic mode. Packed CTAs find
     // their sequence in the grid's z (`seq::localize`). Bands with a right edge off the diagonal
-    // (or a left edge alone) do not split (`Band::splits_queries`), nor the variants without room
-    // for it (`modifiers::bwd_splits`).
+    // (or a left edge alone) do not split (`Band::splits_queries`), nor the head dims whose
+    // kernels do not compile it in (`modifiers::bwd_splits`).
     let splittable = !deterministic
         && p.seqs.is_none()
         && contiguous
@@ -910,11 +910,13 @@ mod tests {
         assert_eq!(banded(dmattn_abi::Band { left: 100, right: dmattn_abi::Band::NONE, sinks: 0, compress: 0 }), 0);
         assert!(banded(dmattn_abi::Band { left: 100, right: 0, sinks: 4, compress: 0 }) > 0);
         assert!(banded(dmattn_abi::Band { left: dmattn_abi::Band::NONE, right: 0, sinks: 0, compress: 64 }) > 0);
-        // The d128 bias variant has no room for the split; its plain one has.
+        // d96 and up keep one CTA per key tile (`modifiers::bwd_splits`), forced or not.
         let d128 = Dims { head_dim: 128, ..short };
         assert_eq!(plan(d128, false, true).q_split_shift, 0);
-        let plain = bwd_plan(H100, &problem(d128, dmattn_abi::Band::CAUSAL, false), DeviceElem::Bf16, modifiers::NONE, false, true, None).unwrap();
-        assert!(plain.q_split_shift > 0);
+        let forced = bwd_plan(H100, &problem(d128, dmattn_abi::Band::CAUSAL, false), DeviceElem::Bf16, modifiers::NONE, false, true, Some(3)).unwrap();
+        assert_eq!(forced.q_split_shift, 0);
+        let d32 = bwd_plan(H100, &problem(Dims { head_dim: 32, ..short }, dmattn_abi::Band::CAUSAL, false), DeviceElem::Bf16, modifiers::NONE, false, true, None).unwrap();
+        assert!(d32.q_split_shift > 0);
         // More than two CTAs per SM: unsplit.
         assert_eq!(plan(Dims { kv_heads: 8, ..dims(2, 32, 8192, 8192) }, false, true).q_split_shift, 0);
         assert_eq!(bwd_q_split_shift(132, 1, 2 * 132 + 1, 1 << 10), 0);
