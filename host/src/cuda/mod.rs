@@ -631,7 +631,7 @@ const BWD_SPLIT_MIN_TILES: usize = 8;
 /// CTAs of 256 query tiles each, the GPU a quarter busy.)
 fn bwd_q_split_shift(sms: u32, batch: usize, ctas: u64, m_tiles: usize) -> u32 {
     let mut shift = 0;
-    if batch > BWD_SPLIT_MAX_BATCH || batch as u64 * ctas > BWD_SPLIT_BELOW_PER_SM * sms as u64 {
+    if ctas == 0 || batch > BWD_SPLIT_MAX_BATCH || batch as u64 * ctas > BWD_SPLIT_BELOW_PER_SM * sms as u64 {
         return 0;
     }
     while ctas << shift < BWD_SPLIT_TARGET_PER_SM * sms as u64 && m_tiles >> (shift + 1) >= BWD_SPLIT_MIN_TILES && shift < 16 {
@@ -923,8 +923,9 @@ mod tests {
         assert_eq!(bwd_q_split_shift(132, 1, 33, 1 << 10), 4);
         assert_eq!(bwd_q_split_shift(132, 2, 33, 1 << 10), 4);
         assert_eq!(bwd_q_split_shift(132, 1, 33, 1 << 5), 2);
-        // More batch entries than launches pay for.
+        // More batch entries than launches pay for; no key tiles at all.
         assert_eq!(bwd_q_split_shift(132, 9, 1, 1 << 10), 0);
+        assert_eq!(bwd_q_split_shift(132, 1, 0, 1 << 10), 0);
     }
 
     /// The forward's plan: the lean kernel without modifiers, the modifier kernel with any, its
