@@ -171,6 +171,15 @@ pub const fn bwd_tile(head_dim: u32, deterministic: bool, wgmma: bool, modifiers
     bwd_tile_in(if deterministic { &BWD_DET_TILES } else { &BWD_TILES }, head_dim, modifiers)
 }
 
+/// Whether the backward kernels of head dim `head_dim` (not deterministic) can split a key tile's
+/// query tiles among CTAs (`BwdParams::q_split_shift`): d32 and d64. With the split compiled in,
+/// the d96/d128 bias variants spilled (ptxas: 4-216 bytes), and the others ran their unsplit
+/// calls 5-18 % slower (H100, same-run A/B: d128 50 % blocks 7.74 -> 9.16 ms, windows and
+/// 4x-compressed causal 5-6 %); d64's cost 1-2 %.
+pub const fn bwd_splits(head_dim: u32) -> bool {
+    head_dim <= 64
+}
+
 /// The first tile of `tiles` for `head_dim` that serves `modifiers`.
 const fn bwd_tile_in(tiles: &[BwdTile], head_dim: u32, modifiers: u8) -> Option<BwdTile> {
     let mut i = 0;
@@ -392,15 +401,5 @@ pub mod modifiers {
     /// index (the kernels at the register limit have no room to hold a placed position).
     pub const fn bwd_placed(variant: u8) -> bool {
         variant == MASK || variant == BIAS
-    }
-
-    /// Whether the backward variant of head dim `head_dim` (not deterministic) can split a key
-    /// tile's query tiles among CTAs (`BwdParams::q_split_shift`): d32 and d64. With the split
-    /// compiled in, the d96/d128 bias variants spilled (ptxas: 4-216 bytes), and the others ran
-    /// their unsplit calls 5-18 % slower (H100, same-run A/B: d128 50 % blocks 7.74 -> 9.16 ms,
-    /// windows and 4x-compressed causal 5-6 %); d64's cost 1-2 %.
-    pub const fn bwd_splits(head_dim: u32, variant: u8) -> bool {
-        let _ = variant;
-        head_dim <= 64
     }
 }

@@ -6,8 +6,9 @@
 //! group; the next query tile's Q, dO, bias and mask load while the current one computes. Per
 //! step, on tensor cores: S = QKᵀ and dP = dO Vᵀ, then P and dS = P (dP - delta) through shared
 //! memory into dV += Pᵀ dO, dK += dSᵀ Q (registers, summed over the group: GQA needs no
-//! reduction pass) and dQ = dS K, added to an f32 accumulator. dS also replaces the bias in its shared tile, from
-//! where it is added to the f32 dbias accumulator at the bias's own (broadcast) coordinates.
+//! reduction pass) and dQ = dS K, added to an f32 accumulator. dS also replaces the bias in its
+//! shared tile, from where it is added to the f32 dbias accumulator at the bias's own
+//! (broadcast) coordinates.
 //! Each product spreads the CTA's warps over a grid of its own (`dmattn_abi::BwdTile`), so that
 //! every warp's share is large enough to use each operand fragment it loads several times. On
 //! Hopper (the sm_90a module) each product is instead a `wgmma` of a warpgroup, its operands read
@@ -26,7 +27,7 @@ use crate::scores::{LOG2E, Mods, WarpScores};
 use crate::seq::{localize, localize_split};
 use crate::tile::{Fragments, SmemTile};
 use dmattn_abi::{
-    BWD_DQ_STAGE_BYTES, BWD_DQ_STAGE_TILES, BWD_PARAMS_BYTES, BwdParams, bwd_stage_bytes, flags, mask_tile_bytes, modifiers,
+    BWD_DQ_STAGE_BYTES, BWD_DQ_STAGE_TILES, BWD_PARAMS_BYTES, BwdParams, bwd_splits, bwd_stage_bytes, flags, mask_tile_bytes, modifiers,
     packed_position, unpacked_position,
 };
 
@@ -336,8 +337,8 @@ pub unsafe fn backward<
     // The Hopper `BIAS` variant has no registers for reading block classes (`modifiers::BIAS`).
     let by_class = !(WGMMA && MODS == modifiers::BIAS);
     let tid = thread_idx();
-    // Variants that may split their query tiles (`modifiers::bwd_splits`).
-    let splits = !DET && modifiers::bwd_splits(D as u32, MODS);
+    // Kernels that may split their query tiles (`dmattn_abi::bwd_splits`).
+    let splits = !DET && bwd_splits(D as u32);
     // A packed sequence's CTA sees its sequence as a fixed-length problem (`seq::localize`), a
     // split CTA its share of the query tiles as one (`seq::localize_split`).
     let p = unsafe {

@@ -24,7 +24,7 @@ use crate::sparse::MaskData;
 use std::sync::Arc;
 use dmattn_abi::{
     BwdParams, BwdSharesParams, BwdTile, BwdPreParams, CombineParams, ConvertParams, DeviceElem, FwdParams, FwdTile, KeyLists, ORDER_SMEM_BYTES, ORDER_WARPS, OrderParams,
-    PRE_THREADS, QueryRows, Seqs, View4, bwd_tile, flags, fwd_variants_for, modifiers,
+    PRE_THREADS, QueryRows, Seqs, View4, bwd_splits, bwd_tile, flags, fwd_variants_for, modifiers,
 };
 use launch::{Launch, launch};
 
@@ -670,12 +670,12 @@ pub(crate) fn bwd_plan(gpu: Gpu, p: &Problem, elem: DeviceElem, modifiers: u8, p
     // Split query tiles add their dK/dV in any order: not in deterministic mode. Packed CTAs find
     // their sequence in the grid's z (`seq::localize`). Bands with a right edge off the diagonal
     // (or a left edge alone) do not split (`Band::splits_queries`), nor the head dims whose
-    // kernels do not compile it in (`modifiers::bwd_splits`).
+    // kernels do not compile it in (`bwd_splits`).
     let splittable = !deterministic
         && p.seqs.is_none()
         && contiguous
         && p.band.splits_queries()
-        && modifiers::bwd_splits(d.head_dim as u32, bwd_band_variant(&tile, modifiers, banded));
+        && bwd_splits(d.head_dim as u32);
     let q_split_shift = match forced_split {
         _ if !splittable => 0,
         Some(shift) => shift,
@@ -910,7 +910,7 @@ mod tests {
         assert_eq!(banded(dmattn_abi::Band { left: 100, right: dmattn_abi::Band::NONE, sinks: 0, compress: 0 }), 0);
         assert!(banded(dmattn_abi::Band { left: 100, right: 0, sinks: 4, compress: 0 }) > 0);
         assert!(banded(dmattn_abi::Band { left: dmattn_abi::Band::NONE, right: 0, sinks: 0, compress: 64 }) > 0);
-        // d96 and up keep one CTA per key tile (`modifiers::bwd_splits`), forced or not.
+        // d96 and up keep one CTA per key tile (`bwd_splits`), forced or not.
         let d128 = Dims { head_dim: 128, ..short };
         assert_eq!(plan(d128, false, true).q_split_shift, 0);
         let forced = bwd_plan(H100, &problem(d128, dmattn_abi::Band::CAUSAL, false), DeviceElem::Bf16, modifiers::NONE, false, true, Some(3)).unwrap();
