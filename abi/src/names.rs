@@ -13,6 +13,9 @@ pub const GATHER_MASK: &str = "dmattn_gather_mask";
 /// Key selection over 16-bit (bf16, f16) and 32-bit (f32) bias elements.
 pub const SELECT_KEYS_16: &str = "dmattn_select_keys_16";
 pub const SELECT_KEYS_32: &str = "dmattn_select_keys_32";
+/// The wide key selection (many CTAs a row; `SelectWideParams`), over 16- and 32-bit elements.
+pub const SELECT_WIDE_16: &str = "dmattn_select_wide_16";
+pub const SELECT_WIDE_32: &str = "dmattn_select_wide_32";
 /// `dmattn_scatter_rows_<elem>`.
 pub const SCATTER_ROWS_PREFIX: &str = "dmattn_scatter_rows_";
 pub const BWD_PREFIX: &str = "dmattn_bwd_";

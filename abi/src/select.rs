@@ -57,3 +57,51 @@ pub const SELECT_CANDIDATES: u32 = 2048;
 /// words): the radix histogram (`2^SELECT_FIRST_DIGIT`), a block scan's sums (33, padded to 40)
 /// and 8 words of broadcast values.
 pub const SELECT_FIXED_WORDS: u32 = (1 << SELECT_FIRST_DIGIT) + 40 + 8;
+
+/// Parameters of the wide key selection (`dmattn_select_wide_{16,32}`), for rows too few to
+/// fill the GPU one CTA a row, or too long for one CTA's shared memory: grid `(chunks, rows)`,
+/// each CTA the row's keys `32 * chunk_words * x ..` (a 32-key word a thread), the same
+/// selection as `sel` describes (`block` 0 only; `cached` and `cand_cap` unused). One launch a
+/// `step`, in order: `SELECT_WIDE_COUNT + i` for each radix digit `i` of a top-k
+/// ([`select_digit`]; each CTA finds the digits so far from the histograms of the launches
+/// before), `SELECT_WIDE_TALLY` (each chunk's keys kept for sure and its keys at the
+/// threshold), `SELECT_WIDE_WRITE` (the outputs; each CTA sums the earlier chunks' tallies).
+/// `work`, zeroed before the first step: per row, [`SELECT_WIDE_ROW_WORDS`] histogram words
+/// then two tally words a chunk, at `row * (SELECT_WIDE_ROW_WORDS + 2 * chunks)` u32s.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SelectWideParams {
+    pub sel: SelectParams,
+    pub work: u64,
+    pub chunk_words: u32,
+    pub chunks: u32,
+    pub step: u32,
+    pub _pad: u32,
+}
+
+/// Threads per block of the wide key selection: one 32-key word each, so at most this many
+/// words a chunk.
+pub const SELECT_WIDE_THREADS: u32 = 256;
+
+/// Wide-selection steps ([`SelectWideParams::step`]): the histogram of radix digit `i` is step
+/// `SELECT_WIDE_COUNT + i`.
+pub const SELECT_WIDE_COUNT: u32 = 0;
+pub const SELECT_WIDE_TALLY: u32 = 8;
+pub const SELECT_WIDE_WRITE: u32 = 9;
+
+/// Histogram words of a row's wide selection: one histogram of `2^SELECT_FIRST_DIGIT` bins a
+/// digit, three digits at most (32-bit keys).
+pub const SELECT_WIDE_ROW_WORDS: u32 = 3 << SELECT_FIRST_DIGIT;
+
+/// Radix digits of `bits`-wide keys (16 or 32), first digit `SELECT_FIRST_DIGIT` bits.
+pub const fn select_digits(bits: u32) -> u32 {
+    bits.div_ceil(SELECT_FIRST_DIGIT)
+}
+
+/// Digit `i` of a `bits`-wide radix key: (shift, width), from the top, `SELECT_FIRST_DIGIT`
+/// bits each, the last one the rest.
+pub const fn select_digit(bits: u32, i: u32) -> (u32, u32) {
+    let above = SELECT_FIRST_DIGIT * i;
+    let width = if bits - above < SELECT_FIRST_DIGIT { bits - above } else { SELECT_FIRST_DIGIT };
+    (bits - above - width, width)
+}

@@ -858,7 +858,8 @@ fn indices(quick: bool) -> Vec<Case> {
 /// top-1024 over a bf16 bias, batch 1: a per-query bias `[1, 2, 32768, 32768]` into index lists
 /// and into a bool mask; a key-side bias `[1, 1, 1, 32768]` within a causal mask `[1, 1, 32768,
 /// 32768]` (a row per query) into both; a single key-side row of 32K keys and, decoding, of 512K
-/// keys, into index lists. `quick`: the per-query index lists and the 32K key-side row.
+/// and 1M keys, and a row of 128K keys for each of 8 kv heads, into index lists. `quick`: the
+/// per-query index lists and the 32K key-side row.
 fn select(quick: bool) -> Vec<Case> {
     use SelectOutput::{Indices, Mask as Bools};
     use SelectRows::{KeySide, PerQuery};
@@ -869,7 +870,7 @@ fn select(quick: bool) -> Vec<Case> {
     }
     shapes.push((1, 1, 32768, KeySide, false, Indices));
     if !quick {
-        shapes.push((1, 1, 524288, KeySide, false, Indices));
+        shapes.extend([(1, 1, 524288, KeySide, false, Indices), (1, 1, 1 << 20, KeySide, false, Indices), (8, 1, 131072, KeySide, false, Indices)]);
     }
     shapes
         .into_iter()
@@ -1276,10 +1277,15 @@ mod tests {
                 "select/q32768/k32768/key-side+causal/mask",
                 "select/q1/k32768/key-side/indices",
                 "select/q1/k524288/key-side/indices",
+                "select/q1/k1048576/key-side/indices",
+                "select/q1/k131072/key-side/indices",
             ]
         );
         let shapes: Vec<[usize; 4]> = all.iter().map(|c| c.select_bias_shape()).collect();
-        assert_eq!(shapes, [[1, 2, 32768, 32768], [1, 2, 32768, 32768], [1, 1, 1, 32768], [1, 1, 1, 32768], [1, 1, 1, 32768], [1, 1, 1, 524288]]);
+        assert_eq!(
+            shapes,
+            [[1, 2, 32768, 32768], [1, 2, 32768, 32768], [1, 1, 1, 32768], [1, 1, 1, 32768], [1, 1, 1, 32768], [1, 1, 1, 524288], [1, 1, 1, 1 << 20], [1, 8, 1, 131072]]
+        );
         for c in &all {
             assert!(c.is_select() && c.bias && !c.causal && !c.backward && c.batch == 1 && c.head_dim == 0, "{}", c.id);
             assert!(matches!(c.mask, Some(Mask::Select { keep: 1024, .. })) && !c.mask.unwrap().is_sparse(), "{}", c.id);

@@ -63,6 +63,11 @@ impl SelectInputs {
         } else {
             None
         };
+        // Comparisons of the selection's plans in one run: `DMATTN_BENCH_SELECT_CHUNK=0` runs one
+        // CTA a row wherever that fits, `=n` wide in chunks of n words (dmattn's testing hook).
+        if let Some(words) = std::env::var("DMATTN_BENCH_SELECT_CHUNK").ok().and_then(|v| v.parse().ok()) {
+            dmattn::force_wide_selection(Some(words));
+        }
         Ok(SelectInputs { bias, within, expected })
     }
 

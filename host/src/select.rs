@@ -44,9 +44,11 @@ pub fn select_keys(bias: &Tensor) -> SelectKeys {
 ///   and hidden keys stay hidden: a top-k row keeps fewer than `2k` keys after it.
 ///
 /// Outputs: [`SelectKeys::mask`] (Bool), [`SelectKeys::packed_mask`] (bits) and
-/// [`SelectKeys::indices`] (I32 key lists). The CUDA backend runs one CTA per row (rows of up to
-/// a few hundred thousand keys, as the GPU's shared memory allows) and finds the k-th largest
-/// bias by a radix select, without sorting; its outputs equal the CPU's bit for bit.
+/// [`SelectKeys::indices`] (I32 key lists). The CUDA backend finds the k-th largest bias by a
+/// radix select, without sorting, one CTA per row where rows fill the GPU, and over many CTAs a
+/// row where rows are few and long (at least 16K keys, no more rows than SMs) or longer than a
+/// CTA's shared memory holds (about 600K keys on an H100; with block smoothing, which needs the
+/// whole row in one CTA, such rows are an error); its outputs equal the CPU's bit for bit.
 #[derive(Clone)]
 pub struct SelectKeys {
     bias: Tensor,

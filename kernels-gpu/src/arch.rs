@@ -509,6 +509,12 @@ pub fn div(a: u32, b: u32) -> u32 {
     a.checked_div(b).unwrap_or(0)
 }
 
+/// Fire-and-forget atomic add to a global u32.
+#[inline(always)]
+pub unsafe fn red_add_u32(addr: u64, v: u32) {
+    unsafe { asm!("red.global.add.u32 [{0}], {1};", in(reg64) addr, in(reg32) v, options(nostack)) };
+}
+
 /// Fire-and-forget atomic OR into a global u32.
 #[inline(always)]
 pub unsafe fn red_or_u32(addr: u64, v: u32) {

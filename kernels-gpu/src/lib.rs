@@ -2,7 +2,7 @@
 //! composed from a few modules: PTX primitives (`arch`), element types and their MMA (`elem`),
 //! shared-memory tiles (`tile`), the mask logic every kernel shares (`mask`), the online softmax
 //! (`softmax`), score start values and logits (`scores`), and the kernels themselves (`fwd`,
-//! `bwd`, `decode` (the forward for few queries), `bwd_pre`, `mask_pack` and `block_mask` (mask preparation), `gather` (gather attention), `select` (masks made from a bias), `schedule` for the forward's work order, `combine` for
+//! `bwd`, `decode` (the forward for few queries), `bwd_pre`, `mask_pack` and `block_mask` (mask preparation), `gather` (gather attention), `select` and `select_wide` (masks made from a bias), `schedule` for the forward's work order, `combine` for
 //! split-KV, and `softmax_rows` for the unfused path). Entry points are instantiated here from
 //! the tile table in `dmattn-abi`. The crate builds twice: for sm_80 (every kernel but the
 //! Hopper ones; it runs on Hopper too) and for sm_90a (only the `wgmma` forward and backward).
@@ -29,13 +29,14 @@ mod mask_pack;
 mod schedule;
 mod scores;
 mod select;
+mod select_wide;
 mod seq;
 mod softmax;
 mod softmax_rows;
 mod tile;
 
 use dmattn_abi::{
-    BlockMaskParams, BwdParams, BwdSharesParams, DecodeParams, GatherMaskParams, GatherParams, IndicesParams, KeyCompactParams, ScatterParams, SelectParams, BwdPreParams, BwdTile, CombineParams, ConvertParams, FwdParams, FwdTile, OrderParams, FwdVariants, MaskPackParams,
+    BlockMaskParams, BwdParams, BwdSharesParams, DecodeParams, GatherMaskParams, GatherParams, IndicesParams, KeyCompactParams, ScatterParams, SelectParams, SelectWideParams, BwdPreParams, BwdTile, CombineParams, ConvertParams, FwdParams, FwdTile, OrderParams, FwdVariants, MaskPackParams,
     SoftmaxRowsParams, bwd_tile, fwd_variants, fwd_variants_for, modifiers,
 };
 use elem::{Bf16, F16};
@@ -105,6 +106,18 @@ pub unsafe extern "ptx-kernel" fn dmattn_select_keys_16(p: SelectParams) {
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn dmattn_select_keys_32(p: SelectParams) {
     unsafe { select::select_keys::<32>(&p) }
+}
+
+#[cfg(not(target_feature = "sm_90a"))]
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn dmattn_select_wide_16(p: SelectWideParams) {
+    unsafe { select_wide::select_wide::<16>(&p) }
+}
+
+#[cfg(not(target_feature = "sm_90a"))]
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn dmattn_select_wide_32(p: SelectWideParams) {
+    unsafe { select_wide::select_wide::<32>(&p) }
 }
 
 #[cfg(not(target_feature = "sm_90a"))]

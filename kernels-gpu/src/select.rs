@@ -27,21 +27,40 @@ struct Smem<'a> {
     p: &'a SelectParams,
 }
 
+/// The fixed head of a selection CTA's shared memory ([`SELECT_FIXED_WORDS`]), which the wide
+/// selection uses alone: the radix histogram, a block scan's sums, and broadcast words.
+#[derive(Clone, Copy)]
+pub(crate) struct Scratch;
+
+impl Scratch {
+    pub(crate) fn hist(&self) -> u32 {
+        smem_base()
+    }
+
+    pub(crate) fn sums(&self) -> u32 {
+        self.hist() + 4 * (1 << SELECT_FIRST_DIGIT)
+    }
+
+    pub(crate) fn misc(&self) -> u32 {
+        self.sums() + 4 * 40
+    }
+}
+
 impl<'a> Smem<'a> {
     fn new(p: &'a SelectParams) -> Self {
         Smem { p }
     }
 
     fn hist(&self) -> u32 {
-        smem_base()
+        Scratch.hist()
     }
 
     fn sums(&self) -> u32 {
-        self.hist() + 4 * (1 << SELECT_FIRST_DIGIT)
+        Scratch.sums()
     }
 
     fn misc(&self) -> u32 {
-        self.sums() + 4 * 40
+        Scratch.misc()
     }
 
     fn cands(&self) -> u32 {
@@ -74,14 +93,14 @@ impl<'a> Smem<'a> {
 /// Row `r`'s bias and mask addresses (bytes; the mask's 0 where absent). The key strides are
 /// read from the parameters where used rather than held in registers.
 #[derive(Clone, Copy)]
-struct Row<'a> {
+pub(crate) struct Row<'a> {
     p: &'a SelectParams,
     bias: u64,
     mask: u64,
 }
 
 impl<'a> Row<'a> {
-    fn new<const W: u32>(p: &'a SelectParams, r: u64) -> Self {
+    pub(crate) fn new<const W: u32>(p: &'a SelectParams, r: u64) -> Self {
         let [_, nh, nq, _] = p.dims;
         let q = r % nq as u64;
         let h = (r / nq as u64) % nh as u64;
@@ -111,7 +130,7 @@ impl<'a> Row<'a> {
     /// The raw bits of keys `k0..k0 + 8` (those below `sk`; 0 past it) as [`Packed8`], in
     /// 16-byte loads where the bias is contiguous and aligned.
     #[inline(always)]
-    unsafe fn raw8<const W: u32>(&self, k0: u32, sk: u32) -> Packed8 {
+    pub(crate) unsafe fn raw8<const W: u32>(&self, k0: u32, sk: u32) -> Packed8 {
         let at = self.bias + k0 as u64 * self.bias_stride::<W>();
         let bytes = W / 8;
         if self.bias_stride::<W>() == bytes as u64 && at % 16 == 0 && k0 + 8 <= sk {
@@ -125,7 +144,7 @@ impl<'a> Row<'a> {
 
     /// Bit `j`: key `k0 + j` is below `sk` and shown by the mask (or there is none).
     #[inline(always)]
-    unsafe fn shown8(&self, k0: u32, sk: u32) -> u32 {
+    pub(crate) unsafe fn shown8(&self, k0: u32, sk: u32) -> u32 {
         let valid = if k0 + 8 <= sk { 0xff } else { (1u32 << sk.saturating_sub(k0)) - 1 };
         if self.mask == 0 {
             return valid;
@@ -150,18 +169,18 @@ impl<'a> Row<'a> {
 
 /// Eight keys' raw bits as loaded: 16-bit keys two a word in the first four words (so that
 /// groups in flight hold half the registers), 32-bit keys one a word.
-type Packed8 = [u32; 8];
+pub(crate) type Packed8 = [u32; 8];
 
 /// The eight keys of a [`Packed8`], one a word.
 #[inline(always)]
-fn unpack8<const W: u32>(raw: Packed8) -> [u32; 8] {
+pub(crate) fn unpack8<const W: u32>(raw: Packed8) -> [u32; 8] {
     if W == 16 { core::array::from_fn(|j| (raw[j / 2] >> (16 * (j as u32 % 2))) & 0xffff) } else { raw }
 }
 
 /// The radix key of a `W`-bit float's bits: unsigned, ordered as the values, NaN above +inf and
 /// -0 equal to +0 (their ties then go to the lower key, as `torch.topk`'s do).
 #[inline(always)]
-fn order<const W: u32>(raw: u32, inf: u32) -> u32 {
+pub(crate) fn order<const W: u32>(raw: u32, inf: u32) -> u32 {
     let sign = 1u32 << (W - 1);
     let all = u32::MAX >> (32 - W);
     let mag = raw & (sign - 1);
@@ -178,7 +197,7 @@ fn order<const W: u32>(raw: u32, inf: u32) -> u32 {
 
 /// Whether a radix key stands for a value above zero (NaN is not).
 #[inline(always)]
-fn positive<const W: u32>(key: u32) -> bool {
+pub(crate) fn positive<const W: u32>(key: u32) -> bool {
     key > 1u32 << (W - 1) && key != u32::MAX >> (32 - W)
 }
 
@@ -331,7 +350,7 @@ unsafe fn threshold<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u3
     let mut pass = 0;
     while pass < W / 8 {
         let shift = W - 8 * (pass + 1);
-        unsafe { clear_hist(s, 256, tid) };
+        unsafe { clear_hist(&Scratch, 256, tid) };
         sync_threads();
         let mut k = tid;
         while k < sk {
@@ -345,7 +364,7 @@ unsafe fn threshold<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u3
             k += THREADS;
         }
         sync_threads();
-        let (digit, left, _) = unsafe { find_digit(s, 256, need, tid) };
+        let (digit, left, _) = unsafe { find_digit(&Scratch, 256, need, tid) };
         (prefix, need) = ((prefix << 8) | digit, left);
         pass += 1;
     }
@@ -438,6 +457,12 @@ unsafe fn smooth(p: &SelectParams, s: &Smem, tid: u32) {
     }
 }
 
+/// Four keys' kept bits (`nibble`, the first key lowest) as their four bool bytes.
+#[inline(always)]
+pub(crate) fn mask_bytes(nibble: u32) -> u32 {
+    (nibble & 1) | (nibble >> 1 & 1) << 8 | (nibble >> 2 & 1) << 16 | (nibble >> 3) << 24
+}
+
 /// Output step: the kept bitmap as the outputs asked for.
 #[inline(always)]
 unsafe fn write_row(p: &SelectParams, s: &Smem, r: u64, tid: u32) {
@@ -448,8 +473,7 @@ unsafe fn write_row(p: &SelectParams, s: &Smem, r: u64, tid: u32) {
             let mut n = tid;
             while n < sk / 4 {
                 let nibble = unsafe { s.word(s.kept(), n / 8) } >> (4 * (n % 8)) & 0xf;
-                let bytes = (nibble & 1) | (nibble >> 1 & 1) << 8 | (nibble >> 2 & 1) << 16 | (nibble >> 3) << 24;
-                unsafe { *((out + 4 * n as u64) as *mut u32) = bytes };
+                unsafe { *((out + 4 * n as u64) as *mut u32) = mask_bytes(nibble) };
                 n += THREADS;
             }
         } else {
@@ -498,7 +522,7 @@ unsafe fn write_row(p: &SelectParams, s: &Smem, r: u64, tid: u32) {
 
 /// Zeroes the first `bins` words of the histogram (collective, no barrier).
 #[inline(always)]
-unsafe fn clear_hist(s: &Smem, bins: u32, tid: u32) {
+pub(crate) unsafe fn clear_hist(s: &Scratch, bins: u32, tid: u32) {
     let mut b = tid;
     while b < bins {
         unsafe { st_shared_u32(s.hist() + 4 * b, 0) };
@@ -510,7 +534,7 @@ unsafe fn clear_hist(s: &Smem, bins: u32, tid: u32) {
 /// its keys are taken; with the total counted (collective; the digit is meaningful only when
 /// `need` <= total).
 #[inline(always)]
-unsafe fn find_digit(s: &Smem, bins: u32, need: u32, tid: u32) -> (u32, u32, u32) {
+pub(crate) unsafe fn find_digit(s: &Scratch, bins: u32, need: u32, tid: u32) -> (u32, u32, u32) {
     // Thread t holds `per` bins from the top, t-th in descending order.
     let per = bins.div_ceil(THREADS);
     let count = |i: u32| {
@@ -587,7 +611,7 @@ unsafe fn refine<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32, 
         let width = if shift < SELECT_FIRST_DIGIT { shift } else { SELECT_FIRST_DIGIT };
         shift -= width;
         let bins = 1u32 << width;
-        unsafe { clear_hist(s, bins, tid) };
+        unsafe { clear_hist(&Scratch, bins, tid) };
         sync_threads();
         let mut c = tid;
         while c < n {
@@ -598,7 +622,7 @@ unsafe fn refine<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32, 
             c += THREADS;
         }
         sync_threads();
-        let (d, left, _) = unsafe { find_digit(s, bins, need, tid) };
+        let (d, left, _) = unsafe { find_digit(&Scratch, bins, need, tid) };
         (t, need) = ((t << width) | d, left);
     }
     // The listed keys equal to `t`: all taken, or the `need` lowest.
@@ -656,7 +680,7 @@ unsafe fn refine<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32, 
 /// Returns the threshold bin (`None` where every eligible key is kept).
 #[inline(always)]
 unsafe fn top_k<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32, guess: Option<u32>) -> Option<u32> {
-    let (bin, need, total) = unsafe { find_digit(s, 1 << SELECT_FIRST_DIGIT, p.k, tid) };
+    let (bin, need, total) = unsafe { find_digit(&Scratch, 1 << SELECT_FIRST_DIGIT, p.k, tid) };
     if total <= p.k {
         let mut w = tid;
         while w < p.row_words {
@@ -701,7 +725,7 @@ pub unsafe fn select_keys<const W: u32>(p: &SelectParams) {
         let tid = thread_idx_here();
         let row = Row::new::<W>(p, r);
         if p.k != 0 {
-            unsafe { clear_hist(&s, 1 << SELECT_FIRST_DIGIT, tid) };
+            unsafe { clear_hist(&Scratch, 1 << SELECT_FIRST_DIGIT, tid) };
             if tid == 0 {
                 unsafe { st_shared_u32(s.misc() + 8, 0) };
             }

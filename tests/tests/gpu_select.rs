@@ -2,7 +2,8 @@
 //! definition in `cpu_select`), bit for bit, with poisoned outputs: random biases (bf16, f16,
 //! f32; ties, NaN, ±0, ±inf; broadcasts; strided views), masks, top-k and relu, block smoothing,
 //! `k` beyond the row; rows cached in shared memory and rows too long for it; CTAs selecting
-//! several rows; every output form.
+//! several rows; the wide selection (many CTAs a row), forced on small rows and chosen for few
+//! long ones; every output form.
 //! `DMATTN_GPU_CASES` sets the case counts. Skips, saying why, where there is no CUDA device.
 use dmattn::{DType, Device, Error, Tensor, select_keys};
 use dmattn_tests::select::SelectCase;
@@ -95,6 +96,47 @@ fn many_rows_per_cta_match_cpu() {
             .collect();
         case.mask = (n % 2 == 1).then(|| ([1, 2, rows, sk], (0..2 * rows * sk).map(|_| rng.random_bool(0.8)).collect()));
         check(&case, &gpu, &format!("many-rows case {n} (kind {kind}, sk {sk}, k {:?})", case.k));
+    }
+}
+
+/// The wide selection (many CTAs a row) forced on random cases, in chunks of 1 to 256 words, so
+/// that ties at the threshold, masks and row ends fall across chunk boundaries; block smoothing
+/// (which the wide selection does not take) left out.
+#[test]
+fn wide_selection_matches_cpu() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = fresh_rng("wide_selection_matches_cpu");
+    use rand::Rng;
+    for n in 0..cases(2000) {
+        let mut case = SelectCase::random(&mut rng, 3000);
+        case.block = None;
+        let words = [1, 2, 3, 5, 8, 31, 64, 256][rng.random_range(0..8)];
+        dmattn::force_wide_selection(Some(words));
+        check(&case, &gpu, &format!("wide case {n} ({words} words a chunk)"));
+        dmattn::force_wide_selection(None);
+    }
+}
+
+/// Few long rows, which run wide by the plan's own choice: past one CTA's shared memory
+/// (about 600K keys on an H100) too, with values of a few levels (ties across chunks).
+#[test]
+fn few_long_rows_match_cpu() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = fresh_rng("few_long_rows_match_cpu");
+    use rand::Rng;
+    for n in 0..cases(2000).div_ceil(200) {
+        let mut case = SelectCase::random(&mut rng, 8);
+        let sk = [16384 + 17 * n, 100_000 + 3 * n, 1 << 19, 700_000 + n, 1 << 20][n % 5];
+        case.dtype = [DType::BF16, DType::F32, DType::F16][n % 3];
+        let rows = [1, 2, 3][n % 3];
+        case.bias_shape = [1, rows, 1, sk];
+        case.strided = n % 4 == 3;
+        case.block = None;
+        let levels = n % 2 == 1;
+        case.bias = (0..rows * sk).map(|_| if levels { rng.random_range(0..40) as f64 } else { rng.random::<f64>() - 0.5 }).collect();
+        case.mask = (n % 3 == 2).then(|| ([1, 1, 1, sk], (0..sk).map(|_| rng.random_bool(0.7)).collect()));
+        case.k = Some([1, 1024, sk / 3, sk][n % 4]);
+        check(&case, &gpu, &format!("long case {n} (sk {sk}, k {:?})", case.k));
     }
 }
 

@@ -1,5 +1,7 @@
-//! Key selection on the GPU (`dmattn_select_keys_{16,32}`): the launch plan as a value, then one
-//! launch writing the requested output.
+//! Key selection on the GPU: the launch plan as a value, then its launches writing the requested
+//! output. One CTA a row (`dmattn_select_keys_{16,32}`, one launch) where rows fill the GPU, or
+//! wide (`dmattn_select_wide_{16,32}`, a few launches over chunks of a row) where they are few
+//! or too long for a CTA's shared memory.
 use super::broadcast_view;
 use super::launch::{Launch, launch};
 use crate::device::{CudaDevice, Device};
@@ -7,7 +9,11 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::select::{Output, Plan};
 use crate::tensor::Tensor;
-use dmattn_abi::{SELECT_CANDIDATES, SELECT_FIXED_WORDS, SELECT_THREADS, SelectParams, View4, names, select_ctas_per_sm};
+use crate::memory::DeviceBuffer;
+use dmattn_abi::{
+    SELECT_CANDIDATES, SELECT_FIXED_WORDS, SELECT_THREADS, SELECT_WIDE_COUNT, SELECT_WIDE_ROW_WORDS, SELECT_WIDE_TALLY, SELECT_WIDE_THREADS, SELECT_WIDE_WRITE, SelectParams,
+    SelectWideParams, View4, names, select_ctas_per_sm, select_digits,
+};
 
 /// Shared memory of a CTA of the kernel over `elem_bytes`-wide keys beside the others its
 /// launch bounds fit on an SM with `smem_limit` bytes a block (the SM's, less the 1 KB it
@@ -57,6 +63,74 @@ pub(crate) fn plan_launch(plan: &Plan, elem_bytes: u32, sms: u32, smem_limit: u3
     Ok(SelectLaunch { kernel, smem_bytes: smem as u32, cached, grid, cand_cap: SELECT_CANDIDATES + extra as u32 })
 }
 
+/// A wide selection's launches: `chunks` CTAs a row of `chunk_words` 32-key words each, one
+/// launch a step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct WideLaunch {
+    pub kernel: &'static str,
+    pub chunk_words: u32,
+    pub chunks: u32,
+    pub steps: Vec<u32>,
+}
+
+impl WideLaunch {
+    /// u32 words of the workspace, zeroed before the first step.
+    pub fn work_words(&self, rows: usize) -> usize {
+        rows * (SELECT_WIDE_ROW_WORDS + 2 * self.chunks) as usize
+    }
+}
+
+/// How a selection runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum SelectRun {
+    Rows(SelectLaunch),
+    Wide(WideLaunch),
+}
+
+/// Rows at least this long, as few as the SMs, run wide: one CTA would take the row alone (a
+/// 32K-key row took 0.041 ms one CTA a row, H100).
+const WIDE_MIN_KEYS: usize = 16384;
+
+std::thread_local! {
+    static FORCED_WIDE: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
+}
+
+/// Testing hook: while `Some(words)`, every selection this thread runs that may run wide (no
+/// block smoothing) does, in chunks of `words` 32-key words (1 to 256), so that small rows
+/// exercise the chunk boundaries; `Some(0)`: one CTA a row wherever that fits (the benchmark's
+/// comparison). `None`: the plan's own choice.
+#[doc(hidden)]
+pub fn force_wide_selection(chunk_words: Option<u32>) {
+    FORCED_WIDE.with(|f| f.set(chunk_words.map(|w| w.min(SELECT_WIDE_THREADS))));
+}
+
+/// How `plan` runs over `elem_bytes`-wide bias elements on a GPU with `sms` SMs and
+/// `smem_limit` bytes of shared memory per CTA, the wide chunks `forced` where given.
+pub(crate) fn plan_run(plan: &Plan, elem_bytes: u32, sms: u32, smem_limit: u32, forced: Option<u32>) -> Result<SelectRun> {
+    let rows = plan.row_count();
+    let row_words = plan.sk.div_ceil(32);
+    let one_row = plan_launch(plan, elem_bytes, sms, smem_limit);
+    // The wide steps count blocks of keys along grid y; block smoothing needs the whole row.
+    let wide_serves = plan.block == 0 && rows <= u16::MAX as usize;
+    let few_long = rows <= sms as usize && plan.sk >= WIDE_MIN_KEYS;
+    let wide = match forced {
+        Some(0) => one_row.is_err(),
+        Some(_) => true,
+        None => few_long || one_row.is_err(),
+    };
+    if !wide_serves || !wide {
+        return one_row.map(SelectRun::Rows);
+    }
+    // About two CTAs an SM over all rows, 32 to 256 words each.
+    let per_row = (2 * sms as usize).div_ceil(rows);
+    let chunk_words = forced.filter(|&w| w > 0).unwrap_or_else(|| row_words.div_ceil(per_row).clamp(32, SELECT_WIDE_THREADS as usize) as u32);
+    let chunks = row_words.div_ceil(chunk_words as usize) as u32;
+    let mut steps: Vec<u32> = if plan.k == 0 { vec![] } else { (0..select_digits(8 * elem_bytes)).map(|d| SELECT_WIDE_COUNT + d).collect() };
+    steps.extend([SELECT_WIDE_TALLY, SELECT_WIDE_WRITE]);
+    let kernel = if elem_bytes == 2 { names::SELECT_WIDE_16 } else { names::SELECT_WIDE_32 };
+    Ok(SelectRun::Wide(WideLaunch { kernel, chunk_words, chunks, steps }))
+}
+
 /// Runs `plan` (checked by `SelectKeys::plan`) over `bias` and `mask` on `dev`, into a new tensor.
 pub(crate) fn select_keys(dev: &CudaDevice, plan: &Plan, out: Output, bias: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
     let (elem_bytes, inf_bits) = match bias.dtype() {
@@ -67,7 +141,7 @@ pub(crate) fn select_keys(dev: &CudaDevice, plan: &Plan, out: Output, bias: &Ten
             return Err(Error::DType { arg: "bias", expected: "f16, bf16 or f32 on the CUDA backend".into(), got: other });
         }
     };
-    let l = plan_launch(plan, elem_bytes, dev.sms(), dev.smem_per_block())?;
+    let run = plan_run(plan, elem_bytes, dev.sms(), dev.smem_per_block(), FORCED_WIDE.with(|f| f.get()))?;
     let device = Device::Cuda(dev.clone());
     let row_words = plan.sk.div_ceil(32);
     let rows = plan.row_count();
@@ -99,12 +173,24 @@ pub(crate) fn select_keys(dev: &CudaDevice, plan: &Plan, out: Output, bias: &Ten
         width: plan.width as u32,
         row_words: row_words as u32,
         inf_bits,
-        cached: l.cached as u32,
-        cand_cap: l.cand_cap,
+        cached: 0,
+        cand_cap: 0,
         _pad: 0,
     };
-    if rows > 0 {
-        launch(dev, &Launch::kernel(l.kernel, (l.grid, 1, 1), SELECT_THREADS, l.smem_bytes), params)?;
+    match run {
+        _ if rows == 0 => {}
+        SelectRun::Rows(l) => {
+            let params = SelectParams { cached: l.cached as u32, cand_cap: l.cand_cap, ..params };
+            launch(dev, &Launch::kernel(l.kernel, (l.grid, 1, 1), SELECT_THREADS, l.smem_bytes), params)?;
+        }
+        SelectRun::Wide(w) => {
+            // Dropped after the launches are queued: freed in stream order.
+            let work = DeviceBuffer::filled(dev.stream(), 4 * w.work_words(rows), 0)?;
+            for &step in &w.steps {
+                let wide = SelectWideParams { sel: params, work: work.ptr(), chunk_words: w.chunk_words, chunks: w.chunks, step, _pad: 0 };
+                launch(dev, &Launch::kernel(w.kernel, (w.chunks, rows as u32, 1), SELECT_WIDE_THREADS, 4 * SELECT_FIXED_WORDS), wide)?;
+            }
+        }
     }
     Ok(view)
 }
@@ -139,6 +225,38 @@ mod tests {
         assert!(!long.cached && long.smem_bytes <= h100 && long.cand_cap > 16384, "{long:?}");
         let e = plan_launch(&plan(1, 1 << 19, 0), 2, 84, 99 * 1024).unwrap_err();
         assert!(matches!(e, Error::Param { arg: "bias", .. }), "{e}");
+    }
+
+    #[test]
+    fn few_long_rows_run_wide() {
+        let h100 = 227 * 1024;
+        let wide = |p: &Plan, bytes, forced| match plan_run(p, bytes, 132, h100, forced).unwrap() {
+            SelectRun::Wide(w) => Some(w),
+            SelectRun::Rows(_) => None,
+        };
+        // One 512K-key row: about two CTAs an SM, a histogram launch a digit, tally, write.
+        let w = wide(&plan(1, 1 << 19, 0), 2, None).unwrap();
+        assert_eq!((w.chunk_words, w.chunks), (63, 261));
+        assert_eq!(w.steps, [SELECT_WIDE_COUNT, SELECT_WIDE_COUNT + 1, SELECT_WIDE_TALLY, SELECT_WIDE_WRITE]);
+        assert_eq!(w.work_words(1), (SELECT_WIDE_ROW_WORDS + 2 * 261) as usize);
+        // f32 keys take three digits; a relu selection none.
+        assert_eq!(wide(&plan(8, 1 << 16, 0), 4, None).unwrap().steps.len(), 5);
+        let relu = Plan { k: 0, ..plan(8, 1 << 16, 0) };
+        assert_eq!(wide(&relu, 2, None).unwrap().steps, [SELECT_WIDE_TALLY, SELECT_WIDE_WRITE]);
+        // Past one CTA's shared memory: wide, however many rows.
+        let w = wide(&plan(1000, 1 << 20, 0), 2, None).unwrap();
+        assert_eq!((w.chunk_words, w.chunks), (256, 128));
+        // Rows that fill the GPU, short rows and smoothed rows run one CTA a row.
+        assert!(wide(&plan(32768, 32768, 0), 2, None).is_none());
+        assert!(wide(&plan(4, 8192, 0), 2, None).is_none());
+        assert!(wide(&plan(4, 32768, 16), 2, None).is_none());
+        assert!(plan_run(&plan(1, 1 << 20, 16), 2, 132, h100, None).is_err());
+        // Forced: any chunk size, smoothing excepted.
+        assert_eq!(wide(&plan(3, 100, 0), 2, Some(1)).unwrap().chunks, 4);
+        assert!(wide(&plan(3, 100, 2), 2, Some(1)).is_none());
+        // Forced to one CTA a row where that fits.
+        assert!(wide(&plan(1, 1 << 19, 0), 2, Some(0)).is_none());
+        assert!(wide(&plan(1, 1 << 20, 0), 2, Some(0)).is_some());
     }
 
     #[test]
