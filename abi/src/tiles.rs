@@ -196,7 +196,7 @@ const fn bwd_tile_in(tiles: &[BwdTile], head_dim: u32, modifiers: u8) -> Option<
 /// `__launch_bounds__`: (kernel name, threads per block, CTAs per SM to fit). ptxas then keeps
 /// each thread's registers within what that many CTAs leave; the host launches these kernels
 /// with exactly these threads.
-pub const LAUNCH_BOUNDS: [(&str, u32, u32); 26] = [
+pub const LAUNCH_BOUNDS: [(&str, u32, u32); 28] = [
     (names::SELECT_KEYS_16, SELECT_THREADS, select_ctas_per_sm(2)),
     (names::SELECT_KEYS_32, SELECT_THREADS, select_ctas_per_sm(4)),
     (names::FWD_BF16_D64_GATHER_NARROW, 128, GATHER_NARROW_CTAS_PER_SM),
@@ -214,16 +214,26 @@ pub const LAUNCH_BOUNDS: [(&str, u32, u32); 26] = [
     ("dmattn_fwd_sm90_f16_d64_mods_packed", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d64_mods_paged", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d128", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_bf16_d128_packed", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d128_mods", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d128_mods_gather", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d128_mods_packed", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d128_mods_paged", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d128", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_f16_d128_packed", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d128_mods", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d128_mods_gather", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d128_mods_packed", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d128_mods_paged", 256, FWD_SM90_CTAS_PER_SM),
 ];
+
+/// Whether the Hopper module has a lean packed-batch forward for `head_dim`
+/// (`dmattn_fwd_sm90_<elem>_d<dim>_packed`: packed batches without mask, bias or softcap; the
+/// others run the modifier variant's packed kernel). At d64 the sequence bounds' loads spilled
+/// it (8 bytes at its 128-register cap).
+pub const fn fwd_sm90_lean_packed(head_dim: u32) -> bool {
+    head_dim == 128
+}
 
 /// CTAs per SM the Hopper forward's 128-row tiles are compiled for. Each CTA's two warpgroups
 /// meet at the same barriers and so reach their products and softmaxes together; a second CTA

@@ -205,8 +205,8 @@ fn copies_landed<const WGMMA: bool>() {
 /// sized by const-generic arithmetic. `MODS` selects the variant with every modifier and split-KV
 /// (`modifiers::ALL`; see [`Mods`]) over the lean one (`NONE`); `GATHER` (with `MODS`) the gather
 /// variant, whose keys are gathered rows and whose mask is their ranks (no mask tiles);
-/// `PACKED` (with `MODS`) the packed-batch one (`dmattn_abi::Seqs`; the others serve fixed
-/// lengths only) and `PAGED` (with `PACKED`) its paged one, whose K/V are pages
+/// `PACKED` the packed-batch ones (`dmattn_abi::Seqs`; the others serve fixed lengths only),
+/// lean or with every modifier, and `PAGED` (with `PACKED` and `MODS`) the paged one, whose K/V are pages
 /// (`dmattn_abi::Seqs::block_table`).
 /// `WGMMA` (sm_90a, `FwdTile::wgmma`): the products are warpgroup `wgmma`s (`MT` = 1).
 #[inline(always)]
@@ -233,8 +233,8 @@ pub unsafe fn forward<
         assert!(MT * 16 * (THREADS / 32) == BM && NT * 8 == BN && KT * 16 == D && DT * 8 == D);
         assert!(NT % 2 == 0 && DT % 2 == 0 && BM % 64 == 0 && BN % 64 == 0);
         assert!(MODS || !GATHER);
-        assert!(!PACKED || MODS && !GATHER);
-        assert!(!PAGED || PACKED);
+        assert!(!PACKED || !GATHER);
+        assert!(!PAGED || PACKED && MODS);
         // The rows' runs fit where the mask tile would be.
         assert!(BM * 8 <= mask_tile_bytes(BM as u32, BN as u32) as usize);
     }

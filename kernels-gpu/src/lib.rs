@@ -236,8 +236,9 @@ fwd_gather_narrow! { variants:
     F16, 64: dmattn_fwd_f16_d64_mods_gather_narrow;
 }
 
-/// The Hopper forward (`dmattn_fwd_sm90_<elem>_d<dim>[_mods[_gather[_narrow]|_packed|_paged]]`,
-/// `names::FWD_WGMMA_PREFIX`): the portable forward's variants on `wgmma` products.
+/// The Hopper forward (`dmattn_fwd_sm90_<elem>_d<dim>[_packed|_mods[_gather[_narrow]|_packed|_paged]]`,
+/// `names::FWD_WGMMA_PREFIX`): the portable forward's variants on `wgmma` products, and where
+/// `fwd_sm90_lean_packed` says so a lean packed-batch variant (no mask, bias or softcap).
 macro_rules! fwd_wgmma_kernels {
     ($($elem:ty, $d:literal: $plain:ident, $mods:ident, $gather:ident, $packed:ident, $paged:ident $(, $narrow:ident)?;)*) => {$(
         fwd_kernels!(@one $plain, $elem, $d, match sm90_variants($d).plain { Some(t) => t, None => panic!() }, false, false, false, false);
@@ -255,6 +256,20 @@ fwd_wgmma_kernels! {
     F16, 64: dmattn_fwd_sm90_f16_d64, dmattn_fwd_sm90_f16_d64_mods, dmattn_fwd_sm90_f16_d64_mods_gather, dmattn_fwd_sm90_f16_d64_mods_packed, dmattn_fwd_sm90_f16_d64_mods_paged, dmattn_fwd_sm90_f16_d64_mods_gather_narrow;
     Bf16, 128: dmattn_fwd_sm90_bf16_d128, dmattn_fwd_sm90_bf16_d128_mods, dmattn_fwd_sm90_bf16_d128_mods_gather, dmattn_fwd_sm90_bf16_d128_mods_packed, dmattn_fwd_sm90_bf16_d128_mods_paged;
     F16, 128: dmattn_fwd_sm90_f16_d128, dmattn_fwd_sm90_f16_d128_mods, dmattn_fwd_sm90_f16_d128_mods_gather, dmattn_fwd_sm90_f16_d128_mods_packed, dmattn_fwd_sm90_f16_d128_mods_paged;
+}
+
+/// The Hopper module's lean packed-batch forward (`dmattn_fwd_sm90_<elem>_d<dim>_packed`).
+macro_rules! fwd_lean_packed {
+    ($($elem:ty, $d:literal: $name:ident;)*) => {$(
+        const _: () = assert!(dmattn_abi::fwd_sm90_lean_packed($d));
+        fwd_kernels!(@one $name, $elem, $d, match sm90_variants($d).plain { Some(t) => t, None => panic!() }, false, false, true, false);
+    )*};
+}
+
+#[cfg(target_feature = "sm_90a")]
+fwd_lean_packed! {
+    Bf16, 128: dmattn_fwd_sm90_bf16_d128_packed;
+    F16, 128: dmattn_fwd_sm90_f16_d128_packed;
 }
 
 /// Backward entry points per (element type, head dim): `dmattn_bwd_<elem>_d<dim>[_mods][_det]`

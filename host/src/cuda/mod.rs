@@ -344,17 +344,19 @@ pub(crate) fn fwd_plan(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: FwdMask) -
     // at most its call's.
     let split_tile = if gathered { gather_tile } else { variants.mods };
     let (splits, split_tiles) = key_splits(sms, &d, split_tile.block_m, split_tile.block_n);
-    // The forward's variants: the gather variant, lean, or every modifier (packed batches).
+    // The forward's variants: the gather variant, lean, or every modifier. Packed batches have a
+    // lean kernel in the Hopper module only, at d128 (over contiguous K/V).
+    let lean_serves = p.seqs.is_none() || (variants.plain.is_some_and(|t| t.wgmma) && dmattn_abi::fwd_sm90_lean_packed(d.head_dim as u32) && p.pages.is_none());
     let (tile, mods) = match variants.plain {
         _ if gathered => (gather_tile, true),
-        Some(plain) if modifiers_of(p) == modifiers::NONE && splits == 1 && p.seqs.is_none() => (plain, false),
+        Some(plain) if modifiers_of(p) == modifiers::NONE && splits == 1 && lean_serves => (plain, false),
         _ => (variants.mods, true),
     };
     check_limits(&d, tile.block_m)?;
     let prefix = if tile.wgmma { dmattn_abi::names::FWD_WGMMA_PREFIX } else { dmattn_abi::names::FWD_PREFIX };
     let mut kernel = kernel_name(prefix, elem, d.head_dim, if mods { modifiers::ALL } else { modifiers::NONE });
-    // A packed batch: the modifier variant's packed kernel, or over paged K/V its paged one
-    // (the fixed-length kernels hold no sequence bounds).
+    // A packed batch: the variant's packed kernel, or over paged K/V the modifier variant's paged
+    // one (the fixed-length kernels hold no sequence bounds).
     if p.seqs.is_some() {
         kernel += if p.pages.is_some() { dmattn_abi::names::PAGED_SUFFIX } else { dmattn_abi::names::PACKED_SUFFIX };
     }
@@ -960,25 +962,33 @@ mod tests {
 
     /// A packed batch runs the modifier variant's packed kernel (the others serve fixed lengths
     /// only), over the longest sequence's query tiles and every sequence; with paged K/V, its
-    /// paged kernel.
+    /// paged kernel. Without mask, bias or softcap, the Hopper module's lean packed kernel.
     #[test]
     fn packed_batches_run_the_modifier_variant() {
         let seqs = crate::SeqLens::from_lengths(&[100, 3000, 0], &[100, 3000, 7], &crate::Device::Cpu).unwrap();
-        let packed = |heads| Problem { seqs: Some(seqs.clone()), ..problem(dims(3, heads, 3000, 3000), dmattn_abi::Band::CAUSAL, false) };
+        let packed = |heads, bias| Problem { seqs: Some(seqs.clone()), ..problem(dims(3, heads, 3000, 3000), dmattn_abi::Band::CAUSAL, bias) };
         for gpu in [A100_LIKE, H100] {
             // More than a wave: in the order its lengths give.
-            let plan = fwd_plan(gpu, &packed(8), DeviceElem::Bf16, FwdMask::None).unwrap();
+            let plan = fwd_plan(gpu, &packed(8, true), DeviceElem::Bf16, FwdMask::None).unwrap();
             assert!(plan.kernel.ends_with("_d64_mods_packed"), "{}", plan.kernel);
             assert_eq!((plan.grid, plan.splits, plan.ordered), ((3000u32.div_ceil(plan.tile.block_m), 8, 3), 1, true));
-            // Less: grid order (and split keys).
-            let plan = fwd_plan(gpu, &packed(1), DeviceElem::Bf16, FwdMask::None).unwrap();
+            // Lean on Hopper at d128 (in grid order: the lean kernel reads no work order).
+            let d128 = |p: Problem| Problem { dims: Dims { head_dim: 128, ..p.dims }, ..p };
+            let lean = fwd_plan(gpu, &d128(packed(8, false)), DeviceElem::Bf16, FwdMask::None).unwrap();
+            let want = if gpu.wgmma { "dmattn_fwd_sm90_bf16_d128_packed" } else { "dmattn_fwd_bf16_d128_mods_packed" };
+            assert_eq!((lean.kernel.as_str(), lean.ordered), (want, !gpu.wgmma));
+            assert!(fwd_plan(gpu, &packed(8, false), DeviceElem::Bf16, FwdMask::None).unwrap().kernel.ends_with("_d64_mods_packed"));
+            // Less: grid order (and split keys, which only the modifier variant takes).
+            let plan = fwd_plan(gpu, &packed(1, false), DeviceElem::Bf16, FwdMask::None).unwrap();
             assert!(!plan.ordered && plan.splits > 1 && plan.kernel.ends_with("_d64_mods_packed"));
-            // Paged K/V: the same plan on the variant's paged kernel.
+            // Paged K/V: the same plan on the modifier variant's paged kernel.
             let table = crate::PageTable::new(&[0; 3 * 47], 3, &crate::Device::Cpu).unwrap();
-            let paged = Problem { pages: Some(crate::problem::KvPages { table, page_size: 64 }), ..packed(1) };
+            let paged = Problem { pages: Some(crate::problem::KvPages { table, page_size: 64 }), ..packed(1, false) };
             let paged_plan = fwd_plan(gpu, &paged, DeviceElem::Bf16, FwdMask::None).unwrap();
             assert_eq!(paged_plan.kernel, plan.kernel.replace("_packed", "_paged"));
             assert_eq!((paged_plan.grid, paged_plan.splits, paged_plan.split_tiles, paged_plan.tile), (plan.grid, plan.splits, plan.split_tiles, plan.tile));
+            let paged8 = Problem { pages: paged.pages.clone(), ..packed(8, false) };
+            assert!(fwd_plan(gpu, &paged8, DeviceElem::Bf16, FwdMask::None).unwrap().kernel.ends_with("_d64_mods_paged"));
         }
     }
 
