@@ -3,7 +3,7 @@
 //! tests over random batches (1-6 sequences, lengths 0 to 300 drawn apart for queries and keys,
 //! 16-bit dtypes, every head dim, GQA, causal, windows, softcap, biases and masks in either
 //! layout), forward, backward and the deterministic backward; bit-identical deterministic
-//! gradients; decoding-shaped batches (a few queries over long keys, split-KV, key-side masks). `DMATTN_GPU_CASES` sets the property tests' case
+//! gradients; unsplit batches without modifiers (the Hopper lean packed kernel); decoding-shaped batches (a few queries over long keys, split-KV, key-side masks). `DMATTN_GPU_CASES` sets the property tests' case
 //! counts. Skips, saying why, where there is no CUDA device.
 use dmattn::{DType, Device, Error, PageTable, SeqLens, Tensor, attention};
 use dmattn_tests::sparse::BandCtor;
@@ -27,6 +27,41 @@ fn varlen_forward_matches_reference() {
     varlen_property(1200, 300, |(c, seed)| {
         check_varlen(&c, &gpu, seed, false, false, gpu_tolerance(c.dtype))
     });
+}
+
+/// Packed batches with enough CTAs to run unsplit and no mask, bias or softcap at d128: on a
+/// Hopper GPU the lean packed kernel (`dmattn_fwd_sm90_*_d128_packed`), which the property
+/// test's small batches reach only now and then. Lengths 0 to 300 and one of 600 to 700;
+/// causal, windows or neither.
+#[test]
+fn lean_packed_forward_matches_reference() {
+    let Some(gpu) = gpu() else { return };
+    use rand::Rng;
+    let mut rng = fresh_rng("lean_packed_forward_matches_reference");
+    let bands = [None, Some(BandCtor::CausalWindow(200)), Some(BandCtor::Window(Some(100), Some(30)))];
+    for n in 0..24 {
+        let batch = rng.random_range(4..=6);
+        // One sequence of at least 600 queries: 5 or more query tiles x 16 heads x the batch.
+        let mut lens: Vec<(usize, usize)> = (0..batch).map(|_| (rng.random_range(0..=300), rng.random_range(0..=300))).collect();
+        lens[rng.random_range(0..batch)] = (rng.random_range(600..=700), rng.random_range(600..=700));
+        let c = VarlenCase {
+            lens,
+            heads: 16,
+            kv_heads: 4,
+            head_dim: 128,
+            causal: n % 2 == 0,
+            band: bands[n % 3].clone(),
+            softcap: 0.0,
+            bias_heads: None,
+            bias_per_query: false,
+            mask: None,
+            dtype: [DType::BF16, DType::F16][n % 2],
+            page_size: None,
+        };
+        if let Err(e) = check_varlen(&c, &gpu, rng.random(), false, false, gpu_tolerance(c.dtype)) {
+            panic!("lean packed case {n}: {e}; {c:?}");
+        }
+    }
 }
 
 #[test]
