@@ -163,10 +163,11 @@ fn long_keys_with_key_side_bias_match_reference() {
     check_gpu_prepared(&sc, &spec, &prepared, &inputs, &gpu, ForwardPath::Fused, true, false).unwrap();
 }
 
-/// Long queries in batch 1: the gathered backward runs in query chunks (each its own batch entry
-/// over the same gathered keys), dK and dV summed over the chunks by the scatter; against the
-/// reference, and deterministic runs bit-identical. The last case's forward grid is several waves
-/// (`flags::HEADS_FIRST`).
+/// Long queries in batch 1: the gathered backward splits its query tiles (d64, not deterministic:
+/// the shares add into one f32 dK/dV) or runs in query chunks (d128, and deterministic runs: each
+/// chunk its own batch entry over the same gathered keys, dK and dV summed over the chunks by the
+/// scatter); against the reference, and deterministic runs bit-identical. The last case's forward
+/// grid is several waves (`flags::HEADS_FIRST`).
 #[test]
 fn chunked_backward_matches_reference() {
     let Some(gpu) = gpu() else { return };

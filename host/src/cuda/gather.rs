@@ -399,9 +399,14 @@ fn gathered(dev: &CudaDevice, p: &Problem, saved: &Saved, lists: &Arc<KeyListsBu
 /// over key tiles, and a gathered problem has few (16 for 1024 keys): each chunk gets its own CTAs
 /// and its own dK/dV partial, summed by the scatter. Powers of two of at least 512 queries each,
 /// towards four CTAs per SM; only where the folding is a strided view (batch 1, a bias without a
-/// query dimension).
-fn query_chunks(dev: &CudaDevice, call: &GatheredCall) -> usize {
-    chunks_for(&call.problem, dev.sms() as usize)
+/// query dimension). None where the backward splits the gathered problem's query tiles itself
+/// (`BwdPlan::q_split_shift`: head dims up to 64, not deterministic): its shares add into one f32
+/// dK/dV, which leaves the scatter one row to read per key, not one per chunk.
+fn query_chunks(dev: &CudaDevice, call: &GatheredCall) -> Result<usize> {
+    if super::backward_plan(dev, &call.problem, &call.saved, true)?.1.q_split_shift > 0 {
+        return Ok(1);
+    }
+    Ok(chunks_for(&call.problem, dev.sms() as usize))
 }
 
 /// [`query_chunks`] for a gathered problem on a GPU of `sms` SMs.
@@ -484,7 +489,7 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, lists: &Arc<KeyListsBuf>
     let elem = device_elem("q", p.dtype)?;
     let device = saved.q.device();
     let dbias_into = if call.bias_lists.is_some() { None } else { into.dbias };
-    let chunks = query_chunks(dev, call);
+    let chunks = query_chunks(dev, call)?;
     let g = if chunks > 1 {
         let inner = fold(dev, call, &fwd.out, &fwd.lse, chunks)?;
         let dq = super::output(into.dq, saved.q.shape(), p.dtype, &device)?;

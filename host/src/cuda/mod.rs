@@ -711,6 +711,19 @@ pub(crate) fn bwd_plan(gpu: Gpu, p: &Problem, elem: DeviceElem, modifiers: u8, p
     Ok(BwdPlan { kernel, tile, grid, ordered, kv_heads_first, q_split_shift })
 }
 
+/// The backward's element type and plan for the forward of `p` over `saved` on `dev`, into dK/dV
+/// outputs that are `contiguous` (see [`bwd_plan`]).
+pub(crate) fn backward_plan(dev: &CudaDevice, p: &Problem, saved: &Saved, contiguous: bool) -> Result<(DeviceElem, BwdPlan)> {
+    let elem = check_operands(p, saved)?;
+    // The Hopper `BIAS` variant reads no block classes (see `modifiers::BIAS`).
+    let modifiers = match modifiers_of(p) {
+        modifiers::BIAS if device_mask(saved).is_some_and(|m| m.blocks) => modifiers::ALL,
+        m => m,
+    };
+    let prepared = device_mask(saved).is_some();
+    Ok((elem, bwd_plan(dev.gpu(), p, elem, modifiers, prepared, contiguous, FORCED_SPLIT.with(|f| f.get()))?))
+}
+
 /// `p` for batch entry `b` alone: every batch-strided operand's base at the entry, its batch
 /// stride 0, LSE and delta at its rows (a split call's launch, see `BwdParams::q_split_shift`).
 fn batch_entry(p: &BwdParams, b: u64) -> BwdParams {
@@ -746,18 +759,11 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, into: Gra
     }
     let (p, saved) = (&fwd.problem, &fwd.saved);
     let d = p.dims;
-    let elem = check_operands(p, saved)?;
-    // The Hopper `BIAS` variant reads no block classes (see `modifiers::BIAS`).
-    let modifiers = match modifiers_of(p) {
-        modifiers::BIAS if device_mask(saved).is_some_and(|m| m.blocks) => modifiers::ALL,
-        m => m,
-    };
     let device = saved.q.device();
     let dk = output(into.dk, saved.k.shape(), p.dtype, &device)?;
     let dv = output(into.dv, saved.v.shape(), p.dtype, &device)?;
-    let prepared = device_mask(saved).is_some();
     let contiguous = dk.layout().is_contiguous() && dv.layout().is_contiguous();
-    let plan = bwd_plan(dev.gpu(), p, elem, modifiers, prepared, contiguous, FORCED_SPLIT.with(|f| f.get()))?;
+    let (elem, plan) = backward_plan(dev, p, saved, contiguous)?;
     let tile = plan.tile;
     let dout_view = qkv_view(dout, "dout")?;
 
