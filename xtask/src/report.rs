@@ -540,7 +540,7 @@ mod tests {
         let mut cases = grid(false, &["select".into()]);
         cases.extend(grid(true, &["llm".into()]).into_iter().take(1));
         let id = |i: usize| cases[i].id.clone();
-        let (pq_idx, pq_mask, causal_idx, row32k, llm) = (id(0), id(1), id(2), id(4), id(6));
+        let (pq_idx, pq_mask, causal_idx, row32k, llm) = (id(0), id(1), id(2), id(4), id(cases.len() - 1));
         let mut dm = results(
             "dmattn-bench",
             vec![
