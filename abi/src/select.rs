@@ -61,13 +61,15 @@ pub const SELECT_FIXED_WORDS: u32 = (1 << SELECT_FIRST_DIGIT) + 40 + 8;
 /// Parameters of the wide key selection (`dmattn_select_wide_{16,32}`), for rows too few to
 /// fill the GPU one CTA a row, or too long for one CTA's shared memory: grid `(chunks, rows)`,
 /// each CTA the row's keys `32 * chunk_words * x ..` (a 32-key word a thread), the same
-/// selection as `sel` describes (`block` 0 only; `cached` and `cand_cap` unused). One launch a
-/// `step`, in order: `SELECT_WIDE_COUNT + i` for each radix digit `i` of a top-k
-/// ([`select_digit`]; each CTA finds the digits so far from the histograms of the launches
-/// before), `SELECT_WIDE_TALLY` (each chunk's keys kept for sure and its keys at the
-/// threshold), `SELECT_WIDE_WRITE` (the outputs; each CTA sums the earlier chunks' tallies).
+/// selection as `sel` describes (`block` 0 only; `cached` and `cand_cap` unused). Its steps, in
+/// order: `SELECT_WIDE_COUNT + i` for each radix digit `i` of a top-k ([`select_digit`]; each
+/// CTA finds the digits so far from the histograms of the steps before), `SELECT_WIDE_TALLY`
+/// (each chunk's keys kept for sure and its keys at the threshold), `SELECT_WIDE_WRITE` (the
+/// outputs; each CTA sums the earlier chunks' tallies). One launch a `step`, or with
+/// `SELECT_WIDE_ALL` one cooperative launch of every step, a grid barrier between them.
 /// `work`, zeroed before the first step: per row, [`SELECT_WIDE_ROW_WORDS`] histogram words
-/// then two tally words a chunk, at `row * (SELECT_WIDE_ROW_WORDS + 2 * chunks)` u32s.
+/// then two tally words a chunk, at `row * (SELECT_WIDE_ROW_WORDS + 2 * chunks)` u32s, then the
+/// grid barrier's counter.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SelectWideParams {
@@ -88,6 +90,8 @@ pub const SELECT_WIDE_THREADS: u32 = 256;
 pub const SELECT_WIDE_COUNT: u32 = 0;
 pub const SELECT_WIDE_TALLY: u32 = 8;
 pub const SELECT_WIDE_WRITE: u32 = 9;
+/// Every step in one cooperative launch (all CTAs resident), grid barriers between them.
+pub const SELECT_WIDE_ALL: u32 = 10;
 
 /// Histogram words of a row's wide selection: one histogram of `2^SELECT_FIRST_DIGIT` bins a
 /// digit, three digits at most (32-bit keys).

@@ -68,6 +68,9 @@ impl SelectInputs {
         if let Some(words) = std::env::var("DMATTN_BENCH_SELECT_CHUNK").ok().and_then(|v| v.parse().ok()) {
             dmattn::force_wide_selection(Some(words));
         }
+        // `DMATTN_BENCH_SELECT_LAUNCHES=1`: the wide selection a launch a step, not one
+        // cooperative launch.
+        dmattn::force_select_launches(std::env::var_os("DMATTN_BENCH_SELECT_LAUNCHES").is_some());
         Ok(SelectInputs { bias, within, expected })
     }
 

@@ -552,6 +552,30 @@ pub unsafe fn st_release_u32(addr: u64, v: u32) {
     unsafe { asm!("st.release.gpu.global.u32 [{0}], {1};", in(reg64) addr, in(reg32) v, options(nostack)) };
 }
 
+/// Relaxed GPU-scope load of a global u32 (from L2: never a line an SM cached earlier).
+#[inline(always)]
+pub unsafe fn ld_relaxed_u32(addr: u64) -> u32 {
+    let v: u32;
+    unsafe { asm!("ld.relaxed.gpu.global.u32 {0}, [{1}];", out(reg32) v, in(reg64) addr, options(nostack)) };
+    v
+}
+
+/// A barrier of every CTA of a cooperative launch (all resident at once, as the launch
+/// guarantees) on a u32 in global memory zeroed before the launch: the `n`-th barrier of a grid of
+/// `ctas` CTAs waits for `target = n * ctas` arrivals (collective). Each CTA's accesses before it
+/// (its barrier, then thread 0's fence and arrival) are visible to every CTA after it (thread 0's
+/// acquire, then the barrier).
+#[inline(always)]
+pub unsafe fn grid_barrier(counter: u64, target: u32, tid: u32) {
+    sync_threads();
+    if tid == 0 {
+        fence_acq_rel_gpu();
+        unsafe { atom_add_gpu_u32(counter, 1) };
+        while unsafe { ld_acquire_u32(counter) } < target {}
+    }
+    sync_threads();
+}
+
 /// A turn-based lock on a u32 in global memory: CTAs take turns in the order of the values they
 /// wait for. All threads call these (collective): thread 0 spins or publishes, a barrier
 /// orders the rest of the CTA's accesses after the acquire / before the release.

@@ -2,19 +2,22 @@
 //! to fill the GPU one CTA a row, or too long for a CTA's shared memory. A row is cut into
 //! chunks, a CTA each (a 32-key word a thread), over a few launches: a radix histogram a digit
 //! of the top-k threshold, a tally of each chunk's kept keys and keys at the threshold, then
-//! the outputs. Each CTA finds what the launches before it settled (the threshold's digits, the
-//! earlier chunks' tallies) from the row's workspace itself, so no step waits on a last CTA and
-//! every result is the same whatever order CTAs run in.
+//! the outputs; or all of them in one cooperative launch, a grid barrier between the steps. Each
+//! CTA finds what the steps before settled (the threshold's digits, the earlier chunks' tallies)
+//! from the row's workspace itself, so no step waits on a last CTA and every result is the same
+//! whatever order CTAs run in.
 use crate::arch::*;
 use crate::select::{Packed8, Row, Scratch, clear_hist, find_digit, mask_bytes, order, positive, unpack8};
 use dmattn_abi::{
-    SELECT_FIRST_DIGIT, SELECT_THREADS, SELECT_WIDE_COUNT, SELECT_WIDE_ROW_WORDS, SELECT_WIDE_TALLY, SELECT_WIDE_THREADS, SELECT_WIDE_WRITE, SelectParams,
+    SELECT_FIRST_DIGIT, SELECT_THREADS, SELECT_WIDE_ALL, SELECT_WIDE_COUNT, SELECT_WIDE_ROW_WORDS, SELECT_WIDE_TALLY, SELECT_WIDE_THREADS, SELECT_WIDE_WRITE, SelectParams,
     SelectWideParams, select_digit, select_digits,
 };
 
 const THREADS: u32 = SELECT_WIDE_THREADS;
 // `clear_hist` and `find_digit` stride by the one-row kernel's block.
 const _: () = assert!(SELECT_WIDE_THREADS == SELECT_THREADS);
+// The cooperative path spells out two or three digits.
+const _: () = assert!(select_digits(16) == 2 && select_digits(32) == 3);
 
 /// Which of a row's eligible keys are kept, as far as the histograms so far tell.
 #[derive(Clone, Copy)]
@@ -49,9 +52,11 @@ impl Work {
     }
 }
 
+/// A workspace word: from L2 (a cooperative launch's steps read what other SMs wrote since it
+/// began).
 #[inline(always)]
 unsafe fn ld_u32(addr: u64) -> u32 {
-    unsafe { core::ptr::read(addr as *const u32) }
+    unsafe { ld_relaxed_u32(addr) }
 }
 
 /// The rule the row's first `digits` histograms settle (collective; ends past a barrier).
@@ -280,19 +285,56 @@ unsafe fn write<const W: u32>(p: &SelectWideParams, row: &Row, work: Work, word:
 }
 
 /// Grid `(chunks, rows)`, [`SELECT_WIDE_THREADS`] threads, [`dmattn_abi::SELECT_FIXED_WORDS`]
-/// words of dynamic shared memory: step `p.step` of row `blockIdx.y`'s selection.
+/// words of dynamic shared memory: step `p.step` of row `blockIdx.y`'s selection, or every step
+/// (`SELECT_WIDE_ALL`, a cooperative launch).
 #[inline(always)]
 pub unsafe fn select_wide<const W: u32>(p: &SelectWideParams) {
-    let (chunk, r, _) = block_idx();
     let tid = thread_idx();
+    if p.step != SELECT_WIDE_ALL {
+        return unsafe { step::<W>(p, p.step, tid) };
+    }
+    // The barrier counter follows the rows' workspace.
+    let rows = grid_dim_y();
+    let counter = p.work + 4 * rows as u64 * (SELECT_WIDE_ROW_WORDS + 2 * p.chunks) as u64;
+    let ctas = p.chunks * rows;
+    // Each step starts from an opaque thread index, so that nothing one step computed (its
+    // keys above all) is held through the barrier into the next. Spelled out, each step its own
+    // code (a loop over the digits, or a closure, kept the parameters in local memory).
+    let mut passed = 0;
+    if p.sel.k != 0 {
+        unsafe {
+            step::<W>(p, SELECT_WIDE_COUNT, opaque(tid));
+            passed += ctas;
+            grid_barrier(counter, passed, tid);
+            step::<W>(p, SELECT_WIDE_COUNT + 1, opaque(tid));
+            passed += ctas;
+            grid_barrier(counter, passed, tid);
+            if select_digits(W) == 3 {
+                step::<W>(p, SELECT_WIDE_COUNT + 2, opaque(tid));
+                passed += ctas;
+                grid_barrier(counter, passed, tid);
+            }
+        }
+    }
+    unsafe {
+        step::<W>(p, SELECT_WIDE_TALLY, opaque(tid));
+        grid_barrier(counter, passed + ctas, tid);
+        step::<W>(p, SELECT_WIDE_WRITE, opaque(tid));
+    }
+}
+
+/// Step `s` of this CTA's chunk of its row.
+#[inline(always)]
+unsafe fn step<const W: u32>(p: &SelectWideParams, s: u32, tid: u32) {
+    let (chunk, r, _) = block_idx();
     let sel = &p.sel;
     let row = Row::new::<W>(sel, r as u64);
     let work = Work::of(p, r as u64);
     let w = chunk * p.chunk_words + tid;
     let word = if tid < p.chunk_words && w < sel.row_words { Some(w) } else { None };
-    match p.step {
+    match s {
         SELECT_WIDE_TALLY => unsafe { tally::<W>(sel, &row, work, word, tid, chunk) },
         SELECT_WIDE_WRITE => unsafe { write::<W>(p, &row, work, word, tid, chunk, r as u64) },
-        step => unsafe { count::<W>(sel, &row, work, word, tid, step - SELECT_WIDE_COUNT) },
+        _ => unsafe { count::<W>(sel, &row, work, word, tid, s - SELECT_WIDE_COUNT) },
     }
 }

@@ -100,8 +100,9 @@ fn many_rows_per_cta_match_cpu() {
 }
 
 /// The wide selection (many CTAs a row) forced on random cases, in chunks of 1 to 256 words, so
-/// that ties at the threshold, masks and row ends fall across chunk boundaries; block smoothing
-/// (which the wide selection does not take) left out.
+/// that ties at the threshold, masks and row ends fall across chunk boundaries, as one
+/// cooperative launch (where the grid fits) and as a launch a step; block smoothing (which the
+/// wide selection does not take) left out.
 #[test]
 fn wide_selection_matches_cpu() {
     let Some(gpu) = gpu() else { return };
@@ -111,9 +112,13 @@ fn wide_selection_matches_cpu() {
         let mut case = SelectCase::random(&mut rng, 3000);
         case.block = None;
         let words = [1, 2, 3, 5, 8, 31, 64, 256][rng.random_range(0..8)];
+        // One cooperative launch where the grid fits the GPU at once, or a launch a step.
+        let launches = n % 2 == 1;
         dmattn::force_wide_selection(Some(words));
-        check(&case, &gpu, &format!("wide case {n} ({words} words a chunk)"));
+        dmattn::force_select_launches(launches);
+        check(&case, &gpu, &format!("wide case {n} ({words} words a chunk, a launch a step: {launches})"));
         dmattn::force_wide_selection(None);
+        dmattn::force_select_launches(false);
     }
 }
 
@@ -136,7 +141,9 @@ fn few_long_rows_match_cpu() {
         case.bias = (0..rows * sk).map(|_| if levels { rng.random_range(0..40) as f64 } else { rng.random::<f64>() - 0.5 }).collect();
         case.mask = (n % 3 == 2).then(|| ([1, 1, 1, sk], (0..sk).map(|_| rng.random_bool(0.7)).collect()));
         case.k = Some([1, 1024, sk / 3, sk][n % 4]);
+        dmattn::force_select_launches(n % 7 == 6);
         check(&case, &gpu, &format!("long case {n} (sk {sk}, k {:?})", case.k));
+        dmattn::force_select_launches(false);
     }
 }
 

@@ -39,11 +39,19 @@ pub(crate) struct Launch {
     grid: (u32, u32, u32),
     threads: u32,
     smem_bytes: u32,
+    /// A cooperative launch: every CTA resident at once (the kernel synchronises the grid).
+    cooperative: bool,
 }
 
 impl Launch {
     pub(crate) fn kernel(name: &str, grid: (u32, u32, u32), threads: u32, smem_bytes: u32) -> Self {
-        Launch { name: name.to_string(), grid, threads, smem_bytes }
+        Launch { name: name.to_string(), grid, threads, smem_bytes, cooperative: false }
+    }
+
+    /// This launch made cooperative: the driver refuses it rather than run a grid whose CTAs
+    /// cannot all be resident at once (the caller sizes it by [`max_resident_ctas`]).
+    pub(crate) fn cooperative(self) -> Self {
+        Launch { cooperative: true, ..self }
     }
 
     pub(crate) fn mask_pack(grid: (u32, u32, u32)) -> Self {
@@ -68,6 +76,19 @@ where
     builder.arg(&arg);
     // Safety: the parameter type matches the kernel's (dmattn-abi), and the pointers in it are
     // live device buffers sized for the grid, as the backends' validation guarantees.
-    unsafe { builder.launch(cfg)? };
+    unsafe {
+        if l.cooperative {
+            builder.launch_cooperative(cfg)?;
+        } else {
+            builder.launch(cfg)?;
+        }
+    }
     Ok(())
+}
+
+/// CTAs of kernel `name` with `threads` threads and `smem_bytes` of dynamic shared memory that
+/// `dev` holds resident at once (a cooperative launch's limit).
+pub(crate) fn max_resident_ctas(dev: &CudaDevice, name: &str, threads: u32, smem_bytes: u32) -> Result<u32> {
+    let f = dev.function(name, smem_bytes)?;
+    Ok(f.occupancy_max_active_blocks_per_multiprocessor(threads, smem_bytes as usize, None)? * dev.sms())
 }

@@ -11,7 +11,7 @@ mod select;
 
 pub(crate) use prepare::{PreparedMask, pack_sequences, prepare};
 pub(crate) use select::select_keys;
-pub use select::force_wide_selection;
+pub use select::{force_select_launches, force_wide_selection};
 
 use crate::attention::{Forward, ForwardBuffers, GradientBuffers, Gradients, Saved};
 use crate::cpu::lse_shape;

@@ -3,7 +3,7 @@
 //! wide (`dmattn_select_wide_{16,32}`, a few launches over chunks of a row) where they are few
 //! or too long for a CTA's shared memory.
 use super::broadcast_view;
-use super::launch::{Launch, launch};
+use super::launch::{Launch, launch, max_resident_ctas};
 use crate::device::{CudaDevice, Device};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -11,7 +11,7 @@ use crate::select::{Output, Plan};
 use crate::tensor::Tensor;
 use crate::memory::DeviceBuffer;
 use dmattn_abi::{
-    SELECT_CANDIDATES, SELECT_FIXED_WORDS, SELECT_THREADS, SELECT_WIDE_COUNT, SELECT_WIDE_ROW_WORDS, SELECT_WIDE_TALLY, SELECT_WIDE_THREADS, SELECT_WIDE_WRITE, SelectParams,
+    SELECT_CANDIDATES, SELECT_FIXED_WORDS, SELECT_THREADS, SELECT_WIDE_ALL, SELECT_WIDE_COUNT, SELECT_WIDE_ROW_WORDS, SELECT_WIDE_TALLY, SELECT_WIDE_THREADS, SELECT_WIDE_WRITE, SelectParams,
     SelectWideParams, View4, names, select_ctas_per_sm, select_digits,
 };
 
@@ -70,13 +70,19 @@ pub(crate) struct WideLaunch {
     pub kernel: &'static str,
     pub chunk_words: u32,
     pub chunks: u32,
+    /// One launch each; `[SELECT_WIDE_ALL]`: one cooperative launch.
     pub steps: Vec<u32>,
 }
 
 impl WideLaunch {
-    /// u32 words of the workspace, zeroed before the first step.
+    /// u32 words of the workspace, zeroed before the first step: the rows', then the grid
+    /// barrier's counter.
     pub fn work_words(&self, rows: usize) -> usize {
-        rows * (SELECT_WIDE_ROW_WORDS + 2 * self.chunks) as usize
+        rows * (SELECT_WIDE_ROW_WORDS + 2 * self.chunks) as usize + 1
+    }
+
+    pub fn cooperative(&self) -> bool {
+        self.steps == [SELECT_WIDE_ALL]
     }
 }
 
@@ -93,6 +99,7 @@ const WIDE_MIN_KEYS: usize = 16384;
 
 std::thread_local! {
     static FORCED_WIDE: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
+    static FORCED_LAUNCHES: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// Testing hook: while `Some(words)`, every selection this thread runs that may run wide (no
@@ -104,9 +111,18 @@ pub fn force_wide_selection(chunk_words: Option<u32>) {
     FORCED_WIDE.with(|f| f.set(chunk_words.map(|w| w.min(SELECT_WIDE_THREADS))));
 }
 
+/// Testing hook: while `true`, a wide selection this thread runs takes a launch a step even
+/// where its grid would fit one cooperative launch.
+#[doc(hidden)]
+pub fn force_select_launches(on: bool) {
+    FORCED_LAUNCHES.with(|f| f.set(on));
+}
+
 /// How `plan` runs over `elem_bytes`-wide bias elements on a GPU with `sms` SMs and
-/// `smem_limit` bytes of shared memory per CTA, the wide chunks `forced` where given.
-pub(crate) fn plan_run(plan: &Plan, elem_bytes: u32, sms: u32, smem_limit: u32, forced: Option<u32>) -> Result<SelectRun> {
+/// `smem_limit` bytes of shared memory per CTA, the wide chunks `forced` where given. A wide grid
+/// of at most `resident` CTAs (those the GPU holds at once; 0: none) runs as one cooperative
+/// launch, a larger one a launch a step.
+pub(crate) fn plan_run(plan: &Plan, elem_bytes: u32, sms: u32, smem_limit: u32, forced: Option<u32>, resident: u32) -> Result<SelectRun> {
     let rows = plan.row_count();
     let row_words = plan.sk.div_ceil(32);
     let one_row = plan_launch(plan, elem_bytes, sms, smem_limit);
@@ -125,8 +141,15 @@ pub(crate) fn plan_run(plan: &Plan, elem_bytes: u32, sms: u32, smem_limit: u32, 
     let per_row = (2 * sms as usize).div_ceil(rows);
     let chunk_words = forced.filter(|&w| w > 0).unwrap_or_else(|| row_words.div_ceil(per_row).clamp(32, SELECT_WIDE_THREADS as usize) as u32);
     let chunks = row_words.div_ceil(chunk_words as usize) as u32;
-    let mut steps: Vec<u32> = if plan.k == 0 { vec![] } else { (0..select_digits(8 * elem_bytes)).map(|d| SELECT_WIDE_COUNT + d).collect() };
-    steps.extend([SELECT_WIDE_TALLY, SELECT_WIDE_WRITE]);
+    // One launch saves the others' latency (four dependent launches took ~0.05 ms whatever the
+    // row's length).
+    let steps = if chunks as u64 * rows as u64 <= resident as u64 {
+        vec![SELECT_WIDE_ALL]
+    } else {
+        let mut steps: Vec<u32> = if plan.k == 0 { vec![] } else { (0..select_digits(8 * elem_bytes)).map(|d| SELECT_WIDE_COUNT + d).collect() };
+        steps.extend([SELECT_WIDE_TALLY, SELECT_WIDE_WRITE]);
+        steps
+    };
     let kernel = if elem_bytes == 2 { names::SELECT_WIDE_16 } else { names::SELECT_WIDE_32 };
     Ok(SelectRun::Wide(WideLaunch { kernel, chunk_words, chunks, steps }))
 }
@@ -141,7 +164,13 @@ pub(crate) fn select_keys(dev: &CudaDevice, plan: &Plan, out: Output, bias: &Ten
             return Err(Error::DType { arg: "bias", expected: "f16, bf16 or f32 on the CUDA backend".into(), got: other });
         }
     };
-    let run = plan_run(plan, elem_bytes, dev.sms(), dev.smem_per_block(), FORCED_WIDE.with(|f| f.get()))?;
+    let plan_with = |resident| plan_run(plan, elem_bytes, dev.sms(), dev.smem_per_block(), FORCED_WIDE.with(|f| f.get()), resident);
+    let mut run = plan_with(0)?;
+    if let SelectRun::Wide(w) = &run
+        && !FORCED_LAUNCHES.with(|f| f.get())
+    {
+        run = plan_with(max_resident_ctas(dev, w.kernel, SELECT_WIDE_THREADS, 4 * SELECT_FIXED_WORDS)?)?;
+    }
     let device = Device::Cuda(dev.clone());
     let row_words = plan.sk.div_ceil(32);
     let rows = plan.row_count();
@@ -188,7 +217,8 @@ pub(crate) fn select_keys(dev: &CudaDevice, plan: &Plan, out: Output, bias: &Ten
             let work = DeviceBuffer::filled(dev.stream(), 4 * w.work_words(rows), 0)?;
             for &step in &w.steps {
                 let wide = SelectWideParams { sel: params, work: work.ptr(), chunk_words: w.chunk_words, chunks: w.chunks, step, _pad: 0 };
-                launch(dev, &Launch::kernel(w.kernel, (w.chunks, rows as u32, 1), SELECT_WIDE_THREADS, 4 * SELECT_FIXED_WORDS), wide)?;
+                let l = Launch::kernel(w.kernel, (w.chunks, rows as u32, 1), SELECT_WIDE_THREADS, 4 * SELECT_FIXED_WORDS);
+                launch(dev, &if w.cooperative() { l.cooperative() } else { l }, wide)?;
             }
         }
     }
@@ -230,7 +260,7 @@ mod tests {
     #[test]
     fn few_long_rows_run_wide() {
         let h100 = 227 * 1024;
-        let wide = |p: &Plan, bytes, forced| match plan_run(p, bytes, 132, h100, forced).unwrap() {
+        let wide = |p: &Plan, bytes, forced| match plan_run(p, bytes, 132, h100, forced, 0).unwrap() {
             SelectRun::Wide(w) => Some(w),
             SelectRun::Rows(_) => None,
         };
@@ -238,7 +268,12 @@ mod tests {
         let w = wide(&plan(1, 1 << 19, 0), 2, None).unwrap();
         assert_eq!((w.chunk_words, w.chunks), (63, 261));
         assert_eq!(w.steps, [SELECT_WIDE_COUNT, SELECT_WIDE_COUNT + 1, SELECT_WIDE_TALLY, SELECT_WIDE_WRITE]);
-        assert_eq!(w.work_words(1), (SELECT_WIDE_ROW_WORDS + 2 * 261) as usize);
+        assert_eq!(w.work_words(1), (SELECT_WIDE_ROW_WORDS + 2 * 261) as usize + 1);
+        // Where the GPU holds the grid at once: one cooperative launch.
+        let coop = plan_run(&plan(1, 1 << 19, 0), 2, 132, h100, None, 4 * 132).unwrap();
+        assert!(matches!(&coop, SelectRun::Wide(w) if w.cooperative() && w.steps == [SELECT_WIDE_ALL]), "{coop:?}");
+        let many = plan_run(&plan(1000, 1 << 20, 0), 2, 132, h100, None, 4 * 132).unwrap();
+        assert!(matches!(&many, SelectRun::Wide(w) if !w.cooperative()), "{many:?}");
         // f32 keys take three digits; a relu selection none.
         assert_eq!(wide(&plan(8, 1 << 16, 0), 4, None).unwrap().steps.len(), 5);
         let relu = Plan { k: 0, ..plan(8, 1 << 16, 0) };
@@ -250,7 +285,7 @@ mod tests {
         assert!(wide(&plan(32768, 32768, 0), 2, None).is_none());
         assert!(wide(&plan(4, 8192, 0), 2, None).is_none());
         assert!(wide(&plan(4, 32768, 16), 2, None).is_none());
-        assert!(plan_run(&plan(1, 1 << 20, 16), 2, 132, h100, None).is_err());
+        assert!(plan_run(&plan(1, 1 << 20, 16), 2, 132, h100, None, 0).is_err());
         // Forced: any chunk size, smoothing excepted.
         assert_eq!(wide(&plan(3, 100, 0), 2, Some(1)).unwrap().chunks, 4);
         assert!(wide(&plan(3, 100, 2), 2, Some(1)).is_none());
