@@ -131,6 +131,8 @@ pub(crate) struct Kernels {
     modules: Vec<(Arc<CudaModule>, Vec<String>)>,
     /// Functions by name, with the dynamic shared memory they were cleared for.
     functions: Mutex<HashMap<String, (CudaFunction, u32)>>,
+    /// CTAs resident at once by (kernel, threads, dynamic shared memory) (`resident_ctas`).
+    resident: Mutex<HashMap<(String, u32, u32), u32>>,
     name: String,
     /// Streaming multiprocessors: how many CTAs fill the GPU.
     pub(crate) sms: u32,
@@ -178,6 +180,7 @@ impl Kernels {
             ctx: ctx.clone(),
             modules,
             functions: Mutex::new(HashMap::new()),
+            resident: Mutex::new(HashMap::new()),
             name: ctx.name()?,
             sms: ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32,
             l2_bytes: ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as usize,
@@ -348,6 +351,19 @@ impl CudaDevice {
 
     /// The kernel `name`, cleared to use `smem_bytes` of dynamic shared memory (above 48 KB a
     /// kernel must opt in).
+    /// CTAs of kernel `name` with `threads` threads and `smem_bytes` of dynamic shared memory
+    /// the GPU holds resident at once (a cooperative launch's limit); asked of the driver once.
+    pub(crate) fn resident_ctas(&self, name: &str, threads: u32, smem_bytes: u32) -> Result<u32> {
+        let key = (name.to_string(), threads, smem_bytes);
+        if let Some(&n) = self.0.kernels.resident.lock().unwrap().get(&key) {
+            return Ok(n);
+        }
+        let f = self.function(name, smem_bytes)?;
+        let n = f.occupancy_max_active_blocks_per_multiprocessor(threads, smem_bytes as usize, None)? * self.sms();
+        self.0.kernels.resident.lock().unwrap().insert(key, n);
+        Ok(n)
+    }
+
     pub(crate) fn function(&self, name: &str, smem_bytes: u32) -> Result<CudaFunction> {
         let kernels = &self.0.kernels;
         let mut functions = kernels.functions.lock().unwrap();

@@ -59,14 +59,27 @@ unsafe fn ld_u32(addr: u64) -> u32 {
     unsafe { ld_relaxed_u32(addr) }
 }
 
-/// The rule the row's first `digits` histograms settle (collective; ends past a barrier).
-#[inline(always)]
-unsafe fn settled<const W: u32>(sel: &SelectParams, work: Work, tid: u32, digits: u32) -> Rule {
-    if sel.k == 0 {
-        return Rule::Positive;
+/// A rule and how many of the row's digit histograms it has read.
+#[derive(Clone, Copy)]
+struct Settled {
+    digits: u32,
+    rule: Rule,
+}
+
+impl Settled {
+    /// Before any histogram: relu, or a top-k with every digit still to find.
+    fn start(sel: &SelectParams) -> Self {
+        Settled { digits: 0, rule: if sel.k == 0 { Rule::Positive } else { Rule::Above { t: 0, need: sel.k } } }
     }
-    let (mut t, mut need) = (0, sel.k);
-    for i in 0..digits {
+}
+
+/// `from` carried on through the row's histograms up to the first `digits` (collective; ends
+/// past a barrier where it reads one). A cooperative launch carries each step's result to the
+/// next, so that no CTA reads a histogram twice.
+#[inline(always)]
+unsafe fn settled<const W: u32>(sel: &SelectParams, work: Work, tid: u32, from: Settled, digits: u32) -> Settled {
+    let Rule::Above { mut t, mut need } = from.rule else { return from };
+    for i in from.digits..digits {
         let bins = 1 << select_digit(W, i).1;
         let mut b = tid;
         while b < bins {
@@ -76,11 +89,11 @@ unsafe fn settled<const W: u32>(sel: &SelectParams, work: Work, tid: u32, digits
         sync_threads();
         let (d, left, total) = unsafe { find_digit(&Scratch, bins, need, tid) };
         if i == 0 && total <= sel.k {
-            return Rule::All;
+            return Settled { digits, rule: Rule::All };
         }
         (t, need) = ((t << select_digit(W, i).1) | d, left);
     }
-    Rule::Above { t, need }
+    Settled { digits: digits.max(from.digits), rule: Rule::Above { t, need } }
 }
 
 /// A word's 32 keys as loaded: (shown bits, raw bits) of its four groups of eight, each held
@@ -139,10 +152,11 @@ fn classify<const W: u32>(sel: &SelectParams, loaded: Loaded, rule: Rule) -> (u3
 /// Count step: the histogram of digit `digit` over the chunk's eligible keys that share the
 /// digits found so far, added into the row's.
 #[inline(always)]
-unsafe fn count<const W: u32>(sel: &SelectParams, row: &Row, work: Work, word: Option<u32>, tid: u32, digit: u32) {
+unsafe fn count<const W: u32>(sel: &SelectParams, row: &Row, work: Work, word: Option<u32>, tid: u32, digit: u32, from: Settled) -> Settled {
     let loaded = unsafe { load_word::<W>(sel, row, word) };
+    let found = unsafe { settled::<W>(sel, work, tid, from, digit) };
     // CTA-uniform: a row of at most k eligible keys has nothing more to count.
-    let Rule::Above { t: prefix, .. } = (unsafe { settled::<W>(sel, work, tid, digit) }) else { return };
+    let Rule::Above { t: prefix, .. } = found.rule else { return found };
     let (shift, width) = select_digit(W, digit);
     let bins = 1 << width;
     unsafe { clear_hist(&Scratch, bins, tid) };
@@ -165,14 +179,15 @@ unsafe fn count<const W: u32>(sel: &SelectParams, row: &Row, work: Work, word: O
         }
         b += THREADS;
     }
+    found
 }
 
 /// Tally step: the chunk's keys kept for sure and its keys at the threshold.
 #[inline(always)]
-unsafe fn tally<const W: u32>(sel: &SelectParams, row: &Row, work: Work, word: Option<u32>, tid: u32, chunk: u32) {
+unsafe fn tally<const W: u32>(sel: &SelectParams, row: &Row, work: Work, word: Option<u32>, tid: u32, chunk: u32, from: Settled) -> Settled {
     let loaded = unsafe { load_word::<W>(sel, row, word) };
-    let rule = unsafe { settled::<W>(sel, work, tid, select_digits(W)) };
-    let (kept, ties) = classify::<W>(sel, loaded, rule);
+    let found = unsafe { settled::<W>(sel, work, tid, from, select_digits(W)) };
+    let (kept, ties) = classify::<W>(sel, loaded, found.rule);
     let (_, kept) = block_scan::<THREADS>(kept.count_ones(), tid, Scratch.sums());
     let (_, ties) = block_scan::<THREADS>(ties.count_ones(), tid, Scratch.sums());
     if tid == 0 {
@@ -181,6 +196,7 @@ unsafe fn tally<const W: u32>(sel: &SelectParams, row: &Row, work: Work, word: O
             *((work.tally(chunk) + 4) as *mut u32) = ties;
         }
     }
+    found
 }
 
 /// The keys at the threshold before chunk `chunk` and the keys kept before it, and the row's
@@ -262,10 +278,10 @@ unsafe fn write_word(sel: &SelectParams, r: u64, w: u32, kept: u32, mut at: u32)
 /// Write step: the chunk's keys kept (those at the threshold ranked over the row, lowest key
 /// first) in the outputs; chunk 0 pads the index list.
 #[inline(always)]
-unsafe fn write<const W: u32>(p: &SelectWideParams, row: &Row, work: Work, word: Option<u32>, tid: u32, chunk: u32, r: u64) {
+unsafe fn write<const W: u32>(p: &SelectWideParams, row: &Row, work: Work, word: Option<u32>, tid: u32, chunk: u32, r: u64, from: Settled) {
     let sel = &p.sel;
     let loaded = unsafe { load_word::<W>(sel, row, word) };
-    let rule = unsafe { settled::<W>(sel, work, tid, select_digits(W)) };
+    let rule = unsafe { settled::<W>(sel, work, tid, from, select_digits(W)) }.rule;
     let need = if let Rule::Above { need, .. } = rule { need } else { 0 };
     let (ties_before, kept_before, total) = unsafe { chunk_offsets(p, work, chunk, need, tid) };
     let (kept, ties) = classify::<W>(sel, loaded, rule);
@@ -290,42 +306,45 @@ unsafe fn write<const W: u32>(p: &SelectWideParams, row: &Row, work: Work, word:
 #[inline(always)]
 pub unsafe fn select_wide<const W: u32>(p: &SelectWideParams) {
     let tid = thread_idx();
+    let start = Settled::start(&p.sel);
     if p.step != SELECT_WIDE_ALL {
-        return unsafe { step::<W>(p, p.step, tid) };
+        unsafe { step::<W>(p, p.step, tid, start) };
+        return;
     }
     // The barrier counter follows the rows' workspace.
     let rows = grid_dim_y();
     let counter = p.work + 4 * rows as u64 * (SELECT_WIDE_ROW_WORDS + 2 * p.chunks) as u64;
     let ctas = p.chunks * rows;
     // Each step starts from an opaque thread index, so that nothing one step computed (its
-    // keys above all) is held through the barrier into the next. Spelled out, each step its own
-    // code (a loop over the digits, or a closure, kept the parameters in local memory).
-    let mut passed = 0;
+    // keys above all) is held through the barrier into the next but what it settled. Spelled
+    // out, each step its own code (a loop over the digits, or a closure, kept the parameters in
+    // local memory).
+    let (mut passed, mut found) = (0, start);
     if p.sel.k != 0 {
         unsafe {
-            step::<W>(p, SELECT_WIDE_COUNT, opaque(tid));
+            found = step::<W>(p, SELECT_WIDE_COUNT, opaque(tid), found);
             passed += ctas;
             grid_barrier(counter, passed, tid);
-            step::<W>(p, SELECT_WIDE_COUNT + 1, opaque(tid));
+            found = step::<W>(p, SELECT_WIDE_COUNT + 1, opaque(tid), found);
             passed += ctas;
             grid_barrier(counter, passed, tid);
             if select_digits(W) == 3 {
-                step::<W>(p, SELECT_WIDE_COUNT + 2, opaque(tid));
+                found = step::<W>(p, SELECT_WIDE_COUNT + 2, opaque(tid), found);
                 passed += ctas;
                 grid_barrier(counter, passed, tid);
             }
         }
     }
     unsafe {
-        step::<W>(p, SELECT_WIDE_TALLY, opaque(tid));
+        found = step::<W>(p, SELECT_WIDE_TALLY, opaque(tid), found);
         grid_barrier(counter, passed + ctas, tid);
-        step::<W>(p, SELECT_WIDE_WRITE, opaque(tid));
+        step::<W>(p, SELECT_WIDE_WRITE, opaque(tid), found);
     }
 }
 
-/// Step `s` of this CTA's chunk of its row.
+/// Step `s` of this CTA's chunk of its row, carrying on from `from`; what it settled.
 #[inline(always)]
-unsafe fn step<const W: u32>(p: &SelectWideParams, s: u32, tid: u32) {
+unsafe fn step<const W: u32>(p: &SelectWideParams, s: u32, tid: u32, from: Settled) -> Settled {
     let (chunk, r, _) = block_idx();
     let sel = &p.sel;
     let row = Row::new::<W>(sel, r as u64);
@@ -333,8 +352,11 @@ unsafe fn step<const W: u32>(p: &SelectWideParams, s: u32, tid: u32) {
     let w = chunk * p.chunk_words + tid;
     let word = if tid < p.chunk_words && w < sel.row_words { Some(w) } else { None };
     match s {
-        SELECT_WIDE_TALLY => unsafe { tally::<W>(sel, &row, work, word, tid, chunk) },
-        SELECT_WIDE_WRITE => unsafe { write::<W>(p, &row, work, word, tid, chunk, r as u64) },
-        _ => unsafe { count::<W>(sel, &row, work, word, tid, s - SELECT_WIDE_COUNT) },
+        SELECT_WIDE_TALLY => unsafe { tally::<W>(sel, &row, work, word, tid, chunk, from) },
+        SELECT_WIDE_WRITE => {
+            unsafe { write::<W>(p, &row, work, word, tid, chunk, r as u64, from) };
+            from
+        }
+        _ => unsafe { count::<W>(sel, &row, work, word, tid, s - SELECT_WIDE_COUNT, from) },
     }
 }

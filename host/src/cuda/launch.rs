@@ -49,7 +49,7 @@ impl Launch {
     }
 
     /// This launch made cooperative: the driver refuses it rather than run a grid whose CTAs
-    /// cannot all be resident at once (the caller sizes it by [`max_resident_ctas`]).
+    /// cannot all be resident at once (the caller sizes it by `CudaDevice::resident_ctas`).
     pub(crate) fn cooperative(self) -> Self {
         Launch { cooperative: true, ..self }
     }
@@ -84,11 +84,4 @@ where
         }
     }
     Ok(())
-}
-
-/// CTAs of kernel `name` with `threads` threads and `smem_bytes` of dynamic shared memory that
-/// `dev` holds resident at once (a cooperative launch's limit).
-pub(crate) fn max_resident_ctas(dev: &CudaDevice, name: &str, threads: u32, smem_bytes: u32) -> Result<u32> {
-    let f = dev.function(name, smem_bytes)?;
-    Ok(f.occupancy_max_active_blocks_per_multiprocessor(threads, smem_bytes as usize, None)? * dev.sms())
 }

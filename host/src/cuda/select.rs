@@ -3,7 +3,7 @@
 //! wide (`dmattn_select_wide_{16,32}`, a few launches over chunks of a row) where they are few
 //! or too long for a CTA's shared memory.
 use super::broadcast_view;
-use super::launch::{Launch, launch, max_resident_ctas};
+use super::launch::{Launch, launch};
 use crate::device::{CudaDevice, Device};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -169,7 +169,7 @@ pub(crate) fn select_keys(dev: &CudaDevice, plan: &Plan, out: Output, bias: &Ten
     if let SelectRun::Wide(w) = &run
         && !FORCED_LAUNCHES.with(|f| f.get())
     {
-        run = plan_with(max_resident_ctas(dev, w.kernel, SELECT_WIDE_THREADS, 4 * SELECT_FIXED_WORDS)?)?;
+        run = plan_with(dev.resident_ctas(w.kernel, SELECT_WIDE_THREADS, 4 * SELECT_FIXED_WORDS)?)?;
     }
     let device = Device::Cuda(dev.clone());
     let row_words = plan.sk.div_ceil(32);
