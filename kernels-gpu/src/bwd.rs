@@ -654,14 +654,35 @@ pub unsafe fn backward<
         }
     }
 
-    // Epilogue: dK and dV through the K and V tiles (every warp is past its last read of them)
-    // to coalesced stores. A CTA whose key tile no query sees never waited for its K/V copies:
-    // they must land before the tiles are overwritten, or they overwrite the zero dK/dV.
+    // Epilogue: the dbias turn passed on, then dK and dV stored.
     let tid = opaque(tid);
     let kb = KeyBlock::reread::<BAND>(p, BN as u32, placed, slot);
     if let Some((lock, turn)) = dbias_turn::<BN, DET>(&kb, &Mods::of(f, MODS)) {
         unsafe { pass_turn(lock, turn + 1, tid) };
     }
+    unsafe { store_dkdv::<E, MKV, DKV, KR, WGMMA>(p, &kb, &sm, &dk, &dv, splits, tid, threads) };
+}
+
+/// Epilogue: dK and dV out of their accumulators. A CTA with a share of its key tile's query
+/// tiles (a kernel that `splits`, `BwdParams::q_split_shift`) adds them to the f32
+/// accumulators; otherwise they go through the K and V tiles (every warp is past its last read
+/// of them) to coalesced stores. A CTA whose key tile no query sees never waited for its K/V
+/// copies: they land before the tiles are overwritten, or they would overwrite dK/dV. The
+/// parameters come as a pointer: as a reference argument LLVM would take them as unwritten
+/// through the step and reorder its address arithmetic (the kernels sit at the register limit).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn store_dkdv<E: Elem, const MKV: usize, const DKV: usize, const KR: usize, const WGMMA: bool>(
+    p: *const BwdParams,
+    kb: &KeyBlock,
+    sm: &Smem,
+    dk: &[[[f32; 4]; DKV]; MKV],
+    dv: &[[[f32; 4]; DKV]; MKV],
+    splits: bool,
+    tid: u32,
+    threads: u32,
+) {
+    let p = unsafe { &*p };
     let lane = tid % 32;
     let (g, t) = (lane / 4, lane % 4);
     let (wk, wd) = warp_at(tid / 32, KR);
