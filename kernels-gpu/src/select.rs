@@ -173,8 +173,15 @@ pub(crate) type Packed8 = [u32; 8];
 
 /// The eight keys of a [`Packed8`], one a word.
 #[inline(always)]
-pub(crate) fn unpack8<const W: u32>(raw: Packed8) -> [u32; 8] {
+fn unpack8<const W: u32>(raw: Packed8) -> [u32; 8] {
     if W == 16 { core::array::from_fn(|j| (raw[j / 2] >> (16 * (j as u32 % 2))) & 0xffff) } else { raw }
+}
+
+/// The radix keys ([`order`]) of a [`Packed8`]'s eight keys.
+#[inline(always)]
+pub(crate) fn radix_keys<const W: u32>(raw: Packed8, inf: u32) -> [u32; 8] {
+    let raw = unpack8::<W>(raw);
+    core::array::from_fn(|j| order::<W>(raw[j], inf))
 }
 
 /// The radix key of a `W`-bit float's bits: unsigned, ordered as the values, NaN above +inf and
@@ -237,8 +244,7 @@ unsafe fn load_row<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, tid: u32
 unsafe fn load_group<const W: u32>(p: &SelectParams, s: &Smem, tid: u32, g: u32, groups: u32, (shown, raw): (u32, Packed8), guess: Option<u32>) {
     let (mut pos, mut above, mut inside) = (0, 0, 0);
     if g < groups {
-        let raw = unpack8::<W>(raw);
-        let keys: [u32; 8] = core::array::from_fn(|j| order::<W>(raw[j], p.inf_bits));
+        let keys = radix_keys::<W>(raw, p.inf_bits);
         for (j, &key) in keys.iter().enumerate() {
             pos |= (positive::<W>(key) as u32) << j;
             if p.k != 0 && shown >> j & 1 != 0 {
@@ -336,6 +342,7 @@ unsafe fn keys8<const W: u32>(p: &SelectParams, s: &Smem, row: &Row, g: u32) -> 
             core::array::from_fn(|j| if j < 4 { lo[j] } else { hi[j - 4] })
         }
     } else {
+        // `radix_keys` spelled out: through it the f32 kernel's code came out reordered.
         let raw = unpack8::<W>(unsafe { row.raw8::<W>(8 * g, p.dims[3]) });
         core::array::from_fn(|j| order::<W>(raw[j], p.inf_bits))
     }

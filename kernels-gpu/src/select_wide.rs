@@ -7,7 +7,7 @@
 //! from the row's workspace itself, so no step waits on a last CTA and every result is the same
 //! whatever order CTAs run in.
 use crate::arch::*;
-use crate::select::{Packed8, Row, Scratch, clear_hist, find_digit, mask_bytes, order, positive, unpack8};
+use crate::select::{Packed8, Row, Scratch, clear_hist, find_digit, mask_bytes, positive, radix_keys};
 use dmattn_abi::{
     SELECT_FIRST_DIGIT, SELECT_THREADS, SELECT_WIDE_ALL, SELECT_WIDE_COUNT, SELECT_WIDE_ROW_WORDS, SELECT_WIDE_TALLY, SELECT_WIDE_THREADS, SELECT_WIDE_WRITE, SelectParams,
     SelectWideParams, select_digit, select_digits,
@@ -31,7 +31,9 @@ enum Rule {
     Above { t: u32, need: u32 },
 }
 
-/// A row's workspace (byte addresses): a histogram a digit, then two tally words a chunk.
+/// A row's workspace (byte addresses): a histogram a digit, then two tally words a chunk. Read
+/// with `ld_relaxed_u32` (from L2): a cooperative launch's steps read what other SMs wrote since
+/// it began.
 #[derive(Clone, Copy)]
 struct Work {
     base: u64,
@@ -52,12 +54,6 @@ impl Work {
     }
 }
 
-/// A workspace word: from L2 (a cooperative launch's steps read what other SMs wrote since it
-/// began).
-#[inline(always)]
-unsafe fn ld_u32(addr: u64) -> u32 {
-    unsafe { ld_relaxed_u32(addr) }
-}
 
 /// A rule and how many of the row's digit histograms it has read.
 #[derive(Clone, Copy)]
@@ -83,7 +79,7 @@ unsafe fn settled<const W: u32>(sel: &SelectParams, work: Work, tid: u32, from: 
         let bins = 1 << select_digit(W, i).1;
         let mut b = tid;
         while b < bins {
-            unsafe { st_shared_u32(Scratch.hist() + 4 * b, ld_u32(work.hist(i) + 4 * b as u64)) };
+            unsafe { st_shared_u32(Scratch.hist() + 4 * b, ld_relaxed_u32(work.hist(i) + 4 * b as u64)) };
             b += THREADS;
         }
         sync_threads();
@@ -116,10 +112,7 @@ unsafe fn load_word<const W: u32>(sel: &SelectParams, row: &Row, word: Option<u3
 /// radix keys).
 #[inline(always)]
 fn visit_word<const W: u32>(sel: &SelectParams, [a, b, c, d]: Loaded, mut visit: impl FnMut(u32, u32, [u32; 8])) {
-    let mut take = |g: u32, (shown, raw): (u32, Packed8)| {
-        let raw = unpack8::<W>(raw);
-        visit(8 * g, shown, core::array::from_fn(|j| order::<W>(raw[j], sel.inf_bits)));
-    };
+    let mut take = |g: u32, (shown, raw): (u32, Packed8)| visit(8 * g, shown, radix_keys::<W>(raw, sel.inf_bits));
     take(0, a);
     take(1, b);
     take(2, c);
@@ -131,21 +124,19 @@ fn visit_word<const W: u32>(sel: &SelectParams, [a, b, c, d]: Loaded, mut visit:
 #[inline(always)]
 fn classify<const W: u32>(sel: &SelectParams, loaded: Loaded, rule: Rule) -> (u32, u32) {
     let (mut kept, mut ties) = (0, 0);
-    {
-        visit_word::<W>(sel, loaded, |first, shown, keys| {
-            for j in 0..8 {
-                let key = keys[j as usize];
-                let (k, t) = match rule {
-                    Rule::All => (true, false),
-                    Rule::Positive => (positive::<W>(key), false),
-                    Rule::Above { t, .. } => (key > t, key == t),
-                };
-                let bit = (shown >> j & 1) << (first + j);
-                kept |= if k { bit } else { 0 };
-                ties |= if t { bit } else { 0 };
-            }
-        })
-    };
+    visit_word::<W>(sel, loaded, |first, shown, keys| {
+        for j in 0..8 {
+            let key = keys[j as usize];
+            let (k, t) = match rule {
+                Rule::All => (true, false),
+                Rule::Positive => (positive::<W>(key), false),
+                Rule::Above { t, .. } => (key > t, key == t),
+            };
+            let bit = (shown >> j & 1) << (first + j);
+            kept |= if k { bit } else { 0 };
+            ties |= if t { bit } else { 0 };
+        }
+    });
     (kept, ties)
 }
 
@@ -208,7 +199,7 @@ unsafe fn chunk_offsets(p: &SelectWideParams, work: Work, chunk: u32, need: u32,
     let mut start = 0;
     while start < p.chunks {
         let c = start + tid;
-        let (a, t) = if c < p.chunks { unsafe { (ld_u32(work.tally(c)), ld_u32(work.tally(c) + 4)) } } else { (0, 0) };
+        let (a, t) = if c < p.chunks { unsafe { (ld_relaxed_u32(work.tally(c)), ld_relaxed_u32(work.tally(c) + 4)) } } else { (0, 0) };
         let (t_before, t_sum) = block_scan::<THREADS>(t, tid, Scratch.sums());
         let taken = need.saturating_sub(ties + t_before).min(t);
         let (k_before, k_sum) = block_scan::<THREADS>(a + taken, tid, Scratch.sums());
