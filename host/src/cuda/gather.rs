@@ -403,10 +403,28 @@ fn gathered(dev: &CudaDevice, p: &Problem, saved: &Saved, lists: &Arc<KeyListsBu
 /// (`BwdPlan::q_split_shift`: head dims up to 64, not deterministic): its shares add into one f32
 /// dK/dV, which leaves the scatter one row to read per key, not one per chunk.
 fn query_chunks(dev: &CudaDevice, call: &GatheredCall) -> Result<usize> {
+    if let Some(chunks) = FORCED_CHUNKS.with(|f| f.get()) {
+        let rows = call.problem.dims.seqlen_q;
+        if call.problem.dims.batch == 1 && rows.is_multiple_of(chunks * BLOCK_MAP_Q as usize) {
+            return Ok(chunks);
+        }
+    }
     if super::backward_plan(dev, &call.problem, &call.saved, true)?.1.q_split_shift > 0 {
         return Ok(1);
     }
     Ok(chunks_for(&call.problem, dev.sms() as usize))
+}
+
+std::thread_local! {
+    static FORCED_CHUNKS: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+/// Testing hook: while `Some(n)`, a gathered backward this thread runs takes `n` query chunks
+/// (a power of two) wherever its queries fold into them (batch 1, whole 64-row blocks), whatever
+/// [`query_chunks`] would choose; `None`: the plan's own choice.
+#[doc(hidden)]
+pub fn force_gather_query_chunks(chunks: Option<usize>) {
+    FORCED_CHUNKS.with(|f| f.set(chunks.filter(|n| n.is_power_of_two())));
 }
 
 /// [`query_chunks`] for a gathered problem on a GPU of `sms` SMs.

@@ -12,6 +12,7 @@ mod select;
 pub(crate) use prepare::{PreparedMask, pack_sequences, prepare};
 pub(crate) use select::select_keys;
 pub use select::{force_select_launches, force_wide_selection};
+pub use gather::force_gather_query_chunks;
 
 use crate::attention::{Forward, ForwardBuffers, GradientBuffers, Gradients, Saved};
 use crate::cpu::lse_shape;
@@ -516,13 +517,16 @@ fn order_pays(sms: u32, l2_bytes: usize, d: &Dims, grid: (u32, u32, u32)) -> boo
 }
 
 /// Whether the backward's placement (a work order, kv heads first) pays: both give up the grid
-/// order's sharing of Q and dO in L2 between neighbouring CTAs, so they are kept to problems whose
-/// Q and dO stay within a few times L2's size. Same H100 run (50 MB L2), b2 h32 hk8, 50 % blocks
-/// with and without a bias, both against grid order: with Q and dO of 67-134 MB (d64 4K and 8K,
-/// d128 4K) 4.5-10 % faster; of 268 MB, d128 8K 3-17 % slower and d64 16K unchanged.
-fn bwd_placement_pays(l2_bytes: usize, d: &Dims) -> bool {
+/// order's sharing of Q and dO in L2 between the key tiles of a kv head, so they are kept to
+/// problems whose Q and dO stay within a few times L2's size, or that have few key tiles to share
+/// them (at most 256 L2 sizes read again if each key tile read them from DRAM). Same-run A/Bs
+/// against grid order: b2 h32 hk8, 50 % blocks with and without a bias (H100, 50 MB L2): with Q
+/// and dO of 67-134 MB (d64 4K and 8K, d128 4K) 4.5-10 % faster; of 268 MB, d128 8K (64 key
+/// tiles) 3-17 % slower and d64 16K (128) unchanged. Gathered d128 32K, top-2048 keys (H200): Q
+/// and dO of 268 MB but 16 key tiles, whose query walks differ most, 18 % faster.
+fn bwd_placement_pays(l2_bytes: usize, d: &Dims, n_blocks: usize) -> bool {
     let q_dout_bytes = 2 * 2 * d.batch * d.heads * d.seqlen_q * d.head_dim;
-    q_dout_bytes <= 3 * l2_bytes
+    q_dout_bytes <= 3 * l2_bytes || q_dout_bytes.saturating_mul(n_blocks) <= 256 * l2_bytes
 }
 
 /// A work order (`FwdParams::order`) for a grid of `grid` CTAs from the ordering kernel `name`:
@@ -656,6 +660,17 @@ pub fn force_backward_query_split(shift: Option<u32>) {
     FORCED_SPLIT.with(|f| f.set(shift.map(|s| s.min(8))));
 }
 
+std::thread_local! {
+    static FORCED_PLACEMENT: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Testing hook: while `Some(on)`, a backward this thread runs that could be placed (a work
+/// order, kv heads first) is, or is not, whatever `bwd_placement_pays` says; `None`: its choice.
+#[doc(hidden)]
+pub fn force_backward_placement(on: Option<bool>) {
+    FORCED_PLACEMENT.with(|f| f.set(on));
+}
+
 /// The backward's plan for `p` on `gpu`, with `modifiers` (the variant the call needs), a
 /// `prepared` mask, and dK/dV outputs that are `contiguous` (split query tiles accumulate them in
 /// f32 and convert into contiguous outputs); `forced_split` overrides the split where one may run
@@ -698,7 +713,7 @@ pub(crate) fn bwd_plan(gpu: Gpu, p: &Problem, elem: DeviceElem, modifiers: u8, p
         && p.seqs.is_none()
         && modifiers::bwd_placed(bwd_band_variant(&tile, modifiers, banded))
         && ctas > sms
-        && bwd_placement_pays(gpu.l2_bytes, &d);
+        && FORCED_PLACEMENT.with(|f| f.get()).unwrap_or_else(|| bwd_placement_pays(gpu.l2_bytes, &d, n_blocks));
     // Key tiles then count along grid y and in a packed position's y: both 16-bit.
     let kv_heads_first = placed && d.kv_heads > 1 && p.bias.is_some_and(|s| s[1] == 1) && n_blocks <= u16::MAX as usize;
     // A split call's launches (one per batch entry) take the splits along z.
@@ -935,6 +950,27 @@ mod tests {
         // More batch entries than launches pay for; no key tiles at all.
         assert_eq!(bwd_q_split_shift(132, 9, 1, 1 << 10), 0);
         assert_eq!(bwd_q_split_shift(132, 1, 0, 1 << 10), 0);
+    }
+
+    /// The backward's placement (a work order under a prepared mask): where Q and dO fit a few L2
+    /// sizes, or where few key tiles would read them again (`bwd_placement_pays`); never for the
+    /// variants that cannot read a placed position, nor in deterministic mode.
+    #[test]
+    fn backward_placement() {
+        let plan = |d: Dims, det: bool, mods: u8| {
+            let p = Problem { deterministic: det, ..problem(Dims { head_dim: 128, kv_heads: d.heads / 4, ..d }, dmattn_abi::Band::ALL, true) };
+            bwd_plan(H100, &p, DeviceElem::Bf16, mods, true, true, None).unwrap()
+        };
+        // b2 h32 d128: 4K placed (Q and dO 134 MB), 8K not (268 MB over 64 key tiles).
+        assert!(plan(dims(2, 32, 4096, 4096), false, modifiers::BIAS).ordered);
+        assert!(!plan(dims(2, 32, 8192, 8192), false, modifiers::BIAS).ordered);
+        // A gathered d128 32K call in four query chunks: 268 MB, but 16 key tiles.
+        let gathered = plan(dims(4, 16, 8192, 2048), false, modifiers::BIAS);
+        assert!(gathered.ordered && gathered.kv_heads_first, "{gathered:?}");
+        assert!(!plan(dims(4, 16, 8192, 2048), true, modifiers::BIAS).ordered);
+        assert!(!plan(dims(4, 16, 8192, 2048), false, modifiers::NONE).ordered);
+        assert_eq!(bwd_placement_pays(50 << 20, &Dims { head_dim: 128, ..dims(4, 16, 8192, 2048) }, 16), true);
+        assert_eq!(bwd_placement_pays(50 << 20, &Dims { head_dim: 128, ..dims(4, 16, 8192, 8192) }, 64), false);
     }
 
     /// The forward's plan: the lean kernel without modifiers, the modifier kernel with any, its
