@@ -412,4 +412,10 @@ pub mod modifiers {
     pub const fn bwd_placed(variant: u8) -> bool {
         variant == MASK || variant == BIAS
     }
+
+    /// Whether a backward variant reads `BwdParams::kv_heads_first` (its grid's x and y swapped):
+    /// the placed ones, and the lean one without a work order. `ALL` sits at the register limit.
+    pub const fn bwd_swaps(variant: u8) -> bool {
+        variant != ALL
+    }
 }

@@ -120,13 +120,13 @@ impl<'a> KeyBlock<'a> {
     /// same; calling it here instead reordered the d96/d128 kernels' code into 4-20 bytes of
     /// spills.)
     #[inline(always)]
-    fn reread<const BAND: bool>(p: &'a BwdParams, block_n: u32, placed: bool, slot: u32) -> Self {
+    fn reread<const BAND: bool>(p: &'a BwdParams, block_n: u32, placed: bool, swaps: bool, slot: u32) -> Self {
         let at = if placed {
             let slot = opaque(slot);
             let (lo, hi) = unsafe { (ld_shared_u32(slot), ld_shared_u32(slot + 4)) };
             unpacked_position(lo as u64 | (hi as u64) << 32)
         } else {
-            let (x, y, z) = block_idx();
+            let (x, y, z) = grid_position(p, swaps);
             (opaque(x), opaque(y), opaque(z))
         };
         Self::at::<BAND>(p, block_n, at)
@@ -232,14 +232,14 @@ unsafe fn load_stage<const D: usize, const BM: usize, const BN: usize>(
 /// work order sends it (`fwd.order`), else its block index, the grid's x and y swapped where
 /// `kv_heads_first`; then also stored at shared address `slot` for [`KeyBlock::reread`] (every
 /// thread stores the same value; a barrier follows before the loop reads it back). Elsewhere
-/// the block index: held across the main loop, a stored copy costs registers (ptxas reads the
+/// the block index ([`grid_position`]): held across the main loop, a stored copy costs registers (ptxas reads the
 /// block index's special registers again at will) that the kernels at the limit do not have.
 #[inline(always)]
-fn position(p: &BwdParams, placed: bool, slot: u32) -> (u32, u32, u32) {
-    let (bx, by, bz) = block_idx();
+fn position(p: &BwdParams, placed: bool, swaps: bool, slot: u32) -> (u32, u32, u32) {
     if !placed {
-        return (bx, by, bz);
+        return grid_position(p, swaps);
     }
+    let (bx, by, bz) = block_idx();
     let (x, y, z) = if p.fwd.order != 0 {
         let (gx, gy) = (grid_dim_x(), grid_dim_y());
         unpacked_position(unsafe { ld_global_nc_u64(p.fwd.order + 8 * (bx + gx * (by + gy * bz)) as u64) })
@@ -250,6 +250,15 @@ fn position(p: &BwdParams, placed: bool, slot: u32) -> (u32, u32, u32) {
     let packed = packed_position(at.0, at.1, at.2);
     unsafe { st_shared_v2(slot, [packed as u32, (packed >> 32) as u32]) };
     at
+}
+
+/// The block index as (key tile, kv head, batch): x and y swapped where the variant `swaps`
+/// (`modifiers::bwd_swaps`) and the call runs `kv_heads_first` (CTAs key tile by key tile, each
+/// kv head's heaviest first under a causal-like band).
+#[inline(always)]
+fn grid_position(p: &BwdParams, swaps: bool) -> (u32, u32, u32) {
+    let (x, y, z) = block_idx();
+    if swaps && p.kv_heads_first != 0 { (y, x, z) } else { (x, y, z) }
 }
 
 /// Deterministic mode, with a bias whose gradient elements CTAs of several batches, kv heads or
@@ -354,8 +363,8 @@ pub unsafe fn backward<
     let sm = Smem::new(D, BM, BN, STAGES, BIAS_TILE);
     let mods = Mods::of(f, MODS);
     let slot = smem_base() + params_at + BWD_PARAMS_BYTES;
-    let placed = modifiers::bwd_placed(MODS);
-    let kb = KeyBlock::at::<BAND>(p, BN as u32, position(p, placed, slot));
+    let (placed, swaps) = (modifiers::bwd_placed(MODS), modifiers::bwd_swaps(MODS));
+    let kb = KeyBlock::at::<BAND>(p, BN as u32, position(p, placed, swaps, slot));
     if placed {
         // The loop rereads the stored position before its first barrier: every thread stored
         // the same value, but racecheck rightly asks for the order.
@@ -406,7 +415,7 @@ pub unsafe fn backward<
             let tid = opaque(tid);
             let p = params_now();
             let f = &p.fwd;
-            let kb = KeyBlock::reread::<BAND>(p, BN as u32, placed, slot);
+            let kb = KeyBlock::reread::<BAND>(p, BN as u32, placed, swaps, slot);
             let mods = Mods::of(f, MODS);
             let (group, m_tiles) = (f.kv_group, f.seqlen_q.div_ceil(BM as u32));
             let (warp, lane) = (tid / 32, tid % 32);
@@ -656,7 +665,7 @@ pub unsafe fn backward<
 
     // Epilogue: the dbias turn passed on, then dK and dV stored.
     let tid = opaque(tid);
-    let kb = KeyBlock::reread::<BAND>(p, BN as u32, placed, slot);
+    let kb = KeyBlock::reread::<BAND>(p, BN as u32, placed, swaps, slot);
     if let Some((lock, turn)) = dbias_turn::<BN, DET>(&kb, &Mods::of(f, MODS)) {
         unsafe { pass_turn(lock, turn + 1, tid) };
     }

@@ -33,6 +33,21 @@ fn split_query_backward_matches_reference() {
     });
 }
 
+/// Every case placed wherever its variant may be (`force_backward_placement`, whatever its
+/// size): under a mask or bias a work order (and kv heads first where a bias is broadcast over
+/// them), the lean variant under causal kv heads first (a swapped grid). Every key tile must still
+/// be covered exactly once, with every broadcast, GQA and sq != sk.
+#[test]
+fn placed_backward_matches_reference() {
+    let Some(gpu) = gpu() else { return };
+    gpu_property(1000, 200, |(case, seed)| {
+        dmattn::force_backward_placement(Some(true));
+        let checked = check_gpu_backward(&case, ForwardPath::Fused, &gpu, seed, false);
+        dmattn::force_backward_placement(None);
+        checked
+    });
+}
+
 /// Many queries over few keys, where the plan itself splits the query tiles at d32/d64 (a grid
 /// of a few CTAs otherwise): causal with sq >> sk (most rows see nothing), GQA, key-side and full
 /// biases, a mask; and larger head dims, which keep one CTA per key tile.

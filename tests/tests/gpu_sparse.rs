@@ -53,6 +53,19 @@ fn sparse_split_backward_matches_reference() {
     });
 }
 
+/// Every case placed wherever its variant may be (`force_backward_placement`): the lean variant
+/// under a causal or compressed-causal band runs kv heads first (a swapped grid).
+#[test]
+fn sparse_placed_backward_matches_reference() {
+    let Some(gpu) = gpu() else { return };
+    sparse_property(500, 300, |sc| {
+        dmattn::force_backward_placement(Some(true));
+        let checked = check_gpu_sparse(&sc, &gpu, ForwardPath::Fused, true, false);
+        dmattn::force_backward_placement(None);
+        checked
+    });
+}
+
 #[test]
 fn sparse_deterministic_backward_matches_reference() {
     let Some(gpu) = gpu() else { return };

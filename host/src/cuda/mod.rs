@@ -516,17 +516,21 @@ fn order_pays(sms: u32, l2_bytes: usize, d: &Dims, grid: (u32, u32, u32)) -> boo
     ctas > sms as u64 && ctas <= u32::MAX as u64 && kv_bytes <= l2_bytes
 }
 
-/// Whether the backward's placement (a work order, kv heads first) pays: both give up the grid
-/// order's sharing of Q and dO in L2 between the key tiles of a kv head, so they are kept to
-/// problems whose Q and dO stay within a few times L2's size, or that have few key tiles to share
-/// them (at most 256 L2 sizes read again if each key tile read them from DRAM). Same-run A/Bs
-/// against grid order: b2 h32 hk8, 50 % blocks with and without a bias (H100, 50 MB L2): with Q
-/// and dO of 67-134 MB (d64 4K and 8K, d128 4K) 4.5-10 % faster; of 268 MB, d128 8K (64 key
-/// tiles) 3-17 % slower and d64 16K (128) unchanged. Gathered d128 32K, top-2048 keys (H200): Q
-/// and dO of 268 MB but 16 key tiles, whose query walks differ most, 18 % faster.
-fn bwd_placement_pays(l2_bytes: usize, d: &Dims, n_blocks: usize) -> bool {
+/// Whether the backward's placement pays: a work order and kv heads first (`lean`: the lean
+/// variant's kv heads first alone, under a causal-like band). Both give up the grid order's
+/// sharing of Q and dO in L2 between the key tiles of a kv head, so they are kept to problems
+/// whose Q and dO stay within a few times L2's size, or that have few key tiles to share them: at
+/// most 256 L2 sizes (`lean`: 512) read again if each key tile read them from DRAM. Same-run A/Bs
+/// against grid order (50 MB L2; in L2 sizes):
+/// - placed, b2 h32 hk8, 50 % blocks with and without a bias (H100): d64 4K and 8K, d128 4K
+///   (43-164) 4.5-10 % faster; d128 8K (328) 3-17 % slower, d64 16K (655) unchanged. Gathered
+///   d128 32K, top-2048 keys (H200; 82): 18 % faster, its CTAs' query walks differing most.
+/// - lean, b2 h32 hk8 (H100): causal d128 4K (82) 18 % faster, 8K (328) 5 %, 16K (1311) 5 %
+///   slower; compressed causal (factor 4) 16K x 4K, d64 (164) 21 % and d128 (328) 19 % faster.
+fn bwd_placement_pays(l2_bytes: usize, d: &Dims, n_blocks: usize, lean: bool) -> bool {
     let q_dout_bytes = 2 * 2 * d.batch * d.heads * d.seqlen_q * d.head_dim;
-    q_dout_bytes <= 3 * l2_bytes || q_dout_bytes.saturating_mul(n_blocks) <= 256 * l2_bytes
+    let reread_limit = if lean { 512 } else { 256 } * l2_bytes;
+    q_dout_bytes <= 3 * l2_bytes || q_dout_bytes.saturating_mul(n_blocks) <= reread_limit
 }
 
 /// A work order (`FwdParams::order`) for a grid of `grid` CTAs from the ordering kernel `name`:
@@ -665,7 +669,8 @@ std::thread_local! {
 }
 
 /// Testing hook: while `Some(on)`, a backward this thread runs that could be placed (a work
-/// order, kv heads first) is, or is not, whatever `bwd_placement_pays` says; `None`: its choice.
+/// order, kv heads first) is, or is not, whatever its size and `bwd_placement_pays` say, so that
+/// small problems exercise the placed grids; `None`: the plan's own choice.
 #[doc(hidden)]
 pub fn force_backward_placement(on: Option<bool>) {
     FORCED_PLACEMENT.with(|f| f.set(on));
@@ -708,14 +713,20 @@ pub(crate) fn bwd_plan(gpu: Gpu, p: &Problem, elem: DeviceElem, modifiers: u8, p
     // whole f32 accumulator (H100, d64 8K, 50 % blocks + bias: 7.7 GB of DRAM traffic, 0.8 GB
     // without the bias). Not for a packed batch: its CTAs find their sequence and key tile in the
     // grid (`seq::localize`), and the work-order pass reads fixed-length block maps.
-    let placed = !deterministic
+    let variant = bwd_band_variant(&tile, modifiers, banded);
+    // The lean variant, which reads no work order, still runs kv heads first under a band whose
+    // right edge alone bounds it (causal, compressed causal): there a kv head's key tiles get
+    // lighter tile by tile, so kv heads first runs every kv head's heaviest tiles first.
+    let falling = p.band.right != dmattn_abi::Band::NONE && p.band.left == dmattn_abi::Band::NONE;
+    let lean = !modifiers::bwd_placed(variant) && modifiers::bwd_swaps(variant) && falling;
+    let placement = !deterministic
         && q_split_shift == 0
         && p.seqs.is_none()
-        && modifiers::bwd_placed(bwd_band_variant(&tile, modifiers, banded))
-        && ctas > sms
-        && FORCED_PLACEMENT.with(|f| f.get()).unwrap_or_else(|| bwd_placement_pays(gpu.l2_bytes, &d, n_blocks));
+        && (lean || modifiers::bwd_placed(variant))
+        && FORCED_PLACEMENT.with(|f| f.get()).unwrap_or_else(|| ctas > sms && bwd_placement_pays(gpu.l2_bytes, &d, n_blocks, lean));
+    let placed = placement && !lean;
     // Key tiles then count along grid y and in a packed position's y: both 16-bit.
-    let kv_heads_first = placed && d.kv_heads > 1 && p.bias.is_some_and(|s| s[1] == 1) && n_blocks <= u16::MAX as usize;
+    let kv_heads_first = d.kv_heads > 1 && n_blocks <= u16::MAX as usize && placement && (lean || p.bias.is_some_and(|s| s[1] == 1));
     // A split call's launches (one per batch entry) take the splits along z.
     let (n, hk, b) = (n_blocks as u32, d.kv_heads as u32, if q_split_shift > 0 { 1 << q_split_shift } else { d.batch as u32 });
     let grid = if kv_heads_first { (hk, n, b) } else { (n, hk, b) };
@@ -969,8 +980,27 @@ mod tests {
         assert!(gathered.ordered && gathered.kv_heads_first, "{gathered:?}");
         assert!(!plan(dims(4, 16, 8192, 2048), true, modifiers::BIAS).ordered);
         assert!(!plan(dims(4, 16, 8192, 2048), false, modifiers::NONE).ordered);
-        assert_eq!(bwd_placement_pays(50 << 20, &Dims { head_dim: 128, ..dims(4, 16, 8192, 2048) }, 16), true);
-        assert_eq!(bwd_placement_pays(50 << 20, &Dims { head_dim: 128, ..dims(4, 16, 8192, 8192) }, 64), false);
+        assert!(bwd_placement_pays(50 << 20, &Dims { head_dim: 128, ..dims(4, 16, 8192, 2048) }, 16, false));
+        assert!(!bwd_placement_pays(50 << 20, &Dims { head_dim: 128, ..dims(4, 16, 8192, 8192) }, 64, false));
+        // The lean variant under a causal-like band: kv heads first, no work order.
+        let lean = |d: Dims, band| {
+            let d = Dims { head_dim: 128, kv_heads: 8, ..d };
+            bwd_plan(H100, &problem(d, band, false), DeviceElem::Bf16, modifiers::NONE, false, true, None).unwrap()
+        };
+        let compressed = dmattn_abi::Band { compress: 4, ..dmattn_abi::Band::CAUSAL };
+        for (d, band, swapped) in [
+            (dims(2, 32, 4096, 4096), dmattn_abi::Band::CAUSAL, true),
+            (dims(2, 32, 8192, 8192), dmattn_abi::Band::CAUSAL, true),
+            (dims(2, 32, 16384, 16384), dmattn_abi::Band::CAUSAL, false),
+            (dims(2, 32, 16384, 4096), compressed, true),
+            (dims(2, 32, 4096, 4096), dmattn_abi::Band::ALL, false),
+            (dims(2, 32, 4096, 4096), dmattn_abi::Band { left: 256, ..dmattn_abi::Band::CAUSAL }, false),
+        ] {
+            let plan = lean(d, band);
+            assert_eq!((plan.kv_heads_first, plan.ordered), (swapped, false), "{d:?} {band:?}");
+            let n = d.seqlen_k.div_ceil(plan.tile.block_n as usize) as u32;
+            assert_eq!(plan.grid, if swapped { (8, n, 2) } else { (n, 8, 2) });
+        }
     }
 
     /// The forward's plan: the lean kernel without modifiers, the modifier kernel with any, its
