@@ -25,8 +25,8 @@ fn register_font(explicit: Option<&Path>) -> Result<(), String> {
         .map_err(|_| format!("{}: not a usable TrueType font", path.display()))
 }
 
-/// Line colours of the implementations in `report::ORDER`.
-const COLORS: [RGBColor; 9] = [
+/// Line colours of the implementations in `report::ORDER`, one each.
+const COLORS: [RGBColor; crate::report::ORDER.len()] = [
     RGBColor(220, 20, 60),
     RGBColor(34, 139, 34),
     RGBColor(30, 90, 200),
@@ -36,6 +36,8 @@ const COLORS: [RGBColor; 9] = [
     RGBColor(110, 110, 110),
     RGBColor(160, 110, 60),
     RGBColor(200, 120, 180),
+    RGBColor(90, 160, 230),
+    RGBColor(0, 0, 0),
 ];
 
 /// What varies along a series: the top-k size in window groups, else the key length.
