@@ -5,9 +5,9 @@ use crate::{Band, View4};
 /// Parameters of the key-compaction kernels (a count pass, then the compaction, both over chunks
 /// of `COMPACT_THREADS x COMPACT_KEYS_PER_THREAD` keys): for each plane `[mb, mh]` of a
 /// query-broadcast mask (`[mb, mh, 1, sk]`, bool bytes, or bits as in [`MaskPackParams::packed`](crate::MaskPackParams::packed)),
-/// the kept keys' indices in ascending order (`pos`, i32 `[planes, sk]`, -1 past the count), each key's slot in that list (`slot`, i32
-/// `[planes, sk]`, -1 for a hidden key), the kept keys at or before each key (`ranks`, i32
-/// `[planes, sk]`) and the count (`counts`, u32 `[planes]`); `chunk_counts`
+/// the kept keys' indices in ascending order (`pos`, i32 `[planes, sk]`, -1 past the count), the
+/// kept keys at or before each key (`ranks`, i32 `[planes, sk]`: a kept key `j`'s slot in `pos` is
+/// `ranks[j] - 1`, see [`ScatterParams::ranks`]) and the count (`counts`, u32 `[planes]`); `chunk_counts`
 /// (u32 `[planes, chunks]`) passes each chunk's count from the first pass to the second. Planes
 /// are `plane_stride` elements apart (`sk` rounded up to a 64-key block: a gathered problem's
 /// keys, read from `pos`, are whole blocks; -1 past the count up to the stride).
@@ -16,7 +16,6 @@ use crate::{Band, View4};
 pub struct KeyCompactParams {
     pub mask: View4,
     pub pos: u64,
-    pub slot: u64,
     pub ranks: u64,
     pub counts: u64,
     pub chunk_counts: u64,
@@ -71,9 +70,11 @@ pub struct GatherParams {
 
 /// Parameters of the scatter kernel, the gather's adjoint: output row `(x, y, q, j)` of `dims`
 /// (`row_elems` 16-bit elements, byte strides) is the sum over the source rows
-/// `(x ratio[0] + a, y ratio[1] + b, q, slot[j])`, `a < ratio[0]`, `b < ratio[1]`, whose key list
-/// (`lists` read at `(x ratio[0] + a, y ratio[1] + b)` and key `j`) holds key `j`, in that fixed
-/// order (f32 sums; zero where none does). Writes dK, dV and dbias from their gathered forms.
+/// `(x ratio[0] + a, y ratio[1] + b, q, slot(j))`, `a < ratio[0]`, `b < ratio[1]`, whose key list
+/// holds key `j`, in that fixed order (f32 sums; zero where none does). Key `j`'s slot comes from
+/// the plane's ranks (`ranks` read at `(x ratio[0] + a, y ratio[1] + b)`): `ranks[j] - 1` where
+/// key `j` is kept (`ranks[j] > ranks[j - 1]`, or `ranks[0] > 0`); a null `ranks` is the
+/// identity (slot `j`). Writes dK, dV and dbias from their gathered forms.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ScatterParams {
@@ -86,8 +87,8 @@ pub struct ScatterParams {
     pub ratio: [u32; 2],
     pub row_elems: u32,
     pub unit: u32,
-    /// The key slots (`KeyCompactParams::slot`) by source plane.
-    pub slots: KeyLists,
+    /// The kept keys at or before each key (`KeyCompactParams::ranks`) by source plane.
+    pub ranks: KeyLists,
 }
 
 /// Parameters of the kernel that writes the mask of a gathered problem: for each plane

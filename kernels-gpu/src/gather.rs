@@ -93,21 +93,20 @@ pub unsafe fn key_compact(p: &KeyCompactParams) {
     let (_, before) = block_scan::<COMPACT_THREADS>(before, tid, smem_base());
     let (_, total) = block_scan::<COMPACT_THREADS>(total, tid, smem_base());
     let out = plane as u64 * p.plane_stride as u64;
-    let (pos, slot, ranks) = (p.pos as *mut i32, p.slot as *mut i32, p.ranks as *mut i32);
+    let (pos, ranks) = (p.pos as *mut i32, p.ranks as *mut i32);
     let first = k0 + tid * N;
     let bits = if first < sk { unsafe { strip_bits(p, base, first, sk) } } else { 0 };
     let (mine, _) = block_scan::<COMPACT_THREADS>(bits.count_ones(), tid, smem_base());
     let mut at = before + mine;
-    // Slots and ranks in 16-byte stores (a strip is 64-byte aligned: planes are whole 64-key
-    // blocks apart): scalar ones, 64 bytes apart across a warp, make half a million keys a
-    // long stream of L2 transactions.
+    // Ranks in 16-byte stores (a strip is 64-byte aligned: planes are whole 64-key blocks
+    // apart): scalar ones, 64 bytes apart across a warp, make half a million keys a long stream
+    // of L2 transactions.
     for quad in 0..N / 4 {
-        let (mut slots, mut rank) = ([0u32; 4], [0u32; 4]);
+        let mut rank = [0u32; 4];
         for e in 0..4 {
             let j = 4 * quad + e;
             // No bit is set past `sk`.
             let kept = (bits >> j) & 1 != 0;
-            slots[e as usize] = if kept { at } else { u32::MAX };
             if kept {
                 unsafe { *pos.add((out + at as u64) as usize) = (first + j) as i32 };
                 at += 1;
@@ -117,17 +116,11 @@ pub unsafe fn key_compact(p: &KeyCompactParams) {
         let k = first + 4 * quad;
         let at_k = (out + k as u64) as usize;
         if k + 4 <= sk {
-            unsafe {
-                st_global_v4(slot.add(at_k) as u64, slots);
-                st_global_v4(ranks.add(at_k) as u64, rank);
-            }
+            unsafe { st_global_v4(ranks.add(at_k) as u64, rank) };
         } else {
             for e in 0..4 {
                 if k + e < sk {
-                    unsafe {
-                        *slot.add(at_k + e as usize) = slots[e as usize] as i32;
-                        *ranks.add(at_k + e as usize) = rank[e as usize] as i32;
-                    }
+                    unsafe { *ranks.add(at_k + e as usize) = rank[e as usize] as i32 };
                 }
             }
         }
@@ -153,6 +146,19 @@ unsafe fn list_entry(l: &KeyLists, x: u32, y: u32, c: u32) -> i32 {
     }
     let at = x as u64 * l.batch + div(y, l.head_div) as u64 * l.head + c as u64;
     unsafe { *(l.ptr as *const i32).add(at as usize) }
+}
+
+/// Key `j`'s slot in the list of operand plane `(x, y)`, from the plane's `ranks` (see
+/// `ScatterParams::ranks`): -1 for a key the list does not hold; `j` itself where the ranks are
+/// absent.
+#[inline(always)]
+unsafe fn slot_of(ranks: &KeyLists, x: u32, y: u32, j: u32) -> i32 {
+    if ranks.ptr == 0 {
+        return j as i32;
+    }
+    let rank = unsafe { list_entry(ranks, x, y, j) };
+    let before = if j > 0 { unsafe { list_entry(ranks, x, y, j - 1) } } else { 0 };
+    if rank > before { rank - 1 } else { -1 }
 }
 
 /// `i` as `(x, y, q, c, unit)` of `dims` with `units` pieces per row: in 32-bit arithmetic where
@@ -221,17 +227,17 @@ pub unsafe fn scatter_rows<E: Elem>(p: &ScatterParams) {
     for_each_piece(p.dims, p.row_elems / p.unit, |x, y, q, j, u| {
         let mut acc = [0f32; 8];
         for b in 0..p.ratio[1] {
-            // Slot lists shared by the summed batch entries (query chunks) are read once: most
-            // keys have no slot, and then no source.
-            let shared = p.slots.ptr == 0 || p.slots.batch == 0;
-            let mut slot = unsafe { list_entry(&p.slots, x * p.ratio[0], y * p.ratio[1] + b, j) };
+            // Ranks shared by the summed batch entries (query chunks) are read once: most keys
+            // have no slot, and then no source.
+            let shared = p.ranks.ptr == 0 || p.ranks.batch == 0;
+            let mut slot = unsafe { slot_of(&p.ranks, x * p.ratio[0], y * p.ratio[1] + b, j) };
             if shared && slot < 0 {
                 continue;
             }
             for a in 0..p.ratio[0] {
                 let (xs, ys) = (x * p.ratio[0] + a, y * p.ratio[1] + b);
                 if !shared && a > 0 {
-                    slot = unsafe { list_entry(&p.slots, xs, ys, j) };
+                    slot = unsafe { slot_of(&p.ranks, xs, ys, j) };
                 }
                 if slot >= 0 {
                     let src = at(p.src, &p.src_stride, xs, ys, q, slot as u32) + (2 * u * p.unit) as u64;

@@ -32,13 +32,12 @@ pub(crate) struct KeyListsBuf {
     /// `[mb, mh]`.
     pub planes: [usize; 2],
     pub seqlen_k: usize,
-    /// One allocation (one call's worth of allocator work) holding the four arrays below.
+    /// One allocation (one call's worth of allocator work) holding the three arrays below.
     buf: DeviceBuffer,
     /// i32 `[planes, sk]`: each plane's kept keys ascending, then -1.
     pos: u64,
-    /// i32 `[planes, sk]`: each key's place in its plane's list, -1 where hidden.
-    slot: u64,
-    /// i32 `[planes, sk]`: kept keys at or before each key.
+    /// i32 `[planes, sk]`: kept keys at or before each key (a kept key's place in `pos` is its
+    /// rank less one).
     ranks: u64,
     /// u32 `[planes]`: the lists' lengths (then the compaction's chunk counts).
     counts: u64,
@@ -56,7 +55,7 @@ impl KeyListsBuf {
         self.buf.bytes()
     }
 
-    /// Elements between planes of the lists, slots and ranks (`KeyCompactParams::plane_stride`).
+    /// Elements between planes of the lists and ranks (`KeyCompactParams::plane_stride`).
     fn plane_stride(&self) -> usize {
         stride_for(self.seqlen_k)
     }
@@ -97,7 +96,7 @@ impl KeyListsBuf {
         Ok(self.dense.get_or_init(|| m).clone())
     }
 
-    /// The lists at `at` (one of `pos`, `slot`, `ranks`) as read by an operand whose `(batch,
+    /// The lists at `at` (`pos` or `ranks`) as read by an operand whose `(batch,
     /// head)` plane is `(x, y)`, `y` counting `heads` heads of a problem with `dims`.
     fn lists(&self, at: u64, heads: usize, dims: &Dims) -> KeyLists {
         let [mb, mh] = self.planes;
@@ -154,14 +153,13 @@ pub(crate) fn compact(dev: &CudaDevice, mask: &Tensor, packed: bool, sq: usize, 
     let stream = dev.stream();
     let stride = stride_for(sk);
     let chunks = sk.div_ceil((COMPACT_THREADS * COMPACT_KEYS_PER_THREAD) as usize);
-    // pos, slot, ranks (whole 64-key blocks per plane: 256-byte aligned), then the counts.
+    // pos and ranks (whole 64-key blocks per plane: 256-byte aligned), then the counts.
     let array = (4 * planes * stride) as u64;
-    let buf = DeviceBuffer::uninit(stream, 3 * array as usize + 4 * planes * (1 + chunks))?;
-    let (pos, slot, ranks, counts) = (buf.ptr(), buf.ptr() + array, buf.ptr() + 2 * array, buf.ptr() + 3 * array);
+    let buf = DeviceBuffer::uninit(stream, 2 * array as usize + 4 * planes * (1 + chunks))?;
+    let (pos, ranks, counts) = (buf.ptr(), buf.ptr() + array, buf.ptr() + 2 * array);
     let params = KeyCompactParams {
         mask: super::broadcast_view(mask),
         pos,
-        slot,
         ranks,
         counts,
         chunk_counts: counts + 4 * planes as u64,
@@ -178,7 +176,6 @@ pub(crate) fn compact(dev: &CudaDevice, mask: &Tensor, packed: bool, sq: usize, 
         seqlen_k: sk,
         buf,
         pos,
-        slot,
         ranks,
         counts,
         mask: mask.clone(),
@@ -542,7 +539,7 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, lists: &Arc<KeyListsBuf>
             ratio: [chunks as u32, (kv_heads / d.kv_heads) as u32],
             row_elems: d.head_dim as u32,
             unit: 8,
-            slots: lists.lists(lists.slot, kv_heads, &d),
+            ranks: lists.lists(lists.ranks, kv_heads, &d),
         })?;
         out.push(dst);
     }
@@ -561,7 +558,7 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, lists: &Arc<KeyListsBuf>
                 ratio: [(gs[0] / bb) as u32, (gs[1] / bh) as u32],
                 row_elems: 1,
                 unit: 1,
-                slots: if along_keys { lists.lists(lists.slot, gs[1], &d) } else { KeyLists::default() },
+                ranks: if along_keys { lists.lists(lists.ranks, gs[1], &d) } else { KeyLists::default() },
             })?;
             Some(dst)
         }
