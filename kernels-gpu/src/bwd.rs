@@ -232,8 +232,9 @@ unsafe fn load_stage<const D: usize, const BM: usize, const BN: usize>(
 /// work order sends it (`fwd.order`), else its block index, the grid's x and y swapped where
 /// `kv_heads_first`; then also stored at shared address `slot` for [`KeyBlock::reread`] (every
 /// thread stores the same value; a barrier follows before the loop reads it back). Elsewhere
-/// the block index ([`grid_position`]): held across the main loop, a stored copy costs registers (ptxas reads the
-/// block index's special registers again at will) that the kernels at the limit do not have.
+/// the block index ([`grid_position`]): held across the main loop, a stored copy costs
+/// registers (ptxas reads the block index's special registers again at will) that the kernels
+/// at the limit do not have.
 #[inline(always)]
 fn position(p: &BwdParams, placed: bool, swaps: bool, slot: u32) -> (u32, u32, u32) {
     if !placed {

@@ -963,9 +963,10 @@ mod tests {
         assert_eq!(bwd_q_split_shift(132, 1, 0, 1 << 10), 0);
     }
 
-    /// The backward's placement (a work order under a prepared mask): where Q and dO fit a few L2
-    /// sizes, or where few key tiles would read them again (`bwd_placement_pays`); never for the
-    /// variants that cannot read a placed position, nor in deterministic mode.
+    /// The backward's placement (a work order under a prepared mask; for the lean variant under a
+    /// causal-like band, its grid kv heads first): where Q and dO fit a few L2 sizes, or where few
+    /// key tiles would read them again (`bwd_placement_pays`); never in deterministic mode, nor
+    /// for the lean variant without such a band.
     #[test]
     fn backward_placement() {
         let plan = |d: Dims, det: bool, mods: u8| {
