@@ -110,6 +110,27 @@ pub struct BlockMaskParams {
     pub dims: [u32; 4],
 }
 
+/// Parameters of the kernel that lays a mask prepared per sequence out for a packed batch. Its
+/// u64 bits `[pb, ph, {1|max_seqlen_q}, words]` and u8 classes `[pb, ph, {1|q_blocks}, words]`
+/// (`src_*`, zero strides where broadcast; sequence `b` reads plane `b`, or plane 0 where `pb`
+/// is 1) are copied into `bits` and `classes`, where the kernels' `Seq::origin` places sequence
+/// `b`'s rows and its 64-query block rows from its first query's (the layout [`MaskPackParams`]
+/// gives a packed batch's query-based mask). Rows past a sequence's queries are not copied;
+/// with `bits.ptr` 0 only the classes are (the host reads bits with one row for every row where
+/// they are). Grid `(x, ph, sequences)`, [`MASK_PACK_THREADS`] threads.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MaskSeqsParams {
+    pub src_bits: View4,
+    pub src_classes: View4,
+    pub bits: View4,
+    pub classes: View4,
+    /// Words (and classes) per row: `ceil(max_seqlen_k / 64)`.
+    pub words: u32,
+    pub _pad: u32,
+    pub seqs: Seqs,
+}
+
 /// Threads per block of the block-mask kernel (one output class each).
 pub const BLOCK_MASK_THREADS: u32 = 256;
 

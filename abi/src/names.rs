@@ -5,6 +5,8 @@ pub const MASK_PACK: &str = "dmattn_mask_pack";
 /// The mask pack for key-side masks (one row a plane): a warp per 64-key word.
 pub const MASK_PACK_KEYS: &str = "dmattn_mask_pack_keys";
 pub const BLOCK_MASK: &str = "dmattn_block_mask";
+/// A mask prepared per sequence laid out for a packed batch (`MaskSeqsParams`).
+pub const MASK_TO_SEQS: &str = "dmattn_mask_to_seqs";
 pub const KEY_COUNT: &str = "dmattn_key_count";
 pub const KEY_COMPACT: &str = "dmattn_key_compact";
 pub const GATHER_ROWS: &str = "dmattn_gather_rows";

@@ -227,7 +227,10 @@ impl<'a> Attention<'a> {
                 (Some(seqs), Some(layout)) => PreparedMask::packed(m, layout, seqs)?,
                 _ => SparseMask::dense(m).prepare(d.seqlen_q, d.seqlen_k)?,
             }),
-            (None, Some(t), _) => Some(SparseMask::indices(t).prepare(d.seqlen_q, d.seqlen_k)?),
+            (None, Some(t), _) => Some(match &problem.seqs {
+                Some(seqs) => SparseMask::indices(t).prepare_packed(seqs)?,
+                None => SparseMask::indices(t).prepare(d.seqlen_q, d.seqlen_k)?,
+            }),
             (None, None, sparse) => sparse.cloned(),
         };
         let saved = Saved { q: i.q.clone(), k: i.k.clone(), v: i.v.clone(), mask, bias: i.bias.cloned() };

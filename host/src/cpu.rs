@@ -112,6 +112,24 @@ pub(crate) fn prepare(parts: &[Part], sq: usize, sk: usize) -> Result<DenseMask>
     Ok(DenseMask { planes, keep })
 }
 
+/// A mask prepared per sequence (`[pb, ph, sq, sk]` with `sq` and `sk` at least the longest
+/// lengths, sequence `b` in plane `b`, or all in plane 0 where `pb` is 1) as a packed batch's
+/// query-based flags `[total_q, ph, max_k]` (planes `[1, ph]`), which [`sequence_operands`] cuts
+/// per sequence.
+pub(crate) fn to_sequences(m: &DenseMask, seqs: &SeqLens, sq: usize, sk: usize) -> DenseMask {
+    let ([pb, ph], max_k) = (m.planes, seqs.max_seqlen_k());
+    let mut keep = vec![false; seqs.total_q() * ph * max_k];
+    for b in 0..seqs.batch() {
+        for (i, row) in seqs.rows(b).0.enumerate() {
+            for h in 0..ph {
+                let from = ((pick(pb, b) * ph + h) * sq + i) * sk;
+                keep[(row * ph + h) * max_k..][..max_k].copy_from_slice(&m.keep[from..][..max_k]);
+            }
+        }
+    }
+    DenseMask { planes: [1, ph], keep }
+}
+
 /// The dtype LSE is reported in: f64 for f64 inputs, f32 otherwise.
 pub(crate) fn lse_dtype(dtype: DType) -> DType {
     if dtype == DType::F64 { DType::F64 } else { DType::F32 }

@@ -238,7 +238,7 @@ impl Problem {
         }
         let device = inp.q.device();
         let mut others = vec![("k", inp.k), ("v", inp.v)];
-        let (mask, packed_mask) = match inp.mask {
+        let (mask, mut packed_mask) = match inp.mask {
             Some(m) => {
                 if m.dtype() != DType::Bool {
                     return Err(Error::DType { arg: "mask", expected: "Bool".into(), got: m.dtype() });
@@ -269,15 +269,32 @@ impl Problem {
                     return Err(Error::Shape { arg: "indices", expected, got: s.to_vec() });
                 }
                 others.push(("indices", t));
-                Some([s[0], s[1]])
+                // A packed batch's: prepared per sequence into the query-based layout.
+                if inp.seqs.is_some() {
+                    packed_mask = Some(PackedLayout::PerQuery);
+                    Some([1, s[1]])
+                } else {
+                    Some([s[0], s[1]])
+                }
             }
         };
-        if inp.seqs.is_some() && (inp.indices.is_some() || inp.sparse.is_some_and(|sp| sp.data.is_some())) {
-            let what = "index lists or a sparse mask with data (parametric ones and bool masks are taken) with a packed batch".into();
-            return Err(Error::Unsupported { what, backend: "CPU or CUDA" });
-        }
-        if pages.is_some() && packed_mask == Some(PackedLayout::PerQuery) {
-            return Err(Error::Unsupported { what: "a query-based mask with paged K/V (a key-side one is taken)".into(), backend: "CPU or CUDA" });
+        if let Some(sp) = inp.sparse.filter(|sp| sp.data.is_some()) {
+            match (inp.seqs, &sp.seqs) {
+                (Some(seqs), Some(prepared)) if seqs.same_lengths(prepared) => packed_mask = Some(PackedLayout::PerQuery),
+                (Some(_), _) => {
+                    return Err(Error::Param {
+                        arg: "sparse_mask",
+                        reason: "its data was not prepared for this packed batch: prepare it with SparseMask::prepare_packed(&seqlens)".into(),
+                    });
+                }
+                (None, Some(_)) => {
+                    return Err(Error::Param {
+                        arg: "sparse_mask",
+                        reason: "prepared for a packed batch (prepare_packed): prepare it with SparseMask::prepare for a fixed-length call".into(),
+                    });
+                }
+                (None, None) => {}
+            }
         }
         let mut band = Band::ALL;
         let mask = match inp.sparse {
@@ -319,6 +336,10 @@ impl Problem {
                 sp.data.as_ref().map(|_| sp.planes).or(mask)
             }
         };
+        if pages.is_some() && packed_mask == Some(PackedLayout::PerQuery) {
+            let what = "a query-based mask, index lists or a sparse mask with data with paged K/V (a key-side mask is taken)".into();
+            return Err(Error::Unsupported { what, backend: "CPU or CUDA" });
+        }
         if inp.causal {
             if band.compress != 0 {
                 return Err(Error::Param {

@@ -154,6 +154,11 @@ impl SeqLens {
         self.inner.device_q.device()
     }
 
+    /// Whether both describe the same sequences (the same lengths, in order).
+    pub(crate) fn same_lengths(&self, other: &SeqLens) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner) || (self.inner.cu_q == other.inner.cu_q && self.inner.cu_k == other.inner.cu_k)
+    }
+
     /// The prefix sums on the device (int32 `[batch + 1]`).
     pub(crate) fn device_tensors(&self) -> (&Tensor, &Tensor) {
         (&self.inner.device_q, &self.inner.device_k)

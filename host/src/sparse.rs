@@ -2,8 +2,9 @@
 //! (causal, sliding windows, compressed causal, sink keys: no storage), block masks (a block
 //! bitset, BCSR, or a bitset built on the device from a dense mask) and score masks (dense bool,
 //! bit-packed), ANDed together. [`SparseMask::prepare`] turns it into a [`PreparedMask`] for one
-//! device and sequence lengths, once; forward, backward and later calls (layers sharing a mask)
-//! read the prepared form without preparing it again.
+//! device and sequence lengths, once ([`SparseMask::prepare_packed`] for a packed batch's
+//! sequences); forward, backward and later calls (layers sharing a mask) read the prepared form
+//! without preparing it again.
 //!
 //! On the GPU the prepared form is what the kernels read: a class per 64x64 block (empty: never
 //! visited; full: no per-score work; partial) and, where a score mask is given, one bit per score.
@@ -18,6 +19,7 @@ use crate::problem::PackedLayout;
 use crate::seqlens::SeqLens;
 use crate::tensor::Tensor;
 use dmattn_abi::Band;
+use std::ops::Range;
 use std::sync::Arc;
 
 /// Which scores of an attention call are visible. Build one from the constructors, combine with
@@ -206,11 +208,72 @@ impl SparseMask {
                 (dense.planes, Some(MaskData::Cpu(Arc::new(dense))))
             }
             (Device::Cuda(dev), false) => {
-                let gpu = cuda::prepare(dev, &self.parts, seqlen_q, seqlen_k)?;
+                let gpu = cuda::prepare(dev, &self.parts, seqlen_q, seqlen_k, true)?;
                 (gpu.planes, Some(MaskData::Cuda(gpu)))
             }
         };
-        Ok(PreparedMask { band, seqlen_q, seqlen_k, planes, data, device })
+        Ok(PreparedMask { band, seqlen_q, seqlen_k, planes, data, device, seqs: None })
+    }
+
+    /// Prepares the mask for packed calls over the sequences of `seqs` (on their device), as
+    /// [`SparseMask::prepare`] does for fixed lengths. Data parts give each sequence's mask in
+    /// that sequence's own positions, as if it were batch entry `b` of a fixed-length call of
+    /// the longest lengths: batch dim `{1|batch}` (1: every sequence the same), `seqlen_q` =
+    /// `seqs.max_seqlen_q()` rows (or query blocks) and `seqlen_k` = `seqs.max_seqlen_k()` keys
+    /// (or key blocks); e.g. a block bitset `[{1|batch}, {1|hk|h}, ceil(max_seqlen_q / block),
+    /// ceil(max_seqlen_k / block)]`, whose block `(r, c)` of sequence `b` holds its queries from
+    /// `r * block` and keys from `c * block`. What lies past a sequence's own lengths is never
+    /// read (index lists' entries there show nothing). Parametric rules apply to each sequence's
+    /// lengths. Masks with data are laid out once for the packed rows (about `total_q x
+    /// max_seqlen_k / 8` bytes a head plane); a mask prepared here serves only calls with these
+    /// sequences, and none is run as gather attention.
+    ///
+    /// ```
+    /// # fn main() -> dmattn::Result<()> {
+    /// use dmattn::{attention, DType, Device, SeqLens, SparseMask, Tensor};
+    /// let dev = Device::Cpu;
+    /// // Two documents of 100 and 200 tokens; a 64-block bitset each ([2, 1, 4, 4]: the longest's
+    /// // 4 x 4 blocks), the second document's blocks past its diagonal hidden.
+    /// let lens = SeqLens::from_lengths(&[100, 200], &[100, 200], &dev)?;
+    /// let kept: Vec<bool> = (0..32).map(|i| i < 16 || (i % 16) / 4 >= i % 4).collect();
+    /// let mask = SparseMask::block_bitset(&Tensor::from_vec(kept, &[2, 1, 4, 4], &dev)?, 64).prepare_packed(&lens)?;
+    /// let x = Tensor::from_fn(&[300, 2, 16], DType::F32, &dev, |i| (i as f64 * 0.37).sin())?;
+    /// let fwd = attention(&x, &x, &x).seqlens(&lens).sparse_mask(&mask).forward()?;
+    /// assert_eq!(fwd.out.shape(), &[300, 2, 16]);
+    /// // 20 tiles of 64 x 64 (4 and 16), of which 4 and 10 are visited.
+    /// assert!((mask.estimated_speedup()? - 20.0 / 14.0).abs() < 1e-12);
+    /// # Ok(()) }
+    /// ```
+    pub fn prepare_packed(&self, seqs: &SeqLens) -> Result<PreparedMask> {
+        let (sq, sk) = (seqs.max_seqlen_q().max(1), seqs.max_seqlen_k().max(1));
+        let band = self.band.resolve(sq, sk)?;
+        let device = self.device()?;
+        if !self.parts.is_empty() && !device.same(&seqs.device()) {
+            return Err(Error::Device { arg: "sparse_mask", expected: format!("{} (the device of the sequence lengths)", seqs.device()), got: device.to_string() });
+        }
+        // One plane per sequence or one for all: checked before the data is laid out by it.
+        let per_sequence = |planes: [usize; 2]| {
+            if planes[0] == 1 || planes[0] == seqs.batch() {
+                return Ok(());
+            }
+            let expected = format!("data parts with batch dim 1 or {} (one plane per sequence)", seqs.batch());
+            Err(Error::Shape { arg: "sparse_mask", expected, got: planes.to_vec() })
+        };
+        let (planes, data) = match &device {
+            _ if self.parts.is_empty() => ([1, 1], None),
+            Device::Cpu => {
+                let dense = crate::cpu::prepare(&self.parts, sq, sk)?;
+                per_sequence(dense.planes)?;
+                ([1, dense.planes[1]], Some(MaskData::Cpu(Arc::new(crate::cpu::to_sequences(&dense, seqs, sq, sk)))))
+            }
+            Device::Cuda(dev) => {
+                let gpu = cuda::prepare(dev, &self.parts, sq, sk, false)?;
+                per_sequence(gpu.planes)?;
+                ([1, gpu.planes[1]], Some(MaskData::Cuda(cuda::to_sequences(dev, &gpu, seqs)?)))
+            }
+        };
+        let seqs = data.is_some().then(|| seqs.clone());
+        Ok(PreparedMask { band, seqlen_q: sq, seqlen_k: sk, planes, data, device, seqs })
     }
 
     /// The device of the mask's tensors (CPU for a parametric mask); all must share it.
@@ -267,6 +330,8 @@ pub struct PreparedMask {
     pub(crate) planes: [usize; 2],
     pub(crate) data: Option<MaskData>,
     device: Device,
+    /// The packed batch whose rows its data is laid out for ([`SparseMask::prepare_packed`]).
+    pub(crate) seqs: Option<SeqLens>,
 }
 
 #[derive(Clone)]
@@ -285,7 +350,7 @@ pub(crate) struct DenseMask {
 impl PreparedMask {
     /// Device data prepared by a backend, with no band.
     pub(crate) fn on_device(data: MaskData, planes: [usize; 2], seqlen_q: usize, seqlen_k: usize, device: Device) -> Self {
-        PreparedMask { band: Band::ALL, seqlen_q, seqlen_k, planes, data: Some(data), device }
+        PreparedMask { band: Band::ALL, seqlen_q, seqlen_k, planes, data: Some(data), device, seqs: None }
     }
 
     /// The same mask (band, lengths, planes) in another form of device data.
@@ -302,7 +367,7 @@ impl PreparedMask {
             Device::Cpu => MaskData::Cpu(Arc::new(DenseMask { planes: [1, heads], keep: t.to_f64_vec()?.into_iter().map(|x| x != 0.0).collect() })),
             Device::Cuda(dev) => MaskData::Cuda(cuda::pack_sequences(&dev, t, layout, seqs)?),
         };
-        Ok(Self::on_device(data, [1, heads], seqs.max_seqlen_q(), seqs.max_seqlen_k(), t.device()))
+        Ok(PreparedMask { seqs: Some(seqs.clone()), ..Self::on_device(data, [1, heads], seqs.max_seqlen_q(), seqs.max_seqlen_k(), t.device()) })
     }
 
     /// The device the mask was prepared on (any device's tensors may use a parametric mask).
@@ -342,6 +407,9 @@ impl PreparedMask {
     /// work in partial tiles costs extra, and skipped tiles are not free, so measured speedups
     /// differ. Reads the block classes back from the GPU (waits for the device).
     pub fn estimated_speedup(&self) -> Result<f64> {
+        if let Some(seqs) = &self.seqs {
+            return self.packed_speedup(seqs);
+        }
         let (qb, kb) = (self.seqlen_q.div_ceil(64), self.seqlen_k.div_ceil(64));
         if let Some(MaskData::Cuda(g)) = &self.data
             && let Some(lists) = &g.gather
@@ -349,7 +417,7 @@ impl PreparedMask {
         {
             // Gathered: the band's tiles, each holding the kept keys' share of the keys (none
             // where the mask hides every key: every gathered tile is then skipped).
-            let band = (0..qb).map(|i| (0..kb).filter(|&j| self.band_touches(i * 64, j * 64)).count()).sum::<usize>();
+            let band = (0..qb).map(|i| (0..kb).filter(|&j| self.band_touches(self.seqlen_q, self.seqlen_k, i * 64, j * 64)).count()).sum::<usize>();
             let visited = band as f64 * lists.longest()?.next_multiple_of(64) as f64 / (kb * 64) as f64;
             return Ok((qb * kb) as f64 / visited.max(1.0));
         }
@@ -368,20 +436,52 @@ impl PreparedMask {
             for i in 0..qb {
                 for j in 0..kb {
                     let kept = classes.as_ref().is_none_or(|c| c[(plane * qb + i) * kb + j]);
-                    visited += (kept && self.band_touches(i * 64, j * 64)) as usize;
+                    visited += (kept && self.band_touches(self.seqlen_q, self.seqlen_k, i * 64, j * 64)) as usize;
                 }
             }
         }
         Ok((planes * qb * kb) as f64 / visited.max(1) as f64)
     }
 
-    /// Whether the band shows any score of the 64x64 block at `(row0, col0)`.
-    fn band_touches(&self, row0: usize, col0: usize) -> bool {
-        let rows = row0..(row0 + 64).min(self.seqlen_q);
-        let cols = col0..(col0 + 64).min(self.seqlen_k);
+    /// [`PreparedMask::estimated_speedup`] of a mask laid out for a packed batch: every
+    /// sequence's tiles (of every head plane) over those it visits.
+    fn packed_speedup(&self, seqs: &SeqLens) -> Result<f64> {
+        let (ph, max_k, total_q) = (self.planes[1], seqs.max_seqlen_k(), seqs.total_q());
+        let words = max_k.div_ceil(64);
+        // Whether head plane `h`'s block `(r, c)` of the sequence with rows `q` and `keys` keys
+        // keeps a score (by the layouts `cpu::to_sequences` and `cuda::to_sequences` write).
+        type Kept<'a> = Box<dyn Fn(usize, &Range<usize>, usize, usize, usize) -> bool + 'a>;
+        let kept: Kept = match &self.data {
+            Some(MaskData::Cpu(d)) => Box::new(move |h, q, keys, r, c| {
+                let rows = q.start + 64 * r..(q.start + 64 * r + 64).min(q.end);
+                rows.into_iter().any(|i| (64 * c..(64 * c + 64).min(keys)).any(|j| d.keep[(i * ph + h) * max_k + j]))
+            }),
+            Some(MaskData::Cuda(g)) => {
+                let classes = g.classes_to_host(ph * total_q * words)?;
+                Box::new(move |h, q, _, r, c| classes[(h * total_q + q.start + r) * words + c] != dmattn_abi::block_class::EMPTY)
+            }
+            None => Box::new(|_, _, _, _, _| true),
+        };
+        let (mut tiles, mut visited) = (0usize, 0usize);
+        for b in 0..seqs.batch() {
+            let (q, k) = seqs.rows(b);
+            let (qb, kb) = (q.len().div_ceil(64), k.len().div_ceil(64));
+            tiles += ph * qb * kb;
+            for (h, r, c) in (0..ph).flat_map(|h| (0..qb).flat_map(move |r| (0..kb).map(move |c| (h, r, c)))) {
+                visited += (self.band_touches(q.len(), k.len(), 64 * r, 64 * c) && kept(h, &q, k.len(), r, c)) as usize;
+            }
+        }
+        Ok(tiles as f64 / visited.max(1) as f64)
+    }
+
+    /// Whether the band shows any score of the 64x64 block at `(row0, col0)` of a call of
+    /// `sq x sk`.
+    fn band_touches(&self, sq: usize, sk: usize, row0: usize, col0: usize) -> bool {
+        let rows = row0..(row0 + 64).min(sq);
+        let cols = col0..(col0 + 64).min(sk);
         rows.into_iter().any(|i| {
-            let (lo, hi) = band_keys(&self.band, self.seqlen_q, self.seqlen_k, i);
-            let sinks = sink_keys(&self.band, self.seqlen_k);
+            let (lo, hi) = band_keys(&self.band, sq, sk, i);
+            let sinks = sink_keys(&self.band, sk);
             (cols.start < hi && cols.end > lo) || (cols.start < sinks.min(hi))
         })
     }

@@ -2,7 +2,7 @@
 //! composed from a few modules: PTX primitives (`arch`), element types and their MMA (`elem`),
 //! shared-memory tiles (`tile`), the mask logic every kernel shares (`mask`), the online softmax
 //! (`softmax`), score start values and logits (`scores`), and the kernels themselves (`fwd`,
-//! `bwd`, `decode` (the forward for few queries), `bwd_pre`, `mask_pack` and `block_mask` (mask preparation), `gather` (gather attention), `select` and `select_wide` (masks made from a bias), `schedule` for the forward's work order, `combine` for
+//! `bwd`, `decode` (the forward for few queries), `bwd_pre`, `mask_pack` and `block_mask` (mask preparation; `mask_pack` also lays a mask out for a packed batch), `gather` (gather attention), `select` and `select_wide` (masks made from a bias), `schedule` for the forward's work order, `combine` for
 //! split-KV, and `softmax_rows` for the unfused path). Entry points are instantiated here from
 //! the tile table in `dmattn-abi`. The crate builds twice: for sm_80 (every kernel but the
 //! Hopper ones; it runs on Hopper too) and for sm_90a (only the `wgmma` forward and backward).
@@ -36,7 +36,7 @@ mod softmax_rows;
 mod tile;
 
 use dmattn_abi::{
-    BlockMaskParams, BwdParams, BwdSharesParams, DecodeParams, GatherMaskParams, GatherParams, IndicesParams, KeyCompactParams, ScatterParams, SelectParams, SelectWideParams, BwdPreParams, BwdTile, CombineParams, ConvertParams, FwdParams, FwdTile, OrderParams, FwdVariants, MaskPackParams,
+    BlockMaskParams, BwdParams, BwdSharesParams, DecodeParams, GatherMaskParams, GatherParams, IndicesParams, KeyCompactParams, ScatterParams, SelectParams, SelectWideParams, BwdPreParams, BwdTile, CombineParams, ConvertParams, FwdParams, FwdTile, OrderParams, FwdVariants, MaskPackParams, MaskSeqsParams,
     SoftmaxRowsParams, bwd_tile, fwd_variants, fwd_variants_for, modifiers,
 };
 use elem::{Bf16, F16};
@@ -62,6 +62,12 @@ pub unsafe extern "ptx-kernel" fn dmattn_mask_pack(p: MaskPackParams) {
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn dmattn_mask_pack_keys(p: MaskPackParams) {
     unsafe { mask_pack::mask_pack_keys(&p) }
+}
+
+#[cfg(not(target_feature = "sm_90a"))]
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn dmattn_mask_to_seqs(p: MaskSeqsParams) {
+    unsafe { mask_pack::mask_to_seqs(&p) }
 }
 
 #[cfg(not(target_feature = "sm_90a"))]

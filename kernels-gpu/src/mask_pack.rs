@@ -4,7 +4,7 @@
 //! one bit per score instead of one byte, one 16-bit load per row and tile per thread.
 use crate::arch::*;
 use crate::seq::Seq;
-use dmattn_abi::{BLOCK_MAP_K, BLOCK_MAP_Q, MASK_PACK_THREADS, MaskPackParams, block_class, mask_bit, mask_bits_of_bytes};
+use dmattn_abi::{BLOCK_MAP_K, BLOCK_MAP_Q, MASK_PACK_THREADS, MaskPackParams, MaskSeqsParams, View4, block_class, mask_bit, mask_bits_of_bytes};
 
 /// Grid `(k_blocks, q_blocks, mask_batch * mask_heads)`, `MASK_PACK_THREADS` threads: four
 /// adjacent lanes share a row, each reading a 16-key strip. Out-of-range elements count for
@@ -127,5 +127,37 @@ pub unsafe fn mask_pack_keys(p: &MaskPackParams) {
             let full = word.count_ones() == (seq.len_k - first).min(BLOCK_MAP_K);
             *(c.ptr as *mut u8).add((seq.origin(&c.stride) + h * c.stride[1] + kb as u64) as usize) = block_class::of(word != 0, full);
         }
+    }
+}
+
+/// A mask prepared per sequence, laid out for a packed batch (`MaskSeqsParams`): grid `(x, ph,
+/// sequences)`, `MASK_PACK_THREADS` threads striding over the sequence's rows' words, then over
+/// its block rows' classes. A preparation step: plain loads and stores.
+#[inline(always)]
+pub unsafe fn mask_to_seqs(p: &MaskSeqsParams) {
+    let (bx, h, b) = block_idx();
+    let seq = Seq::in_batch::<true>(&p.seqs, b, 0, 0);
+    let (first, step) = ((bx * MASK_PACK_THREADS + thread_idx()) as u64, (grid_dim_x() * MASK_PACK_THREADS) as u64);
+    let words = p.words as u64;
+    // Element `e` of the sequence's `rows x words`: (source, destination) element offsets.
+    let at = |src: &View4, dst: &View4, e: u64| {
+        let (r, w) = (e / words, e % words);
+        let s = &src.stride;
+        let from = b as u64 * s[0] + h as u64 * s[1] + r * s[2] + w * s[3];
+        (from, seq.origin(&dst.stride) + h as u64 * dst.stride[1] + r * dst.stride[2] + w)
+    };
+    if p.bits.ptr != 0 {
+        let mut e = first;
+        while e < seq.len_q as u64 * words {
+            let (from, to) = at(&p.src_bits, &p.bits, e);
+            unsafe { *(p.bits.ptr as *mut u64).add(to as usize) = ld_global_nc_u64(p.src_bits.ptr + 8 * from) };
+            e += step;
+        }
+    }
+    let mut e = first;
+    while e < seq.len_q.div_ceil(BLOCK_MAP_Q) as u64 * words {
+        let (from, to) = at(&p.src_classes, &p.classes, e);
+        unsafe { *(p.classes.ptr as *mut u8).add(to as usize) = ld_global_nc_u8(p.src_classes.ptr + from) as u8 };
+        e += step;
     }
 }

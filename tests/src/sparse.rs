@@ -266,7 +266,7 @@ impl MaskSpec {
     }
 
     /// The data parts together per plane of [`MaskSpec::planes`]: `[pb, ph, sq, sk]`.
-    fn data_table(&self, sq: usize, sk: usize) -> Vec<bool> {
+    pub fn data_table(&self, sq: usize, sk: usize) -> Vec<bool> {
         let [pb, ph] = self.planes();
         let mut out = vec![true; pb * ph * sq * sk];
         for part in &self.data {

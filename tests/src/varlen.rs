@@ -1,6 +1,7 @@
 //! Packed variable-length batches: random cases, and the check that a packed call equals each
 //! of its sequences run as its own fixed-length call on the CPU reference.
-use crate::sparse::{BandCtor, MaskSpec, plane_head};
+use crate::sparse::{BandCtor, Kind, MaskSpec, plane_head, random_indices, random_spec};
+use dmattn::SparseMask;
 use crate::*;
 use dmattn::{PageTable, SeqLens};
 use rand::seq::SliceRandom;
@@ -26,6 +27,28 @@ pub struct VarlenCase {
     pub dtype: DType,
     /// K/V as the pages of a paged KV cache of this page size (forward only).
     pub page_size: Option<usize>,
+    /// A sparse mask with data (never with `mask`).
+    pub sparse: Option<VarlenSparse>,
+}
+
+/// A packed batch's sparse mask with data ([`SparseMask::prepare_packed`]), drawn from the
+/// case's seed in the layout of a fixed-length call of `[sequences, max_seqlen_q,
+/// max_seqlen_k]` (each sequence its own positions): parts of `kinds` (with `planes`, a plane
+/// per sequence or one for all), or with `indices` index lists (given to `Attention::indices`
+/// where the case has no band, else ANDed with the band).
+#[derive(Clone, Debug)]
+pub struct VarlenSparse {
+    pub kinds: Vec<Kind>,
+    pub indices: bool,
+}
+
+/// A drawn [`VarlenSparse`]: its mask (or index lists) and what it shows, `[pb, ph, rows,
+/// max_seqlen_k]` flags with `rows` 1 or `max_seqlen_q`.
+pub struct SparseData {
+    pub spec: Option<MaskSpec>,
+    pub indices: Option<Tensor>,
+    pub shape: [usize; 4],
+    pub keep: Vec<bool>,
 }
 
 /// A packed batch's bool mask: `heads` heads (1, kv_heads or heads), key-side `[total_k, heads]`
@@ -48,6 +71,7 @@ pub struct Packed {
     pub mask: Option<Tensor>,
     /// The case's K/V pages, where it has a page size.
     pub pages: Option<Pages>,
+    pub sparse: Option<SparseData>,
 }
 
 /// k and v as pages `[num_pages, page_size, hk, d]` and the block table's `[batch, max_pages]`
@@ -69,6 +93,7 @@ impl Packed {
             bias: self.bias.as_ref().map(mv),
             mask: self.mask.as_ref().map(mv),
             pages: self.pages.as_ref().map(|p| Pages { k: mv(&p.k), v: mv(&p.v), table: p.table.clone() }),
+            sparse: self.sparse.as_ref().map(|d| SparseData { spec: d.spec.clone(), indices: d.indices.as_ref().map(mv), shape: d.shape, keep: d.keep.clone() }),
         }
     }
 }
@@ -157,9 +182,31 @@ impl VarlenCase {
                 Tensor::from_vec(keep, &shape, &Device::Cpu).unwrap()
             }),
             pages: None,
+            sparse: None,
         };
         packed.pages = self.page_size.map(|ps| self.paged(&packed, ps, rng));
+        packed.sparse = self.sparse.as_ref().map(|sp| self.sparse_data(sp, rng));
         packed
+    }
+
+    /// The fixed-length call whose batch entries are the sequences, padded to the longest (at
+    /// least 1: `prepare_packed`'s lengths).
+    fn padded(&self) -> Case {
+        let max_q = self.lens.iter().map(|&(q, _)| q).max().unwrap_or(0).max(1);
+        Case::new(self.lens.len(), max_q, self.max_k().max(1), self.heads, self.kv_heads, self.head_dim)
+    }
+
+    fn sparse_data(&self, sp: &VarlenSparse, rng: &mut StdRng) -> SparseData {
+        let padded = self.padded();
+        if sp.indices {
+            let (shape, idx, keep) = random_indices(rng, &padded);
+            let indices = Tensor::from_vec(idx, &shape, &Device::Cpu).unwrap();
+            return SparseData { spec: None, indices: Some(indices), shape: [shape[0], shape[1], shape[2], padded.seqlen_k], keep };
+        }
+        let spec = random_spec(rng, &padded, &sp.kinds);
+        let [pb, ph] = spec.planes();
+        let keep = spec.data_table(padded.seqlen_q, padded.seqlen_k);
+        SparseData { spec: Some(spec), indices: None, shape: [pb, ph, padded.seqlen_q, padded.seqlen_k], keep }
     }
 
     /// The packed k and v as pages of `page_size` keys: each sequence's pages drawn at random
@@ -225,15 +272,32 @@ impl VarlenCase {
         if let Some(m) = &inputs.mask {
             call = call.mask(m);
         }
-        if let Some(b) = &band {
+        let (sparse, indices) = match &inputs.sparse {
+            // Index lists alone go through `Attention::indices`.
+            Some(SparseData { indices: Some(t), .. }) if self.band.is_none() => (None, Some(t)),
+            Some(d) => {
+                let data = match (&d.spec, &d.indices) {
+                    (Some(spec), _) => spec.build(&inputs.q.device())?,
+                    (None, Some(t)) => SparseMask::indices(t),
+                    (None, None) => SparseMask::all(),
+                };
+                let mask = self.band.map_or_else(SparseMask::all, BandCtor::build).and(data);
+                (Some(mask.prepare_packed(seqs)?), None)
+            }
+            None => (band, None),
+        };
+        if let Some(b) = &sparse {
             call = call.sparse_mask(b);
+        }
+        if let Some(t) = indices {
+            call = call.indices(t);
         }
         call.forward()
     }
 
     /// Sequence `b` as a fixed-length case with a dense mask for the band and the packed mask
     /// (`mask`: its flags) together, and its inputs.
-    fn sequence(&self, inputs: &[Vec<f64>; 4], bias: Option<&[f64]>, mask: Option<&[bool]>, b: usize) -> (Case, crate::Inputs, Tensor) {
+    fn sequence(&self, inputs: &[Vec<f64>; 4], bias: Option<&[f64]>, mask: Option<&[bool]>, sparse: Option<&SparseData>, b: usize) -> (Case, crate::Inputs, Tensor) {
         let (q0, k0) = self.lens[..b]
             .iter()
             .fold((0, 0), |(a, c), &(q, k)| (a + q, c + k));
@@ -278,10 +342,22 @@ impl VarlenCase {
                 })
                 .collect::<Vec<bool>>()
         });
-        let dense = match (band, packed) {
+        // The sparse mask's flags: the sequence's plane, its own positions.
+        let sparse = sparse.map(|d| {
+            let [pb, ph, rows, mk] = d.shape;
+            (0..h * sq * sk)
+                .map(|e| {
+                    let (hh, i, j) = (e / (sq * sk), e / sk % sq, e % sk);
+                    let plane = if pb == 1 { 0 } else { b } * ph + plane_head(ph, h, self.kv_heads, hh);
+                    d.keep[(plane * rows + if rows == 1 { 0 } else { i }) * mk + j]
+                })
+                .collect::<Vec<bool>>()
+        });
+        let and = |a: Option<Vec<bool>>, b: Option<Vec<bool>>| match (a, b) {
             (Some(a), Some(b)) => Some(a.iter().zip(&b).map(|(x, y)| *x && *y).collect()),
             (a, b) => a.or(b),
         };
+        let dense = and(and(band, packed), sparse);
         match dense {
             Some(keep) => {
                 let shape = [1, h, sq, sk];
@@ -337,7 +413,7 @@ pub fn check_varlen(
     let (mut q0, mut k0) = (0, 0);
     for (b, &(sq, sk)) in case.lens.iter().enumerate() {
         if sq > 0 && sk > 0 {
-            let (seq_case, seq_inputs, dout) = case.sequence(&values, bias.as_deref(), mask.as_deref(), b);
+            let (seq_case, seq_inputs, dout) = case.sequence(&values, bias.as_deref(), mask.as_deref(), cpu.sparse.as_ref(), b);
             let r = seq_case
                 .forward(&seq_inputs)
                 .map_err(|e| TestCaseError::fail(format!("reference of sequence {b}: {e}")))?;
@@ -424,6 +500,19 @@ pub fn check_varlen(
     Ok(())
 }
 
+/// A packed batch's sparse mask with data: index lists, or a score mask (any, key-side ones
+/// included) and up to two block masks (bitset, dense blocks, BCSR; blocks of 64 or 128).
+pub fn varlen_sparse() -> impl Strategy<Value = VarlenSparse> {
+    let block = || prop::sample::select(vec![64usize, 128]);
+    let score = prop::sample::select(vec![None, Some(Kind::Dense), Some(Kind::Packed), Some(Kind::KeySide), Some(Kind::KeySidePacked)]);
+    let blocks = prop::collection::vec(prop_oneof![block().prop_map(Kind::Bitset), block().prop_map(Kind::DenseBlocks), block().prop_map(Kind::Bcsr)], 0..=2);
+    let parts = (score, blocks).prop_map(|(score, blocks)| {
+        let kinds: Vec<Kind> = score.into_iter().chain(blocks).collect();
+        VarlenSparse { kinds: if kinds.is_empty() { vec![Kind::Dense] } else { kinds }, indices: false }
+    });
+    prop_oneof![3 => parts, 1 => Just(VarlenSparse { kinds: Vec::new(), indices: true })]
+}
+
 /// A sequence length: often 0, 1 or around a tile edge.
 fn seq_len(max: usize) -> impl Strategy<Value = usize> {
     prop_oneof![3 => 0usize..=max, 1 => prop::sample::select(vec![0, 1, 63, 64, 65, 127, 128, 129, 192, 257.min(max)])]
@@ -456,14 +545,16 @@ pub fn varlen_cases(max_seqlen: usize) -> impl Strategy<Value = (VarlenCase, u64
             prop::sample::select(vec![None, None, Some(0usize), Some(1), Some(2)]),
             any::<bool>(),
             prop::sample::select(vec![0.0, 0.02, 0.3, 0.8, 1.0]),
+            prop_oneof![5 => Just(None), 3 => varlen_sparse().prop_map(Some)],
         ),
     )
         .prop_map(
-            |(lens, (dtype, head_dim), (kv_heads, group, bias, bias_per_query), (causal, band, softcap, seed), (mask, mask_per_query, density))| {
-                // A key-side or query-based bias and mask with 1, kv_heads or heads heads.
+            |(lens, (dtype, head_dim), (kv_heads, group, bias, bias_per_query), (causal, band, softcap, seed), (mask, mask_per_query, density, sparse))| {
+                // A key-side or query-based bias and mask with 1, kv_heads or heads heads; a
+                // sparse mask with data rather than the bool mask.
                 let heads = |i: usize| [1, kv_heads, kv_heads * group][i];
                 let bias_heads = bias.map(heads);
-                let mask = mask.map(|i| VarlenMask { heads: heads(i), per_query: mask_per_query, density });
+                let mask = mask.filter(|_| sparse.is_none()).map(|i| VarlenMask { heads: heads(i), per_query: mask_per_query, density });
                 (
                     VarlenCase {
                         lens,
@@ -478,6 +569,7 @@ pub fn varlen_cases(max_seqlen: usize) -> impl Strategy<Value = (VarlenCase, u64
                         mask,
                         dtype,
                         page_size: None,
+                        sparse,
                     },
                     seed,
                 )

@@ -19,6 +19,7 @@ fn case(lens: &[(usize, usize)], causal: bool, band: Option<BandCtor>) -> Varlen
         mask: None,
         dtype: DType::F64,
         page_size: None,
+        sparse: None,
     }
 }
 
@@ -221,4 +222,71 @@ fn malformed_page_tables_are_typed_errors() {
     assert_eq!((table.batch(), table.max_pages(), table.page(1, 0), table.page(2, 0)), (2, 2, Some(1), None));
     let q4 = Tensor::from_fn(&[1, 2, 4, 8], DType::F32, &cpu, |i| i as f64).unwrap();
     expect(attention(&q4, &kv, &kv).kv_pages(&table).forward(), "block_table");
+}
+
+/// Sparse masks with data in packed batches (`SparseMask::prepare_packed`): random score,
+/// block and index-list masks given per sequence (a plane each or one for all), alone or with
+/// causal, a window, biases of either layout, against each sequence alone with the equivalent
+/// dense mask, forward and backward.
+#[test]
+fn packed_sparse_masks_equal_each_sequence_alone() {
+    use proptest::strategy::{Strategy, ValueTree};
+    use proptest::test_runner::TestRunner;
+    let mut runner = TestRunner::deterministic();
+    let lens = [&[(5, 7), (0, 3), (9, 70), (3, 0), (1, 1), (12, 4)][..], &[(70, 130), (66, 65)], &[(1, 200)]];
+    for i in 0..60 {
+        let sparse = dmattn_tests::varlen::varlen_sparse().new_tree(&mut runner).unwrap().current();
+        let band = [None, Some(BandCtor::CausalWindow(5)), Some(BandCtor::Window(Some(3), None))][i % 3];
+        let c = VarlenCase {
+            bias_heads: [None, Some(1), Some(2), Some(4)][i % 4],
+            bias_per_query: i % 5 == 0,
+            sparse: Some(sparse),
+            ..case(lens[i % 3], i % 2 == 0, band)
+        };
+        check_varlen(&c, &Device::Cpu, 100 + i as u64, true, false, 1e-12).unwrap_or_else(|e| panic!("case {i}: {e}"));
+    }
+}
+
+/// What a packed batch's sparse mask must be: prepared for the call's sequences (with data),
+/// a plane per sequence or one for all, not with paged K/V; a mask prepared for it serves no
+/// fixed-length call.
+#[test]
+fn packed_sparse_masks_are_checked() {
+    use dmattn::SparseMask;
+    let cpu = Device::Cpu;
+    let seqs = SeqLens::from_lengths(&[3, 5], &[4, 70], &cpu).unwrap();
+    let (q, kv) = (packed(8, 4), packed(74, 2));
+    let kept = |b: usize| Tensor::from_vec(vec![true; b * 2], &[b, 1, 1, 2], &cpu).unwrap();
+    let param = |r: dmattn::Result<dmattn::Forward>, want: &str| match r {
+        Err(Error::Param { arg, .. }) | Err(Error::Shape { arg, .. }) => assert_eq!(arg, want),
+        Err(e) => panic!("expected an error naming {want}, got {e}"),
+        Ok(_) => panic!("expected an error naming {want}"),
+    };
+    let mask = SparseMask::block_bitset(&kept(2), 64);
+    attention(&q, &kv, &kv).seqlens(&seqs).sparse_mask(&mask.prepare_packed(&seqs).unwrap()).forward().unwrap();
+    // Prepared for fixed lengths, or for other sequences.
+    param(attention(&q, &kv, &kv).seqlens(&seqs).sparse_mask(&mask.prepare(5, 70).unwrap()).forward(), "sparse_mask");
+    let other = SeqLens::from_lengths(&[5, 3], &[70, 4], &cpu).unwrap();
+    param(attention(&q, &kv, &kv).seqlens(&seqs).sparse_mask(&mask.prepare_packed(&other).unwrap()).forward(), "sparse_mask");
+    // Same lengths, built again: taken.
+    let again = SeqLens::from_lengths(&[3, 5], &[4, 70], &cpu).unwrap();
+    attention(&q, &kv, &kv).seqlens(&seqs).sparse_mask(&mask.prepare_packed(&again).unwrap()).forward().unwrap();
+    // Three planes for two sequences; block bitsets of the wrong block count.
+    assert!(matches!(SparseMask::block_bitset(&kept(3), 64).prepare_packed(&seqs), Err(Error::Shape { arg: "sparse_mask", .. })));
+    let wide = Tensor::from_vec(vec![true; 4], &[2, 1, 1, 2], &cpu).unwrap();
+    assert!(matches!(SparseMask::block_bitset(&wide, 128).prepare_packed(&seqs), Err(Error::Shape { arg: "block_bitset", .. })));
+    // A packed batch's mask in a fixed-length call.
+    let dense = |shape: &[usize]| Tensor::from_fn(shape, DType::F32, &cpu, |i| (i as f64 * 0.37).sin()).unwrap();
+    let (q4, kv4) = (dense(&[1, 5, 4, 8]), dense(&[1, 70, 2, 8]));
+    param(attention(&q4, &kv4, &kv4).sparse_mask(&mask.prepare_packed(&seqs).unwrap()).forward(), "sparse_mask");
+    // Index lists of a packed batch: `[{1|batch}, heads, {1|max_seqlen_q}, w]`.
+    let idx = Tensor::from_vec(vec![0i32, 69, -1, 3], &[2, 1, 1, 2], &cpu).unwrap();
+    attention(&q, &kv, &kv).seqlens(&seqs).indices(&idx).forward().unwrap();
+    let idx3 = Tensor::from_vec(vec![0i32; 6], &[3, 1, 1, 2], &cpu).unwrap();
+    param(attention(&q, &kv, &kv).seqlens(&seqs).indices(&idx3).forward(), "indices");
+    // Paged K/V take no mask with data per query.
+    let pages = Tensor::from_fn(&[3, 64, 2, 8], DType::F32, &cpu, |i| (i as f64 * 0.1).cos()).unwrap();
+    let table = PageTable::new(&[0, -1, 1, 2], 2, &cpu).unwrap();
+    let paged = attention(&q, &pages, &pages).seqlens(&seqs).kv_pages(&table).sparse_mask(&mask.prepare_packed(&seqs).unwrap()).forward();
+    assert!(matches!(paged, Err(Error::Unsupported { .. })));
 }

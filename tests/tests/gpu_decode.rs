@@ -94,6 +94,7 @@ fn packed_decode_cases() -> impl Strategy<Value = (VarlenCase, u64)> {
                 mask: mask.map(|i| VarlenMask { heads: heads(i), per_query: false, density }),
                 dtype,
                 page_size,
+                sparse: None,
             };
             (case, seed)
         })
@@ -135,6 +136,7 @@ fn decode_long_keys() {
         mask: Some(VarlenMask { heads: 8, per_query: false, density: 0.1 }),
         dtype: DType::BF16,
         page_size: Some(256),
+        sparse: None,
     };
     check_varlen(&c, &gpu, 77, false, false, gpu_tolerance(c.dtype)).unwrap();
 }
@@ -160,6 +162,7 @@ fn each_decode_kernel() {
                     mask: Some(VarlenMask { heads: 2, per_query: false, density: 0.3 }),
                     dtype,
                     page_size,
+                    sparse: None,
                 };
                 check_varlen(&c, &gpu, 500 + i as u64, false, false, gpu_tolerance(dtype)).unwrap_or_else(|e| panic!("{c:?}: {e}"));
             }
@@ -185,6 +188,7 @@ fn paged_masks_outside_decoding_are_typed_errors() {
         mask: Some(VarlenMask { heads: 1, per_query: false, density: 0.5 }),
         dtype: DType::BF16,
         page_size: Some(64),
+        sparse: None,
     };
     let inputs = c.inputs(&mut seeded_rng(9));
     c.forward(&inputs, &c.seqlens(&dmattn::Device::Cpu), false).unwrap();

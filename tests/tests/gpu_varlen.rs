@@ -3,12 +3,13 @@
 //! tests over random batches (1-6 sequences, lengths 0 to 300 drawn apart for queries and keys,
 //! 16-bit dtypes, every head dim, GQA, causal, windows, softcap, biases and masks in either
 //! layout), forward, backward and the deterministic backward; bit-identical deterministic
-//! gradients; unsplit batches without modifiers (the Hopper lean packed kernel); decoding-shaped batches (a few queries over long keys, split-KV, key-side masks). `DMATTN_GPU_CASES` sets the property tests' case
+//! gradients; sparse masks with data prepared for a batch; unsplit batches without modifiers (the Hopper lean packed kernel); decoding-shaped batches (a few queries over long keys, split-KV, key-side masks). `DMATTN_GPU_CASES` sets the property tests' case
 //! counts. Skips, saying why, where there is no CUDA device.
 use dmattn::{DType, Device, Error, PageTable, SeqLens, Tensor, attention};
 use dmattn_tests::sparse::BandCtor;
 use dmattn_tests::varlen::{VarlenCase, VarlenMask, check_varlen, varlen_cases};
 use dmattn_tests::*;
+use proptest::strategy::Strategy;
 use proptest::test_runner::TestCaseError;
 
 fn varlen_property(
@@ -58,6 +59,7 @@ fn lean_packed_forward_matches_reference() {
             mask: None,
             dtype: [DType::BF16, DType::F16][n % 2],
             page_size: None,
+            sparse: None,
         };
         if let Err(e) = check_varlen(&c, &gpu, rng.random(), false, false, gpu_tolerance(c.dtype)) {
             panic!("lean packed case {n}: {e}; {c:?}");
@@ -99,6 +101,7 @@ fn varlen_deterministic_runs_are_bit_identical() {
             mask: None,
             dtype: DType::BF16,
             page_size: None,
+            sparse: None,
         };
         let seqs = c.seqlens(&gpu);
         let inputs = c.inputs(&mut seeded_rng(7)).to(&gpu);
@@ -144,6 +147,7 @@ fn varlen_masks_in_every_layout() {
                 mask: Some(VarlenMask { heads, per_query, density }),
                 dtype: if seed % 3 == 1 { DType::F16 } else { DType::BF16 },
                 page_size: None,
+                sparse: None,
             };
             check_varlen(&c, &gpu, seed, true, false, gpu_tolerance(c.dtype)).unwrap();
             check_varlen(&c, &gpu, seed, true, true, gpu_tolerance(c.dtype)).unwrap();
@@ -154,12 +158,42 @@ fn varlen_masks_in_every_layout() {
     }
 }
 
+/// Packed batches with sparse masks with data (`SparseMask::prepare_packed`): score masks,
+/// block masks (bitset, dense blocks, BCSR; blocks of 64 and 128) and index lists, a plane per
+/// sequence or one for all, with the batches' other options; forward and backward (every third
+/// case deterministic, its gradients bit-identical from run to run).
+#[test]
+fn varlen_sparse_masks_match_reference() {
+    let Some(gpu) = gpu() else { return };
+    let cases = (varlen_cases(300), dmattn_tests::varlen::varlen_sparse()).prop_map(|((c, seed), sparse)| (VarlenCase { mask: None, sparse: Some(sparse), ..c }, seed));
+    let property = |(c, seed): (VarlenCase, u64)| {
+        let deterministic = seed % 3 == 0;
+        check_varlen(&c, &gpu, seed, true, deterministic, gpu_tolerance(c.dtype))?;
+        if deterministic {
+            let cpu_inputs = c.inputs(&mut seeded_rng(seed));
+            let (seqs, inputs) = (c.seqlens(&gpu), cpu_inputs.to(&gpu));
+            let run = || grads_vec(&c.forward(&inputs, &seqs, true).unwrap().backward(&inputs.dout).unwrap());
+            assert_same_bits(&run(), &run(), &c);
+            // The estimate read from the GPU's block classes equals the CPU's from its flags.
+            if let Some(spec) = cpu_inputs.sparse.as_ref().and_then(|d| d.spec.as_ref()) {
+                let estimate = |dev: &Device| spec.build(dev).unwrap().prepare_packed(&c.seqlens(dev)).unwrap().estimated_speedup().unwrap();
+                let (on_gpu, on_cpu) = (estimate(&gpu), estimate(&Device::Cpu));
+                proptest::prop_assert!((on_gpu - on_cpu).abs() <= 1e-9 * on_cpu, "estimated speedup {on_gpu} on the GPU, {on_cpu} on the CPU, for {c:?}");
+            }
+        }
+        Ok(())
+    };
+    if let Err(e) = gpu_runner(600).run(&cases, property) {
+        panic!("{e}");
+    }
+}
+
 /// Batches without any query, or without any key.
 #[test]
 fn varlen_empty_sides() {
     let Some(gpu) = gpu() else { return };
     for lens in [&[(0, 4)][..], &[(0, 0), (2, 0)], &[(3, 0)], &[(0, 300), (0, 1)]] {
-        let c = VarlenCase { lens: lens.to_vec(), heads: 2, kv_heads: 1, head_dim: 64, causal: true, band: None, softcap: 0.0, bias_heads: None, bias_per_query: false, mask: None, dtype: DType::BF16, page_size: None };
+        let c = VarlenCase { lens: lens.to_vec(), heads: 2, kv_heads: 1, head_dim: 64, causal: true, band: None, softcap: 0.0, bias_heads: None, bias_per_query: false, mask: None, dtype: DType::BF16, page_size: None, sparse: None };
         check_varlen(&c, &gpu, 3, true, false, gpu_tolerance(c.dtype)).unwrap();
     }
 }
@@ -191,6 +225,7 @@ fn varlen_decoding_batches() {
                 mask: (!causal).then_some(VarlenMask { heads: 2, per_query: false, density: 0.1 }),
                 dtype,
                 page_size: None,
+                sparse: None,
             };
             check_varlen(
                 &c,
@@ -210,7 +245,7 @@ fn varlen_decoding_batches() {
 #[test]
 fn varlen_seqlens_from_device_tensors() {
     let Some(gpu) = gpu() else { return };
-    let c = VarlenCase { lens: vec![(129, 200), (0, 5), (64, 64)], heads: 4, kv_heads: 2, head_dim: 64, causal: true, band: None, softcap: 0.0, bias_heads: None, bias_per_query: false, mask: None, dtype: DType::BF16, page_size: None };
+    let c = VarlenCase { lens: vec![(129, 200), (0, 5), (64, 64)], heads: 4, kv_heads: 2, head_dim: 64, causal: true, band: None, softcap: 0.0, bias_heads: None, bias_per_query: false, mask: None, dtype: DType::BF16, page_size: None, sparse: None };
     let inputs = c.inputs(&mut seeded_rng(11)).to(&gpu);
     let i32s = |v: &[i32]| Tensor::from_vec(v.to_vec(), &[v.len()], &gpu).unwrap();
     let from_device = SeqLens::from_tensors(&i32s(&[0, 129, 129, 193]), &i32s(&[0, 200, 205, 269])).unwrap();
@@ -254,7 +289,7 @@ fn paged_forward_matches_reference_and_packed() {
     let Some(gpu) = gpu() else { return };
     varlen_property(2000, 300, |(c, seed)| {
         // (A paged call takes no mask yet.)
-        let c = VarlenCase { page_size: Some([16, 64, 128, 256][seed as usize % 4]), mask: None, ..c };
+        let c = VarlenCase { page_size: Some([16, 64, 128, 256][seed as usize % 4]), mask: None, sparse: None, ..c };
         check_varlen(&c, &gpu, seed, false, false, gpu_tolerance(c.dtype))?;
         assert_paged_equals_packed(&c, &gpu, seed)
     });
@@ -280,6 +315,7 @@ fn paged_decoding_batches() {
             mask: None,
             dtype,
             page_size: Some(page_size),
+            sparse: None,
         };
         check_varlen(&c, &gpu, 200 + i as u64, false, false, gpu_tolerance(dtype)).unwrap();
         assert_paged_equals_packed(&c, &gpu, 200 + i as u64).unwrap();
@@ -291,7 +327,7 @@ fn paged_decoding_batches() {
 #[test]
 fn paged_table_from_device_tensor() {
     let Some(gpu) = gpu() else { return };
-    let c = VarlenCase { lens: vec![(3, 200), (1, 70)], heads: 4, kv_heads: 2, head_dim: 64, causal: true, band: None, softcap: 0.0, bias_heads: None, bias_per_query: false, mask: None, dtype: DType::BF16, page_size: Some(64) };
+    let c = VarlenCase { lens: vec![(3, 200), (1, 70)], heads: 4, kv_heads: 2, head_dim: 64, causal: true, band: None, softcap: 0.0, bias_heads: None, bias_per_query: false, mask: None, dtype: DType::BF16, page_size: Some(64), sparse: None };
     let inputs = c.inputs(&mut seeded_rng(5)).to(&gpu);
     let pages = inputs.pages.as_ref().unwrap();
     let seqs = c.seqlens(&gpu);

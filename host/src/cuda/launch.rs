@@ -4,7 +4,7 @@ use crate::device::CudaDevice;
 use crate::error::Result;
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use dmattn_abi::{
-    BlockMaskParams, BwdParams, BwdSharesParams, DecodeParams, GatherMaskParams, GatherParams, IndicesParams, KeyCompactParams, ScatterParams, SelectParams, SelectWideParams, BwdPreParams, CombineParams, ConvertParams, OrderParams, FwdParams, MASK_PACK_THREADS, MaskPackParams, SoftmaxRowsParams,
+    BlockMaskParams, BwdParams, BwdSharesParams, DecodeParams, GatherMaskParams, GatherParams, IndicesParams, KeyCompactParams, ScatterParams, SelectParams, SelectWideParams, BwdPreParams, CombineParams, ConvertParams, OrderParams, FwdParams, MASK_PACK_THREADS, MaskPackParams, MaskSeqsParams, SoftmaxRowsParams,
     names,
 };
 
@@ -19,6 +19,7 @@ unsafe impl DeviceRepr for ByValue<FwdParams> {}
 unsafe impl DeviceRepr for ByValue<DecodeParams> {}
 unsafe impl DeviceRepr for ByValue<OrderParams> {}
 unsafe impl DeviceRepr for ByValue<MaskPackParams> {}
+unsafe impl DeviceRepr for ByValue<MaskSeqsParams> {}
 unsafe impl DeviceRepr for ByValue<BlockMaskParams> {}
 unsafe impl DeviceRepr for ByValue<BwdParams> {}
 unsafe impl DeviceRepr for ByValue<BwdPreParams> {}

@@ -9,7 +9,7 @@ mod packed;
 mod prepare;
 mod select;
 
-pub(crate) use prepare::{PreparedMask, pack_sequences, prepare};
+pub(crate) use prepare::{PreparedMask, pack_sequences, prepare, to_sequences};
 pub(crate) use select::select_keys;
 pub use select::{force_select_launches, force_wide_selection};
 pub use gather::force_gather_query_chunks;

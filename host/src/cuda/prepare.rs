@@ -15,7 +15,7 @@ use crate::sparse::{Part, bcsr_to_bitset, check_block, check_part_shape, combine
 use crate::tensor::Tensor;
 use crate::problem::PackedLayout;
 use crate::seqlens::SeqLens;
-use dmattn_abi::{BLOCK_MAP_K, BLOCK_MAP_Q, BLOCK_MASK_THREADS, BlockMaskParams, MASK_PACK_THREADS, MaskPackParams, Seqs, View4, names};
+use dmattn_abi::{BLOCK_MAP_K, BLOCK_MAP_Q, BLOCK_MASK_THREADS, BlockMaskParams, MASK_PACK_THREADS, MaskPackParams, MaskSeqsParams, Seqs, View4, names};
 use std::sync::Arc;
 
 /// The GPU's prepared mask: block classes `[pb, ph, {1|q_blocks}, k_blocks]` and its bits
@@ -32,15 +32,23 @@ pub(crate) struct PreparedMask {
     /// `bits` are then absent; see `gather`).
     pub gather: Option<Arc<KeyListsBuf>>,
     bytes: usize,
-    /// The buffers the views point into.
-    _bufs: Arc<Vec<DeviceBuffer>>,
+    /// The buffers the views point into (one may serve several masks: `to_sequences`).
+    _bufs: Vec<Arc<DeviceBuffer>>,
 }
 
 impl PreparedMask {
+    /// The first `len` bytes of the block classes, read back from the device.
+    pub fn classes_to_host(&self, len: usize) -> Result<Vec<u8>> {
+        let ptr = self.classes.ptr;
+        let buf = self._bufs.iter().find(|b| b.ptr() <= ptr && ptr < b.ptr() + b.bytes() as u64);
+        let buf = buf.expect("the classes live in one of the mask's buffers");
+        buf.to_host((ptr - buf.ptr()) as usize, len)
+    }
+
     /// A score mask's classes and bits in `bufs`.
     pub fn new(classes: View4, bits: View4, planes: [usize; 2], bufs: Vec<DeviceBuffer>) -> Self {
         let bytes = bufs.iter().map(DeviceBuffer::bytes).sum();
-        PreparedMask { classes, bits, planes, blocks: false, gather: None, bytes, _bufs: Arc::new(bufs) }
+        PreparedMask { classes, bits, planes, blocks: false, gather: None, bytes, _bufs: bufs.into_iter().map(Arc::new).collect() }
     }
 
     pub fn memory_bytes(&self) -> usize {
@@ -55,13 +63,10 @@ impl PreparedMask {
     /// Whether each 64x64 block of each plane is visited, `[planes, q_blocks, k_blocks]` (read
     /// back from the device).
     pub fn block_classes(&self, q_blocks: usize, k_blocks: usize) -> Result<Vec<bool>> {
-        let buf = self._bufs.iter().find(|b| b.ptr() == self.classes.ptr || (b.ptr() < self.classes.ptr && self.classes.ptr < b.ptr() + b.bytes() as u64));
-        let buf = buf.expect("the classes live in one of the mask's buffers");
         let s = self.classes.stride;
         let rows = if s[2] == 0 { 1 } else { q_blocks };
         let planes = self.planes[0] * self.planes[1];
-        let offset = (self.classes.ptr - buf.ptr()) as usize;
-        let host = buf.to_host(offset, planes * rows * k_blocks)?;
+        let host = self.classes_to_host(planes * rows * k_blocks)?;
         let mut out = Vec::with_capacity(planes * q_blocks * k_blocks);
         for p in 0..planes {
             for i in 0..q_blocks {
@@ -210,7 +215,10 @@ fn cells(dev: &CudaDevice, part: &Part, sq: usize, sk: usize, temps: &mut Vec<De
 }
 
 /// Prepares `parts` (ANDed) for calls with `sq` queries and `sk` keys.
-pub(crate) fn prepare(dev: &CudaDevice, parts: &[Part], sq: usize, sk: usize) -> Result<PreparedMask> {
+///
+/// With `gather` unset, a query-broadcast score mask is packed as any other (a packed batch's
+/// masks are never gathered).
+pub(crate) fn prepare(dev: &CudaDevice, parts: &[Part], sq: usize, sk: usize, gather: bool) -> Result<PreparedMask> {
     // Index lists are the bit-packed score masks they describe.
     let parts: &[Part] = &parts
         .iter()
@@ -228,14 +236,14 @@ pub(crate) fn prepare(dev: &CudaDevice, parts: &[Part], sq: usize, sk: usize) ->
         return Err(Error::Unsupported { what: "more than one score mask (dense or packed bits) in one sparse mask".into(), backend: BACKEND });
     }
     // A query-broadcast score mask alone: gather attention.
-    if let ([part], [Part::Dense(t) | Part::Packed(t)]) = (parts, scores.as_slice()) {
+    if let (true, [part], [Part::Dense(t) | Part::Packed(t)]) = (gather, parts, scores.as_slice()) {
         let packed = matches!(part, Part::Packed(_));
         // Checked here: the compaction declines what it cannot take, with no error of its own.
         score_shape(t, packed, sq, sk)?;
         if let Some(lists) = super::gather::compact(dev, t, packed, sq, sk)? {
             let planes = lists.planes;
             let gather = Some(Arc::new(lists));
-            return Ok(PreparedMask { classes: View4::ABSENT, bits: View4::ABSENT, planes, blocks: false, gather, bytes: 0, _bufs: Arc::new(Vec::new()) });
+            return Ok(PreparedMask { classes: View4::ABSENT, bits: View4::ABSENT, planes, blocks: false, gather, bytes: 0, _bufs: Vec::new() });
         }
     }
     let (mut classes, bits, mut planes) = match scores.first() {
@@ -282,5 +290,42 @@ pub(crate) fn prepare(dev: &CudaDevice, parts: &[Part], sq: usize, sk: usize) ->
     };
     let bytes = bufs.iter().map(DeviceBuffer::bytes).sum();
     let blocks = parts.iter().any(|p| !matches!(p, Part::Dense(_) | Part::Packed(_)));
-    Ok(PreparedMask { classes, bits, planes, blocks, gather: None, bytes, _bufs: Arc::new(bufs) })
+    Ok(PreparedMask { classes, bits, planes, blocks, gather: None, bytes, _bufs: bufs.into_iter().map(Arc::new).collect() })
+}
+
+/// A mask prepared per sequence (`prepare` at the longest lengths, sequence `b` in plane `b`, or
+/// all in plane 0 where `planes[0]` is 1) laid out for the packed batch `seqs` as
+/// `pack_sequences` lays out a query-based mask, planes `[1, ph]`: a row of words per packed
+/// query and a sequence's block rows from its first query's row (`dmattn_mask_to_seqs`). Bits
+/// with one row for every query and sequence (block parts alone, or a score mask of shape `[1,
+/// ph, 1, sk]`) are read where they are: `Seq::origin` places every sequence at their row.
+pub(crate) fn to_sequences(dev: &CudaDevice, m: &PreparedMask, seqs: &SeqLens) -> Result<PreparedMask> {
+    let ph = m.planes[1];
+    let words = seqs.max_seqlen_k().div_ceil(BLOCK_MAP_K as usize);
+    let n = seqs.total_q() * words;
+    let stride = [0, if ph == 1 { 0 } else { n as u64 }, words as u64, 1];
+    let one_row = m.bits.stride[0] == 0 && m.bits.stride[2] == 0;
+    let bits_bytes = if one_row { 0 } else { 8 * ph * n + PAD };
+    let buf = DeviceBuffer::uninit(dev.stream(), bits_bytes + ph * n + PAD)?;
+    let (cu_q, cu_k) = seqs.device_tensors();
+    let ptr = |t: &Tensor| t.device_ptr().expect("CUDA tensor");
+    let params = MaskSeqsParams {
+        src_bits: m.bits,
+        src_classes: m.classes,
+        bits: if one_row { View4::ABSENT } else { View4 { ptr: buf.ptr(), stride } },
+        classes: View4 { ptr: buf.ptr() + bits_bytes as u64, stride },
+        words: words as u32,
+        seqs: Seqs { cu_q: ptr(cu_q), cu_k: ptr(cu_k), ..Seqs::default() },
+        ..MaskSeqsParams::default()
+    };
+    // About four words a thread for the longest sequence.
+    let x = (seqs.max_seqlen_q() * words).div_ceil(4 * MASK_PACK_THREADS as usize).clamp(1, 1024) as u32;
+    launch(dev, &Launch::kernel(names::MASK_TO_SEQS, (x, ph as u32, seqs.batch() as u32), MASK_PACK_THREADS, 0), params)?;
+    let mut bufs = vec![Arc::new(buf)];
+    if one_row {
+        bufs.extend(m._bufs.iter().filter(|b| b.ptr() <= m.bits.ptr && m.bits.ptr < b.ptr() + b.bytes() as u64).cloned());
+    }
+    let bytes = bufs.iter().map(|b| b.bytes()).sum();
+    let bits = if one_row { m.bits } else { params.bits };
+    Ok(PreparedMask { classes: params.classes, bits, planes: [1, ph], blocks: m.blocks, gather: None, bytes, _bufs: bufs })
 }
