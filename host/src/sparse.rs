@@ -406,6 +406,11 @@ impl PreparedMask {
     /// the block classes' non-empty ones). The kernels' own tiles are 64 to 128 wide, per-score
     /// work in partial tiles costs extra, and skipped tiles are not free, so measured speedups
     /// differ. Reads the block classes back from the GPU (waits for the device).
+    ///
+    /// Prepared for a packed batch ([`SparseMask::prepare_packed`]): every sequence's tiles of
+    /// every head plane over those visited. On the GPU the block classes were built at the
+    /// longest lengths, so a tile at a sequence's edge also counts as visited where the data
+    /// keeps a score in it past the sequence's end (the kernels visit it and mask those scores).
     pub fn estimated_speedup(&self) -> Result<f64> {
         if let Some(seqs) = &self.seqs {
             return self.packed_speedup(seqs);

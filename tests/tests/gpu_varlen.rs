@@ -174,11 +174,13 @@ fn varlen_sparse_masks_match_reference() {
             let (seqs, inputs) = (c.seqlens(&gpu), cpu_inputs.to(&gpu));
             let run = || grads_vec(&c.forward(&inputs, &seqs, true).unwrap().backward(&inputs.dout).unwrap());
             assert_same_bits(&run(), &run(), &c);
-            // The estimate read from the GPU's block classes equals the CPU's from its flags.
+            // The estimate read from the GPU's block classes is at most the CPU's from the
+            // sequences' own flags: edge tiles may also count scores the data keeps past a
+            // sequence's end (`estimated_speedup`'s doc), never fewer.
             if let Some(spec) = cpu_inputs.sparse.as_ref().and_then(|d| d.spec.as_ref()) {
                 let estimate = |dev: &Device| spec.build(dev).unwrap().prepare_packed(&c.seqlens(dev)).unwrap().estimated_speedup().unwrap();
                 let (on_gpu, on_cpu) = (estimate(&gpu), estimate(&Device::Cpu));
-                proptest::prop_assert!((on_gpu - on_cpu).abs() <= 1e-9 * on_cpu, "estimated speedup {on_gpu} on the GPU, {on_cpu} on the CPU, for {c:?}");
+                proptest::prop_assert!(on_gpu <= on_cpu * (1.0 + 1e-9), "estimated speedup {on_gpu} on the GPU, {on_cpu} on the CPU, for {c:?}");
             }
         }
         Ok(())
