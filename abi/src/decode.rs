@@ -44,10 +44,11 @@ pub struct DecodeParams {
 }
 
 /// Dynamic shared memory of a decoding CTA at `head_dim`: Q, two slots of K and V tiles, two bias
-/// rows, the queue of kept keys, the scan's 33 words, then the online softmax's running state.
+/// rows, the queue of kept keys, the scan's 33 words, the online softmax's running state, then
+/// (paged K/V) the pages of a tile's keys.
 pub const fn decode_smem_bytes(head_dim: u32) -> u32 {
     let tiles = (DECODE_ROWS + 4 * DECODE_KEYS) * head_dim * 2;
     let bias = 2 * DECODE_KEYS * 2;
     let softmax = DECODE_THREADS * 2 * 2 * 4;
-    tiles + bias + 4 * DECODE_QUEUE + 4 * 33 + softmax
+    tiles + bias + 4 * DECODE_QUEUE + 4 * 33 + softmax + 4 * DECODE_KEYS
 }

@@ -23,7 +23,8 @@ const QUEUE_MASK: u32 = DECODE_QUEUE - 1;
 const _: () = assert!(DECODE_QUEUE.is_power_of_two() && BM == 16 * (THREADS as usize / 32) && DECODE_SCAN_KEYS == 8 * THREADS);
 
 /// Shared memory (`dmattn_abi::decode_smem_bytes`): Q, two slots of K, V and the bias row, the
-/// queue of kept key positions, the scan's sums, the online softmax's state.
+/// queue of kept key positions, the scan's sums, the online softmax's state, and with paged K/V
+/// the pages of the tile being loaded.
 #[derive(Clone, Copy)]
 struct Smem {
     q: SmemTile,
@@ -34,6 +35,7 @@ struct Smem {
     queue: u32,
     sums: u32,
     softmax: u32,
+    pages: u32,
     d: usize,
 }
 
@@ -46,7 +48,8 @@ impl Smem {
         let bias = kv + 4 * tile_bytes;
         let queue = bias + 2 * 2 * BN as u32;
         let sums = queue + 4 * DECODE_QUEUE;
-        Self { q, kv, tile_bytes, bias, queue, sums, softmax: sums + 4 * 33, d }
+        let softmax = sums + 4 * 33;
+        Self { q, kv, tile_bytes, bias, queue, sums, softmax, pages: softmax + 16 * THREADS, d }
     }
 
     #[inline(always)]
@@ -136,11 +139,11 @@ impl<'a> DecodeBlock<'a> {
         self.split as u64 * self.p.lse_split_stride + self.seq.lse_index(self.p, h, i)
     }
 
-    /// Byte address of key `j`'s row in k or v (`t`), paged or packed.
+    /// Byte address of key `j`'s row in k or v (`t`): packed, or paged with `j` in `page`.
     #[inline(always)]
-    fn kv_row<const PAGED: bool>(&self, t: &View4, j: u32) -> u64 {
+    fn kv_row<const PAGED: bool>(&self, t: &View4, j: u32, page: u32) -> u64 {
         let head = t.ptr + 2 * self.kv_head as u64 * t.stride[2];
-        if PAGED { head + 2 * self.seq.paged_offset(self.p, &t.stride, j) } else { head + 2 * self.seq.k_offset(&t.stride, j) }
+        if PAGED { head + 2 * Seq::in_page(self.p, &t.stride, page, j) } else { head + 2 * self.seq.k_offset(&t.stride, j) }
     }
 
     /// Byte address of the packed mask word holding key 0 of this kv head's plane (absent: 0).
@@ -253,13 +256,24 @@ impl Scan {
 }
 
 /// Starts copying the K and V rows of the tile of `count` keys from queue entry `first` into
-/// slot `slot`; rows from `count` on are zero-filled.
+/// slot `slot`; rows from `count` on are zero-filled. Collective. Paged K/V: the tile's pages
+/// are looked up first, a key a thread, into shared memory (a thread's rows looked up in turn
+/// would each wait for the table before their copies: 16 trips to L2 a tile, K's and V's),
+/// then a barrier.
 #[inline(always)]
 unsafe fn load_kv<const PAGED: bool>(b: &DecodeBlock, sm: &Smem, slot: u32, first: u32, count: u32, tid: u32) {
     let p = b.p;
+    if PAGED {
+        if tid < count {
+            unsafe { st_shared_u32(sm.pages + 4 * tid, b.seq.page_of(p, sm.key_at(first + tid))) };
+        }
+        // The previous tile's copies were all issued before the barrier that ended the scan.
+        sync_threads();
+    }
+    let page = |c: u32| if PAGED { unsafe { ld_shared_u32(sm.pages + 4 * c) } } else { 0 };
     unsafe {
-        sm.k(slot).load_rows_async(|c| b.kv_row::<PAGED>(&p.k, sm.key_at(first + c)), count, tid, THREADS);
-        sm.v(slot).load_rows_async(|c| b.kv_row::<PAGED>(&p.v, sm.key_at(first + c)), count, tid, THREADS);
+        sm.k(slot).load_rows_async(|c| b.kv_row::<PAGED>(&p.k, sm.key_at(first + c), page(c)), count, tid, THREADS);
+        sm.v(slot).load_rows_async(|c| b.kv_row::<PAGED>(&p.v, sm.key_at(first + c), page(c)), count, tid, THREADS);
     }
 }
 

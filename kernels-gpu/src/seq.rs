@@ -50,13 +50,24 @@ impl Seq {
     /// `[num_pages, page_size, hk, d]` with strides `stride`: one cached load of the table.
     #[inline(always)]
     pub fn paged_offset(&self, p: &FwdParams, stride: &[u64; 4], j: u32) -> u64 {
+        Self::in_page(p, stride, self.page_of(p, j), j)
+    }
+
+    /// The page holding the sequence's key `j` (its block table's entry): one cached load.
+    #[inline(always)]
+    pub fn page_of(&self, p: &FwdParams, j: u32) -> u32 {
         let s = &p.seqs;
         // The table's entries number below 2^32 (host-checked).
         let at = s.block_table + 4 * (self.index * s.table_stride + (j >> s.page_shift)) as u64;
-        let page = unsafe { ld_global_nc_u32(at) } as u64;
+        unsafe { ld_global_nc_u32(at) }
+    }
+
+    /// [`Seq::paged_offset`] of key `j` in `page` (its [`Seq::page_of`]).
+    #[inline(always)]
+    pub fn in_page(p: &FwdParams, stride: &[u64; 4], page: u32, j: u32) -> u64 {
         // A page's elements and a row's offset in it fit 32 bits (host-checked): wide
         // 32 x 32-bit multiplies.
-        page * (stride[0] as u32 as u64) + ((j & ((1 << s.page_shift) - 1)) * stride[1] as u32) as u64
+        page as u64 * (stride[0] as u32 as u64) + ((j & ((1 << p.seqs.page_shift) - 1)) * stride[1] as u32) as u64
     }
 
     /// Element offset of the sequence's query row `i` in a `[b, s, h, d]` operand with strides
