@@ -54,8 +54,9 @@ const MAX_SPLITS: usize = 128;
 /// compression. (Every such call is one the general forward would run on tiles mostly of rows
 /// that do not exist, reading each K and V row once per query head.)
 ///
-/// Keys are split so that the grid's CTAs number about eight per SM counting every sequence's
-/// and kv head's keys, each split whole scan rounds, at most [`MAX_SPLITS`] per sequence.
+/// Keys are split so that the grid's CTAs number about sixteen per SM (eight with a mask, whose
+/// CTAs read a fraction of their keys) counting every sequence's and kv head's keys, each split
+/// whole scan rounds, at most [`MAX_SPLITS`] per sequence.
 pub(crate) fn decode_plan(sms: u32, p: &Problem, elem: DeviceElem, mask: Option<MaskShape>) -> Option<DecodePlan> {
     let d = p.dims;
     let group_heads = |h: usize| h == 1 || h == d.kv_heads || d.kv_heads == d.heads;
@@ -71,7 +72,11 @@ pub(crate) fn decode_plan(sms: u32, p: &Problem, elem: DeviceElem, mask: Option<
     }
     let keys = p.seqs.as_ref().map_or(d.batch * d.seqlen_k, |s| s.total_k()) * d.kv_heads;
     let align = DECODE_SPLIT_ALIGN as usize;
-    let per_cta = keys.div_ceil(8 * sms as usize).next_multiple_of(align);
+    // H100, the 64-sequence decode batch (h32 hk8 d128, 2.1M keys, ms at 2 / 4 / 8 / 16 CTAs an
+    // SM): unmasked 3.90 / 3.40 / 3.09 / 2.95 (copy speed at 16); with a 10 % key-side mask
+    // 0.568 / 0.518 / 0.487 / 0.497, whose CTAs each keep a tenth of their keys.
+    let per_sm = FORCED_CTAS_PER_SM.with(|f| f.get()).unwrap_or(if mask.is_some() { 8 } else { 16 });
+    let per_cta = keys.div_ceil(per_sm * sms as usize).next_multiple_of(align);
     let longest = d.seqlen_k.max(1);
     let split_keys = per_cta.max(longest.div_ceil(MAX_SPLITS).next_multiple_of(align)).max(align);
     let splits = longest.div_ceil(split_keys);
@@ -84,6 +89,17 @@ pub(crate) fn decode_plan(sms: u32, p: &Problem, elem: DeviceElem, mask: Option<
         split_keys: split_keys as u32,
         smem_bytes: decode_smem_bytes(d.head_dim as u32),
     })
+}
+
+std::thread_local! {
+    static FORCED_CTAS_PER_SM: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+/// Testing hook: while `Some(n)`, decoding plans this thread makes split keys for about `n`
+/// CTAs an SM rather than 8; `None`: the plan's own choice.
+#[doc(hidden)]
+pub fn force_decode_ctas_per_sm(n: Option<usize>) {
+    FORCED_CTAS_PER_SM.with(|f| f.set(n.filter(|&n| n > 0)));
 }
 
 /// Launches `plan` with the forward's parameters `fwd` (its outputs, or with splits the
@@ -154,10 +170,12 @@ mod tests {
         let ctas: usize = lens_k.iter().map(|&k| k.div_ceil(plan.split_keys as usize)).sum::<usize>() * 8;
         assert!((4 * 132..=16 * 132).contains(&ctas), "{ctas} CTAs");
         assert_eq!(plan.smem_bytes, decode_smem_bytes(128));
-        // Contiguous K/V, no mask or bias: the same grid on the plain kernel.
+        // Contiguous K/V, no mask or bias: the plain kernel, about sixteen CTAs an SM.
         let plain = Problem { pages: None, mask: None, bias: None, packed_mask: None, packed_bias: None, ..p.clone() };
         let plain_plan = decode_plan(132, &plain, DeviceElem::F16, None).unwrap();
-        assert_eq!((plain_plan.kernel.as_str(), plain_plan.grid), ("dmattn_decode_f16_d128", plan.grid));
+        assert_eq!((plain_plan.kernel.as_str(), plain_plan.grid.0, plain_plan.grid.2), ("dmattn_decode_f16_d128", 8, 64));
+        let plain_ctas: usize = lens_k.iter().map(|&k| k.div_ceil(plain_plan.split_keys as usize)).sum::<usize>() * 8;
+        assert!((12 * 132..=24 * 132).contains(&plain_ctas), "{plain_ctas} CTAs");
     }
 
     /// One query over half a million keys (Flash-DMA's decoding): 128 splits of whole rounds.

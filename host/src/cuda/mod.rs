@@ -13,6 +13,7 @@ pub(crate) use prepare::{PreparedMask, pack_sequences, prepare, to_sequences};
 pub(crate) use select::select_keys;
 pub use select::{force_select_launches, force_wide_selection};
 pub use gather::force_gather_query_chunks;
+pub use decode::force_decode_ctas_per_sm;
 
 use crate::attention::{Forward, ForwardBuffers, GradientBuffers, Gradients, Saved};
 use crate::cpu::lse_shape;
