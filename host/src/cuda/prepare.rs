@@ -300,6 +300,10 @@ pub(crate) fn prepare(dev: &CudaDevice, parts: &[Part], sq: usize, sk: usize, ga
 /// with one row for every query and sequence (block parts alone, or a score mask of shape `[1,
 /// ph, 1, sk]`) are read where they are: `Seq::origin` places every sequence at their row.
 pub(crate) fn to_sequences(dev: &CudaDevice, m: &PreparedMask, seqs: &SeqLens) -> Result<PreparedMask> {
+    // Sequences along grid z (as every packed call's kernels take them).
+    if seqs.batch() > 65535 {
+        return Err(Error::Param { arg: "seqlens", reason: format!("{} sequences exceed the CUDA backend's limit of 65535", seqs.batch()) });
+    }
     let ph = m.planes[1];
     let words = seqs.max_seqlen_k().div_ceil(BLOCK_MAP_K as usize);
     let n = seqs.total_q() * words;
