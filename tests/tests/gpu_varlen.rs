@@ -185,7 +185,7 @@ fn varlen_sparse_masks_match_reference() {
         }
         Ok(())
     };
-    if let Err(e) = gpu_runner(600).run(&cases, property) {
+    if let Err(e) = gpu_runner(1000).run(&cases, property) {
         panic!("{e}");
     }
 }
