@@ -367,7 +367,7 @@ impl PreparedMask {
             Device::Cpu => MaskData::Cpu(Arc::new(DenseMask { planes: [1, heads], keep: t.to_f64_vec()?.into_iter().map(|x| x != 0.0).collect() })),
             Device::Cuda(dev) => MaskData::Cuda(cuda::pack_sequences(&dev, t, layout, seqs)?),
         };
-        Ok(PreparedMask { seqs: Some(seqs.clone()), ..Self::on_device(data, [1, heads], seqs.max_seqlen_q(), seqs.max_seqlen_k(), t.device()) })
+        Ok(Self::on_device(data, [1, heads], seqs.max_seqlen_q(), seqs.max_seqlen_k(), t.device()))
     }
 
     /// The device the mask was prepared on (any device's tensors may use a parametric mask).

@@ -96,7 +96,7 @@ std::thread_local! {
 }
 
 /// Testing hook: while `Some(n)`, decoding plans this thread makes split keys for about `n`
-/// CTAs an SM rather than 8; `None`: the plan's own choice.
+/// CTAs an SM rather than the plan's 16 (8 with a mask); `None`: the plan's own choice.
 #[doc(hidden)]
 pub fn force_decode_ctas_per_sm(n: Option<usize>) {
     FORCED_CTAS_PER_SM.with(|f| f.set(n.filter(|&n| n > 0)));

@@ -37,11 +37,15 @@ pub(crate) struct PreparedMask {
 }
 
 impl PreparedMask {
+    /// The mask's buffer that holds device address `ptr`.
+    fn buffer_holding(&self, ptr: u64) -> Option<&Arc<DeviceBuffer>> {
+        self._bufs.iter().find(|b| b.ptr() <= ptr && ptr < b.ptr() + b.bytes() as u64)
+    }
+
     /// The first `len` bytes of the block classes, read back from the device.
     pub fn classes_to_host(&self, len: usize) -> Result<Vec<u8>> {
         let ptr = self.classes.ptr;
-        let buf = self._bufs.iter().find(|b| b.ptr() <= ptr && ptr < b.ptr() + b.bytes() as u64);
-        let buf = buf.expect("the classes live in one of the mask's buffers");
+        let buf = self.buffer_holding(ptr).expect("the classes live in one of the mask's buffers");
         buf.to_host((ptr - buf.ptr()) as usize, len)
     }
 
@@ -327,7 +331,7 @@ pub(crate) fn to_sequences(dev: &CudaDevice, m: &PreparedMask, seqs: &SeqLens) -
     launch(dev, &Launch::kernel(names::MASK_TO_SEQS, (x, ph as u32, seqs.batch() as u32), MASK_PACK_THREADS, 0), params)?;
     let mut bufs = vec![Arc::new(buf)];
     if one_row {
-        bufs.extend(m._bufs.iter().filter(|b| b.ptr() <= m.bits.ptr && m.bits.ptr < b.ptr() + b.bytes() as u64).cloned());
+        bufs.extend(m.buffer_holding(m.bits.ptr).cloned());
     }
     let bytes = bufs.iter().map(|b| b.bytes()).sum();
     let bits = if one_row { m.bits } else { params.bits };
