@@ -4,37 +4,12 @@ use crate::error::{Error, Result};
 use crate::memory::DeviceBuffer;
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::result::{self, mem_pool};
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, sys};
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream, sys};
 use cudarc::nvrtc::Ptx;
+use crate::ptx::{Library, PTX_SM80, PTX_SM90A};
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
-
-/// A PTX module as the library carries it (`build.rs` chooses which; a build uses one variant).
-#[derive(Clone, Copy)]
-#[allow(dead_code)]
-enum EmbeddedPtx {
-    /// Committed in `ptx/`, zstd-compressed.
-    Zstd(&'static [u8]),
-    /// Built from the kernel sources by `build.rs`.
-    Text(&'static str),
-}
-
-macro_rules! embedded_ptx {
-    ($stem:literal) => {{
-        #[cfg(not(dmattn_kernels_from_source))]
-        let ptx = EmbeddedPtx::Zstd(include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/ptx/", $stem, ".ptx.zst")));
-        #[cfg(dmattn_kernels_from_source)]
-        let ptx = EmbeddedPtx::Text(include_str!(concat!(env!("OUT_DIR"), "/", $stem, ".ptx")));
-        ptx
-    }};
-}
-
-/// Every kernel, for sm_80 and newer (the driver compiles it for the GPU at hand).
-const PTX_SM80: EmbeddedPtx = embedded_ptx!("dmattn_sm80");
-/// The kernels that use Hopper's wgmma, for compute capability 9.0 exactly (sm_90a code runs
-/// on no other GPU).
-const PTX_SM90A: EmbeddedPtx = embedded_ptx!("dmattn_sm90a");
 
 /// What one compiled kernel holds per thread.
 #[derive(Clone, Debug)]
@@ -124,11 +99,12 @@ pub(crate) struct CudaInner {
     order_ticket: DeviceBuffer,
 }
 
-/// dmattn's kernels loaded into one context, shared by every [`CudaDevice`] on it.
+/// dmattn's kernels for one context, shared by every [`CudaDevice`] on it. Each kernel is
+/// compiled into a module of its own when first asked for (`ptx::Library`).
 pub(crate) struct Kernels {
     ctx: Arc<CudaContext>,
-    /// The loaded modules, each with its kernel names in PTX order: sm_80, and on Hopper sm_90a.
-    modules: Vec<(Arc<CudaModule>, Vec<String>)>,
+    /// The shipped PTX: sm_80, and on Hopper sm_90a.
+    libraries: Vec<Library>,
     /// Functions by name, with the dynamic shared memory they were cleared for.
     functions: Mutex<HashMap<String, (CudaFunction, u32)>>,
     /// CTAs resident at once by (kernel, threads, dynamic shared memory) (`resident_ctas`).
@@ -142,8 +118,8 @@ pub(crate) struct Kernels {
     pub(crate) smem_per_block: u32,
 }
 
-/// The kernels loaded per context (a module loaded twice into one context would be compiled
-/// twice), by the context's handle. The entries live as long as the process: a context holds
+/// The kernels per context (a kernel loaded twice into one context would be compiled twice),
+/// by the context's handle. The entries live as long as the process: a context holds
 /// its modules until it is destroyed.
 fn loaded_kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
     static LOADED: Mutex<Vec<(usize, Arc<Kernels>)>> = Mutex::new(Vec::new());
@@ -163,22 +139,18 @@ impl Kernels {
         if major < 8 {
             return Err(Error::NoCuda(format!("compute capability {major}.{minor}; dmattn needs 8.0 or newer")));
         }
-        let load = |embedded: EmbeddedPtx| -> Result<(Arc<CudaModule>, Vec<String>)> {
-            let ptx = ptx_text(embedded);
-            let kernels = entry_names(&ptx);
-            Ok((ctx.load_module(Ptx::from_src(ptx))?, kernels))
-        };
-        let mut modules = vec![load(PTX_SM80)?];
-        // The Hopper module is PTX 8.1: a driver older than CUDA 12.1 cannot compile it, and the
-        // portable module then serves every call.
-        if (major, minor) == (9, 0)
-            && let Ok(hopper) = load(PTX_SM90A)
-        {
-            modules.push(hopper);
+        let mut libraries = vec![Library::of(PTX_SM80)];
+        // The Hopper module is PTX 8.1: a driver older than CUDA 12.1 cannot compile it (its
+        // declarations alone tell), and the portable module then serves every call.
+        if (major, minor) == (9, 0) {
+            let hopper = Library::of(PTX_SM90A);
+            if ctx.load_module(Ptx::from_src(hopper.prelude())).is_ok() {
+                libraries.push(hopper);
+            }
         }
         Ok(Kernels {
             ctx: ctx.clone(),
-            modules,
+            libraries,
             functions: Mutex::new(HashMap::new()),
             resident: Mutex::new(HashMap::new()),
             name: ctx.name()?,
@@ -326,31 +298,24 @@ impl CudaDevice {
 
     /// Whether the Hopper (sm_90a, wgmma) kernels are loaded.
     pub(crate) fn has_wgmma(&self) -> bool {
-        self.0.kernels.modules.len() > 1
+        self.0.kernels.libraries.len() > 1
     }
 
     /// Every kernel of dmattn's modules as the driver compiled it for this GPU. The driver's own
     /// ptxas assembles the PTX at load, so this, not an offline `ptxas -v`, says whether a
     /// shipped kernel spills here.
     pub fn kernel_resources(&self) -> Result<Vec<KernelResources>> {
-        self.0
-            .kernels
-            .modules
-            .iter()
-            .flat_map(|(module, kernels)| kernels.iter().map(move |name| (module, name)))
-            .map(|(module, name)| {
-                let f = module.load_function(name)?;
-                Ok(KernelResources {
-                    name: name.clone(),
-                    registers: f.num_regs()? as u32,
-                    local_bytes: f.local_size_bytes()? as u32,
-                })
+        let kernels = &self.0.kernels;
+        let names: Vec<String> = kernels.libraries.iter().flat_map(|lib| lib.names().map(str::to_string)).collect();
+        names
+            .into_iter()
+            .map(|name| {
+                let f = self.function(&name, 0)?;
+                Ok(KernelResources { registers: f.num_regs()? as u32, local_bytes: f.local_size_bytes()? as u32, name })
             })
             .collect()
     }
 
-    /// The kernel `name`, cleared to use `smem_bytes` of dynamic shared memory (above 48 KB a
-    /// kernel must opt in).
     /// CTAs of kernel `name` with `threads` threads and `smem_bytes` of dynamic shared memory
     /// the GPU holds resident at once (a cooperative launch's limit); asked of the driver once.
     pub(crate) fn resident_ctas(&self, name: &str, threads: u32, smem_bytes: u32) -> Result<u32> {
@@ -364,6 +329,8 @@ impl CudaDevice {
         Ok(n)
     }
 
+    /// The kernel `name`, cleared to use `smem_bytes` of dynamic shared memory (above 48 KB a
+    /// kernel must opt in); compiled on first use.
     pub(crate) fn function(&self, name: &str, smem_bytes: u32) -> Result<CudaFunction> {
         let kernels = &self.0.kernels;
         let mut functions = kernels.functions.lock().unwrap();
@@ -372,8 +339,17 @@ impl CudaDevice {
         {
             return Ok(f.clone());
         }
-        let module = kernels.modules.iter().find(|(_, names)| names.iter().any(|k| k == name)).map_or(&kernels.modules[0].0, |(m, _)| m);
-        let f = module.load_function(name)?;
+        let f = match functions.get(name) {
+            Some((f, _)) => f.clone(),
+            None => {
+                // The sm_90a library, where loaded, holds only wgmma kernels, which the portable
+                // one lacks: a name is in one library at most.
+                let lib = kernels.libraries.iter().find(|lib| lib.contains(name));
+                let unknown = || Error::Unsupported { what: format!("kernel {name} on this GPU"), backend: "CUDA" };
+                let source = lib.and_then(|lib| lib.module_of(name)).ok_or_else(unknown)?;
+                kernels.ctx.load_module(Ptx::from_src(source))?.load_function(name)?
+            }
+        };
         f.set_attribute(
             sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             smem_bytes as i32,
@@ -405,38 +381,4 @@ fn keep_freed_memory(ctx: &CudaContext) -> Result<()> {
         unsafe { mem_pool::set_attribute(pool, attr, (&mut threshold as *mut u64).cast())? };
     }
     Ok(())
-}
-
-fn ptx_text(embedded: EmbeddedPtx) -> String {
-    match embedded {
-        EmbeddedPtx::Text(text) => text.to_string(),
-        EmbeddedPtx::Zstd(bytes) => {
-            let mut text = String::new();
-            let mut decoder = ruzstd::decoding::StreamingDecoder::new(bytes).expect("the committed PTX is a zstd frame");
-            std::io::Read::read_to_string(&mut decoder, &mut text).expect("the committed PTX decompresses to text");
-            text
-        }
-    }
-}
-
-/// The kernel names of the shipped module with the Hopper kernels (`hopper`) or the portable one.
-#[cfg(test)]
-pub(crate) fn shipped_kernels(hopper: bool) -> Vec<String> {
-    entry_names(&ptx_text(if hopper { PTX_SM90A } else { PTX_SM80 }))
-}
-
-/// The kernel (entry) names a PTX module declares, in order.
-fn entry_names(ptx: &str) -> Vec<String> {
-    ptx.lines().filter_map(|l| l.strip_prefix(".visible .entry ")).map(|l| l.trim_end_matches('(').to_string()).collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::entry_names;
-
-    #[test]
-    fn entry_names_lists_kernels_not_device_functions() {
-        let ptx = ".version 7.8\n.func helper(\n.visible .entry dmattn_fwd_bf16_d64(\n\t.param .align 8 .b8 p[8]\n)\n.visible .entry dmattn_mask_pack(\n";
-        assert_eq!(entry_names(ptx), ["dmattn_fwd_bf16_d64", "dmattn_mask_pack"]);
-    }
 }

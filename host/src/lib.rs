@@ -65,6 +65,7 @@ mod device;
 mod dtype;
 mod error;
 mod memory;
+mod ptx;
 mod pages;
 mod problem;
 mod reference;

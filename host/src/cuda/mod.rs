@@ -1089,7 +1089,7 @@ mod tests {
     fn launch_bounds_name_shipped_kernels() {
         // The link step writes a bound only where it finds the entry: a misspelt name would
         // leave its kernel unbounded without a word.
-        let shipped = [crate::device::shipped_kernels(false), crate::device::shipped_kernels(true)].concat();
+        let shipped = [crate::ptx::shipped_kernels(false), crate::ptx::shipped_kernels(true)].concat();
         for (name, _, _) in dmattn_abi::LAUNCH_BOUNDS {
             assert!(shipped.iter().any(|k| k == name), "{name} is in neither module");
         }
@@ -1099,7 +1099,7 @@ mod tests {
     /// for its tiles, else the portable one.
     #[test]
     fn every_forward_plan_names_a_shipped_kernel() {
-        let shipped = [crate::device::shipped_kernels(false), crate::device::shipped_kernels(true)];
+        let shipped = [crate::ptx::shipped_kernels(false), crate::ptx::shipped_kernels(true)];
         for head_dim in [32, 64, 96, 128, 192, 256] {
             for (elem, gpu) in [DeviceElem::Bf16, DeviceElem::F16].into_iter().flat_map(|e| [(e, A100_LIKE), (e, H100)]) {
                 for (bias, mask) in [(false, FwdMask::None), (true, FwdMask::None), (false, FwdMask::Prepared), (true, FwdMask::Gathered), (false, FwdMask::Gathered)] {
@@ -1135,7 +1135,7 @@ mod tests {
     /// and so is the work-order pass of each that may run in one.
     #[test]
     fn every_backward_call_names_a_shipped_kernel() {
-        let shipped = [crate::device::shipped_kernels(false), crate::device::shipped_kernels(true)];
+        let shipped = [crate::ptx::shipped_kernels(false), crate::ptx::shipped_kernels(true)];
         for head_dim in [32, 64, 96, 128, 192, 256] {
             let modes = |e| [(e, false, false), (e, true, false), (e, false, true), (e, true, true)];
             for (elem, deterministic, hopper) in [DeviceElem::Bf16, DeviceElem::F16].into_iter().flat_map(modes) {
