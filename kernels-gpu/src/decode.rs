@@ -345,29 +345,34 @@ pub unsafe fn decode<E: Elem, const D: usize, const KT: usize, const DT: usize, 
             // This tile's K and V (and bias) have landed for everyone.
             sync_threads();
 
-            let last = sm.key_at(first + count - 1);
-            let check = count < BN as u32 || sm.key_at(first) < b.lo_max || last >= b.hi_min;
-            let band = if check { b.rows_bits(&sm, first, count, warp_row0 + g, t) } else { [[!0u32; 2]] };
-            let warp = WarpScores::new::<NT>(sm.bias(slot), false, 0, 0, warp_row0, 0, lane);
-            let mut s = [[[0f32; 4]; NT]; 1];
-            warp.init::<E, 1, NT>(&mut s, &mods, &band, check, false);
-            let (k, v) = (sm.k(slot), sm.v(slot));
-            let (q_frag, k_frag, v_frag) = (Fragments::new(sm.q, lane), Fragments::new(k, lane), Fragments::new(v, lane));
-            unsafe { scores_product::<E, 1, NT, KT, false>(&mut s, sm.q, k, q_frag, k_frag, warp_row0) };
-            let scale = if mods.softcap > 0.0 {
-                warp.to_logits::<E, 1, NT>(&mut s, &mods);
-                1.0
-            } else {
-                mods.scale_log2
-            };
-            if let Some(correction) = softmax.update(&mut s, scale) {
-                for dt in 0..DT {
-                    for i in 0..4 {
-                        o[0][dt][i] *= correction[0][i / 2];
+            // A warp whose rows are all past the sequence's (a kv group's heads times few
+            // queries leave most of the 64 rows empty) has nothing to compute: its MMAs would
+            // only hold up the warps that do.
+            if warp_row0 < b.rows {
+                let last = sm.key_at(first + count - 1);
+                let check = count < BN as u32 || sm.key_at(first) < b.lo_max || last >= b.hi_min;
+                let band = if check { b.rows_bits(&sm, first, count, warp_row0 + g, t) } else { [[!0u32; 2]] };
+                let warp = WarpScores::new::<NT>(sm.bias(slot), false, 0, 0, warp_row0, 0, lane);
+                let mut s = [[[0f32; 4]; NT]; 1];
+                warp.init::<E, 1, NT>(&mut s, &mods, &band, check, false);
+                let (k, v) = (sm.k(slot), sm.v(slot));
+                let (q_frag, k_frag, v_frag) = (Fragments::new(sm.q, lane), Fragments::new(k, lane), Fragments::new(v, lane));
+                unsafe { scores_product::<E, 1, NT, KT, false>(&mut s, sm.q, k, q_frag, k_frag, warp_row0) };
+                let scale = if mods.softcap > 0.0 {
+                    warp.to_logits::<E, 1, NT>(&mut s, &mods);
+                    1.0
+                } else {
+                    mods.scale_log2
+                };
+                if let Some(correction) = softmax.update(&mut s, scale) {
+                    for dt in 0..DT {
+                        for i in 0..4 {
+                            o[0][dt][i] *= correction[0][i / 2];
+                        }
                     }
                 }
+                unsafe { pv_product::<E, 1, NT, DT, false>(&mut o, &s, v, v_frag) };
             }
-            unsafe { pv_product::<E, 1, NT, DT, false>(&mut o, &s, v, v_frag) };
             // The next tile's bias, its load long landed; nobody reads that slot until the
             // next tile (barriers between).
             unsafe { store_bias(&sm, &mods, slot ^ 1, next_bias, tid) };
