@@ -105,8 +105,10 @@ pub(crate) struct Kernels {
     ctx: Arc<CudaContext>,
     /// The shipped PTX: sm_80, and on Hopper sm_90a.
     libraries: Vec<Library>,
-    /// Functions by name, with the dynamic shared memory they were cleared for.
-    functions: Mutex<HashMap<String, (CudaFunction, u32)>>,
+    /// Functions by name, each compiled once, with the dynamic shared memory it was cleared
+    /// for. A slot of its own per kernel: threads asking for different kernels compile them at
+    /// the same time.
+    functions: Mutex<HashMap<String, Arc<Mutex<Option<(CudaFunction, u32)>>>>>,
     /// CTAs resident at once by (kernel, threads, dynamic shared memory) (`resident_ctas`).
     resident: Mutex<HashMap<(String, u32, u32), u32>>,
     name: String,
@@ -305,15 +307,40 @@ impl CudaDevice {
     /// ptxas assembles the PTX at load, so this, not an offline `ptxas -v`, says whether a
     /// shipped kernel spills here.
     pub fn kernel_resources(&self) -> Result<Vec<KernelResources>> {
-        let kernels = &self.0.kernels;
-        let names: Vec<String> = kernels.libraries.iter().flat_map(|lib| lib.names().map(str::to_string)).collect();
-        names
-            .into_iter()
-            .map(|name| {
-                let f = self.function(&name, 0)?;
-                Ok(KernelResources { registers: f.num_regs()? as u32, local_bytes: f.local_size_bytes()? as u32, name })
-            })
-            .collect()
+        let names: Vec<&str> = self.0.kernels.libraries.iter().flat_map(|lib| lib.names()).collect();
+        // The driver compiles a module on the calling thread: a thread a core.
+        let threads = std::thread::available_parallelism().map_or(4, |n| n.get()).min(names.len().max(1));
+        let chunks: Vec<Vec<&str>> = (0..threads).map(|i| names.iter().skip(i).step_by(threads).copied().collect()).collect();
+        let compiled = std::thread::scope(|scope| {
+            let workers: Vec<_> = chunks.iter().map(|chunk| scope.spawn(|| chunk.iter().map(|name| self.function(name, 0)).collect::<Vec<_>>())).collect();
+            workers.into_iter().map(|w| w.join().expect("a compiling thread panicked")).collect::<Vec<_>>()
+        });
+        let mut resources = Vec::with_capacity(names.len());
+        for (chunk, functions) in chunks.iter().zip(compiled) {
+            for (name, f) in chunk.iter().zip(functions) {
+                resources.push((name, f?));
+            }
+        }
+        resources.sort_by_key(|(name, _)| names.iter().position(|n| n == *name));
+        resources.into_iter().map(|(name, f)| Self::resources_of(name, &f)).collect()
+    }
+
+    /// The kernels compiled so far in this context (those launched, and any asked for), as
+    /// [`CudaDevice::kernel_resources`] gives them; none is compiled here.
+    pub fn compiled_kernel_resources(&self) -> Result<Vec<KernelResources>> {
+        let slots: Vec<(String, Arc<Mutex<Option<(CudaFunction, u32)>>>)> = self.0.kernels.functions.lock().unwrap().iter().map(|(n, s)| (n.clone(), s.clone())).collect();
+        let mut resources = Vec::new();
+        for (name, slot) in slots {
+            if let Some((f, _)) = &*slot.lock().unwrap() {
+                resources.push(Self::resources_of(&name, f)?);
+            }
+        }
+        resources.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(resources)
+    }
+
+    fn resources_of(name: &str, f: &CudaFunction) -> Result<KernelResources> {
+        Ok(KernelResources { name: name.to_string(), registers: f.num_regs()? as u32, local_bytes: f.local_size_bytes()? as u32 })
     }
 
     /// CTAs of kernel `name` with `threads` threads and `smem_bytes` of dynamic shared memory
@@ -333,28 +360,23 @@ impl CudaDevice {
     /// kernel must opt in); compiled on first use.
     pub(crate) fn function(&self, name: &str, smem_bytes: u32) -> Result<CudaFunction> {
         let kernels = &self.0.kernels;
-        let mut functions = kernels.functions.lock().unwrap();
-        if let Some((f, cleared)) = functions.get(name)
-            && *cleared >= smem_bytes
-        {
-            return Ok(f.clone());
-        }
-        let f = match functions.get(name) {
-            Some((f, _)) => f.clone(),
+        let slot = kernels.functions.lock().unwrap().entry(name.to_string()).or_default().clone();
+        let mut slot = slot.lock().unwrap();
+        let (f, cleared) = match &*slot {
+            Some((f, cleared)) if *cleared >= smem_bytes => return Ok(f.clone()),
+            Some((f, cleared)) => (f.clone(), *cleared),
             None => {
                 // The sm_90a library, where loaded, holds only wgmma kernels, which the portable
                 // one lacks: a name is in one library at most.
                 let lib = kernels.libraries.iter().find(|lib| lib.contains(name));
                 let unknown = || Error::Unsupported { what: format!("kernel {name} on this GPU"), backend: "CUDA" };
                 let source = lib.and_then(|lib| lib.module_of(name)).ok_or_else(unknown)?;
-                kernels.ctx.load_module(Ptx::from_src(source))?.load_function(name)?
+                (kernels.ctx.load_module(Ptx::from_src(source))?.load_function(name)?, 0)
             }
         };
-        f.set_attribute(
-            sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem_bytes as i32,
-        )?;
-        functions.insert(name.to_string(), (f.clone(), smem_bytes));
+        let cleared = cleared.max(smem_bytes);
+        f.set_attribute(sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, cleared as i32)?;
+        *slot = Some((f.clone(), cleared));
         Ok(f)
     }
 }
