@@ -5,6 +5,7 @@
 
 mod decode;
 mod gather;
+mod lists;
 mod mask;
 pub mod names;
 mod params;
@@ -13,6 +14,7 @@ mod tiles;
 
 pub use decode::*;
 pub use gather::*;
+pub use lists::*;
 pub use mask::*;
 pub use params::*;
 pub use select::*;

@@ -58,6 +58,11 @@ pub const COMBINE_PREFIX: &str = "dmattn_fwd_combine_";
 /// decoding forward ([`super::DecodeParams`]).
 pub const DECODE_PREFIX: &str = "dmattn_decode_";
 pub const FWD_PREFIX: &str = "dmattn_fwd_";
+/// Per-query index lists sorted and cleaned once (`ListSortParams`).
+pub const LISTS_SORT: &str = "dmattn_lists_sort";
+/// `dmattn_lists_fwd_<elem>_d<dim>`: the forward over each query's listed keys
+/// (`ListsParams`).
+pub const LISTS_FWD_PREFIX: &str = "dmattn_lists_fwd_";
 /// `dmattn_fwd_sm90_<elem>_d<dim>[_mods[_gather[_narrow]|_packed|_paged]]`: the Hopper forward
 /// ([`super::FWD_TILES_SM90`]).
 pub const FWD_WGMMA_PREFIX: &str = "dmattn_fwd_sm90_";

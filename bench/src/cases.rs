@@ -825,21 +825,23 @@ fn gather(quick: bool) -> Vec<Case> {
 /// The `indices` group: per-query index lists (`attn_indices`), Flash-DMA's shape (batch 1, 2
 /// heads, 1 kv head, dim 64), 32K queries and keys, 1024 keys a row, causal, no bias: random
 /// lists and window-shaped ones, each also as the same pattern in a dense bool mask (dmattn's
-/// dense-mask path), forward and backward. `quick`: the random lists and their dense form.
+/// dense-mask path), forward and backward; and random lists at 64K (work O(queries x w) against
+/// the dense tiles' O(queries x keys)). `quick`: the random lists at 32K and their dense form.
 fn indices(quick: bool) -> Vec<Case> {
-    let layouts: &[ListLayout] = if quick { &[ListLayout::Random] } else { &[ListLayout::Random, ListLayout::Window] };
+    let layouts: &[(ListLayout, usize)] =
+        if quick { &[(ListLayout::Random, 32768)] } else { &[(ListLayout::Random, 32768), (ListLayout::Window, 32768), (ListLayout::Random, 65536)] };
     layouts
         .iter()
-        .flat_map(|&layout| [false, true].map(|dense| Mask::IndexLists { keep: 1024, layout, dense }))
-        .map(|mask| {
+        .flat_map(|&(layout, seqlen)| [false, true].map(|dense| (Mask::IndexLists { keep: 1024, layout, dense }, seqlen)))
+        .map(|(mask, seqlen)| {
             let mut c = Case {
                 id: String::new(),
                 group: "indices".into(),
                 batch: 1,
                 heads: 2,
                 kv_heads: 1,
-                seqlen_q: 32768,
-                seqlen_k: 32768,
+                seqlen_q: seqlen,
+                seqlen_k: seqlen,
                 head_dim: 64,
                 causal: true,
                 mask: Some(mask),
@@ -848,7 +850,7 @@ fn indices(quick: bool) -> Vec<Case> {
                 backward: true,
                 seqlens: None,
             };
-            c.id = format!("indices/d64/q32768/k32768/{}", c.variant());
+            c.id = format!("indices/d64/q{seqlen}/k{seqlen}/{}", c.variant());
             c
         })
         .collect()
@@ -1154,6 +1156,8 @@ mod tests {
                 "indices/d64/q32768/k32768/causal+lists1024-random-dense",
                 "indices/d64/q32768/k32768/causal+lists1024-window",
                 "indices/d64/q32768/k32768/causal+lists1024-window-dense",
+                "indices/d64/q65536/k65536/causal+lists1024-random",
+                "indices/d64/q65536/k65536/causal+lists1024-random-dense",
             ]
         );
     }

@@ -157,7 +157,9 @@ impl SparseMask {
     /// row shows the set of its keys). Entries must be -1 or in `0..seqlen_k` (a typed error
     /// otherwise, found when prepared: on the GPU that waits for the device). Lists without a
     /// query dimension (`[.., .., 1, w]`, the same keys for every query) run as gather attention
-    /// where they keep at most half the keys; lists per query as a bit-packed score mask.
+    /// where they keep at most half the keys; lists per query as a bit-packed score mask, whose
+    /// forward runs over each query's own keys where that pays (see
+    /// [`PreparedMask::per_query_lists`]).
     pub fn indices(indices: &Tensor) -> Self {
         Self::part(Part::Indices(indices.clone()))
     }
@@ -212,7 +214,9 @@ impl SparseMask {
                 (gpu.planes, Some(MaskData::Cuda(gpu)))
             }
         };
-        Ok(PreparedMask { band, seqlen_q, seqlen_k, planes, data, device, seqs: None })
+        let mut prepared = PreparedMask { band, seqlen_q, seqlen_k, planes, data, device, seqs: None };
+        prepared.sort_row_lists(&self.parts)?;
+        Ok(prepared)
     }
 
     /// Prepares the mask for packed calls over the sequences of `seqs` (on their device), as
@@ -481,6 +485,54 @@ impl PreparedMask {
 
     /// Whether the band shows any score of the 64x64 block at `(row0, col0)` of a call of
     /// `sq x sk`.
+    /// Per-query index lists alone on the GPU (`[.., .., seqlen_q, w]`, `w` at most
+    /// `dmattn_abi::LISTS_MAX_WIDTH`): sorted for the forward over each query's own keys where
+    /// [`lists_pay`] says so (reads the block classes back: waits for the device).
+    fn sort_row_lists(&mut self, parts: &[Part]) -> Result<()> {
+        let ([Part::Indices(t)], Device::Cuda(dev)) = (parts, &self.device) else { return Ok(()) };
+        let shape = <[usize; 4]>::try_from(t.shape()).expect("checked when prepared");
+        if shape[2] == 1 || !cuda::lists_sortable(shape[3]) {
+            return Ok(());
+        }
+        let (sq, sk) = (self.seqlen_q, self.seqlen_k);
+        let (qb, kb) = (sq.div_ceil(64), sk.div_ceil(64));
+        let planes = self.planes[0] * self.planes[1];
+        let pays = match FORCED_ROW_LISTS.with(|f| f.get()) {
+            Some(forced) => forced,
+            // Too many tiles to read back: work O(sq x sk) on dense tiles against w keys a query.
+            None if planes * qb * kb > 1 << 26 => true,
+            None => {
+                let Some(MaskData::Cuda(g)) = &self.data else { return Ok(()) };
+                let classes = g.block_classes(qb, kb)?;
+                // The band's tiles of a plane: a tile row's keys run from its first row's band
+                // start to its last row's end (both never decrease), and the sinks.
+                let sinks = sink_keys(&self.band, sk);
+                let band: Vec<bool> = (0..qb)
+                    .flat_map(|i| {
+                        let ((lo, _), (_, hi)) = (band_keys(&self.band, sq, sk, i * 64), band_keys(&self.band, sq, sk, ((i + 1) * 64).min(sq) - 1));
+                        (0..kb).map(move |j| (j * 64 < hi && (j + 1) * 64 > lo) || j * 64 < sinks.min(hi))
+                    })
+                    .collect();
+                let visited = classes.iter().enumerate().filter(|&(n, &kept)| kept && band[n % (qb * kb)]).count();
+                // The band hides about as large a share of the listed keys as of the tiles.
+                let in_band = band.iter().filter(|&&b| b).count() as f64 / (qb * kb) as f64;
+                lists_pay(visited, (planes * sq * shape[3]) as f64 * in_band)
+            }
+        };
+        if pays && let Some(MaskData::Cuda(g)) = &mut self.data {
+            g.rows = Some(Arc::new(cuda::sort_lists(dev, t, shape)?));
+        }
+        Ok(())
+    }
+
+    /// Whether the forward runs each query over its own listed keys (per-query index lists where
+    /// that pays, [`SparseMask::indices`]): work O(queries x listed keys) whatever the lists'
+    /// pattern, where the dense-tile path visits every 64x64 tile in which some query lists a key.
+    /// The backward runs on those dense tiles, as does the forward at head dims past 128.
+    pub fn per_query_lists(&self) -> bool {
+        matches!(&self.data, Some(MaskData::Cuda(g)) if g.rows.is_some())
+    }
+
     fn band_touches(&self, sq: usize, sk: usize, row0: usize, col0: usize) -> bool {
         let rows = row0..(row0 + 64).min(sq);
         let cols = col0..(col0 + 64).min(sk);
@@ -619,6 +671,32 @@ pub(crate) fn bcsr_to_bitset(row_ptr: &Tensor, col_idx: &Tensor, block: usize, s
         }
     }
     Ok(([rp[0], rp[1]], kept))
+}
+
+/// Whether per-query lists run over each query's own keys rather than on the dense tiles of
+/// their mask: where the tiles the dense path visits (`visited_tiles`, 64 x 64, every plane's)
+/// hold at least [`LISTS_PAY_RATIO`] times the lists' entries the band shows (`list_entries`,
+/// estimated: every plane's rows times the width, times the band's share of the tiles). A listed key costs the lists forward a K and V row of its own (no
+/// query shares it), a score on a dense tile a share of one.
+pub(crate) fn lists_pay(visited_tiles: usize, list_entries: f64) -> bool {
+    visited_tiles as f64 * 4096.0 >= LISTS_PAY_RATIO * list_entries
+}
+
+/// See [`lists_pay`]. H200, b1 h2 hk1 d64 32K causal, random lists of 1024 (the `indices` bench):
+/// every tile visited, 32 times the entries, and the lists forward took 0.82 of the dense-tile
+/// forward's time: they break even near 26.
+const LISTS_PAY_RATIO: f64 = 24.0;
+
+std::thread_local! {
+    static FORCED_ROW_LISTS: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Testing hook: while `Some(on)`, per-query index lists this thread prepares on the GPU run
+/// over each query's own keys (`true`) or on dense tiles (`false`) whatever [`lists_pay`] says;
+/// `None`: its choice.
+#[doc(hidden)]
+pub fn force_per_query_lists(on: Option<bool>) {
+    FORCED_ROW_LISTS.with(|f| f.set(on));
 }
 
 /// Checks an index-list tensor (`SparseMask::indices`): I32, `[pb, ph, {1|sq}, w]` with `w >= 1`.

@@ -2,7 +2,7 @@
 //! composed from a few modules: PTX primitives (`arch`), element types and their MMA (`elem`),
 //! shared-memory tiles (`tile`), the mask logic every kernel shares (`mask`), the online softmax
 //! (`softmax`), score start values and logits (`scores`), and the kernels themselves (`fwd`,
-//! `bwd`, `decode` (the forward for few queries), `bwd_pre`, `mask_pack` and `block_mask` (mask preparation; `mask_pack` also lays a mask out for a packed batch), `gather` (gather attention), `select` and `select_wide` (masks made from a bias), `schedule` for the forward's work order, `combine` for
+//! `bwd`, `decode` (the forward for few queries), `bwd_pre`, `mask_pack` and `block_mask` (mask preparation; `mask_pack` also lays a mask out for a packed batch), `gather` (gather attention), `lists` (per-query index lists), `select` and `select_wide` (masks made from a bias), `schedule` for the forward's work order, `combine` for
 //! split-KV, and `softmax_rows` for the unfused path). Entry points are instantiated here from
 //! the tile table in `dmattn-abi`. The crate builds twice: for sm_80 (every kernel but the
 //! Hopper ones; it runs on Hopper too) and for sm_90a (only the `wgmma` forward and backward).
@@ -20,6 +20,7 @@ mod bwd;
 mod bwd_pre;
 mod combine;
 mod decode;
+mod lists;
 mod elem;
 mod fwd;
 mod gather;
@@ -36,7 +37,7 @@ mod softmax_rows;
 mod tile;
 
 use dmattn_abi::{
-    BlockMaskParams, BwdParams, BwdSharesParams, DecodeParams, GatherMaskParams, GatherParams, IndicesParams, KeyCompactParams, ScatterParams, SelectParams, SelectWideParams, BwdPreParams, BwdTile, CombineParams, ConvertParams, FwdParams, FwdTile, OrderParams, FwdVariants, MaskPackParams, MaskSeqsParams,
+    BlockMaskParams, BwdParams, BwdSharesParams, DecodeParams, GatherMaskParams, GatherParams, IndicesParams, ListSortParams, ListsParams, KeyCompactParams, ScatterParams, SelectParams, SelectWideParams, BwdPreParams, BwdTile, CombineParams, ConvertParams, FwdParams, FwdTile, OrderParams, FwdVariants, MaskPackParams, MaskSeqsParams,
     SoftmaxRowsParams, bwd_tile, fwd_variants, fwd_variants_for, modifiers,
 };
 use elem::{Bf16, F16};
@@ -100,6 +101,12 @@ pub unsafe extern "ptx-kernel" fn dmattn_gather_rows(p: GatherParams) {
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn dmattn_indices_bits(p: IndicesParams) {
     unsafe { gather::indices_bits(&p) }
+}
+
+#[cfg(not(target_feature = "sm_90a"))]
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn dmattn_lists_sort(p: ListSortParams) {
+    unsafe { lists::lists_sort(&p) }
 }
 
 #[cfg(not(target_feature = "sm_90a"))]
@@ -374,6 +381,29 @@ decode_kernels! {
     F16, 128: dmattn_decode_f16_d128, dmattn_decode_f16_d128_paged;
     F16, 192: dmattn_decode_f16_d192, dmattn_decode_f16_d192_paged;
     F16, 256: dmattn_decode_f16_d256, dmattn_decode_f16_d256_paged;
+}
+
+/// The forward over per-query index lists per (element type, head dim)
+/// (`dmattn_abi::names::LISTS_FWD_PREFIX`): `dmattn_lists_fwd_<elem>_d<dim>`.
+macro_rules! lists_kernels {
+    ($($elem:ty, $d:literal: $name:ident;)*) => {$(
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: ListsParams) {
+            unsafe { lists::lists_fwd::<$elem, $d, { $d / 16 }, { $d / 8 }>(&p) }
+        }
+    )*};
+}
+
+#[cfg(not(target_feature = "sm_90a"))]
+lists_kernels! {
+    Bf16, 32: dmattn_lists_fwd_bf16_d32;
+    Bf16, 64: dmattn_lists_fwd_bf16_d64;
+    Bf16, 96: dmattn_lists_fwd_bf16_d96;
+    Bf16, 128: dmattn_lists_fwd_bf16_d128;
+    F16, 32: dmattn_lists_fwd_f16_d32;
+    F16, 64: dmattn_lists_fwd_f16_d64;
+    F16, 96: dmattn_lists_fwd_f16_d96;
+    F16, 128: dmattn_lists_fwd_f16_d128;
 }
 
 /// Per element type: the backward's delta and conversion passes, the split-KV combine, and the

@@ -16,6 +16,16 @@ pub fn tanh(x: f32) -> f32 {
     1.0 - 2.0 * rcp(exp2(2.0 * LOG2E * x) + 1.0)
 }
 
+/// The base-2 logit of a raw score accumulator `acc` under softcap `softcap` (`pre`: the scale
+/// over the cap, `scale_log2 / (LOG2E * softcap)`), with `bias` added after the cap, and `d capped
+/// / d raw = 1 - tanh²`. -inf stays -inf.
+#[inline(always)]
+pub fn capped_logit(acc: f32, pre: f32, softcap: f32, bias: f32) -> (f32, f32) {
+    let th = tanh(acc * pre);
+    let x = if acc == f32::NEG_INFINITY { f32::NEG_INFINITY } else { (softcap * th + bias) * LOG2E };
+    (x, 1.0 - th * th)
+}
+
 /// The score modifiers a launch uses, those its variant (`dmattn_abi::modifiers`) compiles out
 /// reading as absent: the lean variants need fewer registers and less code.
 #[derive(Clone, Copy)]
@@ -160,10 +170,8 @@ impl WarpScores {
             let bias = if mods.bias { self.bias::<E>(dr, nt) } else { (0.0, 0.0) };
             let (mut x, mut dcap) = ([0.0; 2], [0.0; 2]);
             for e in 0..2 {
-                let th = tanh(acc[e] * pre);
-                dcap[e] = 1.0 - th * th;
                 let b = if e == 0 { bias.0 } else { bias.1 };
-                x[e] = if acc[e] == f32::NEG_INFINITY { f32::NEG_INFINITY } else { (mods.softcap * th + b) * LOG2E };
+                (x[e], dcap[e]) = capped_logit(acc[e], pre, mods.softcap, b);
             }
             (x, dcap)
         } else {

@@ -734,10 +734,16 @@ impl fmt::Debug for Described<'_> {
 /// window around each row's diagonal, or all padding, with -1 padding mixed in; and the keep table
 /// `[pb, ph, rows, seqlen_k]` they describe (a listed key is visible, repeats or not).
 pub fn random_indices(rng: &mut StdRng, case: &Case) -> ([usize; 4], Vec<i32>, Vec<bool>) {
+    let per_query = rng.random_bool(0.5);
+    random_indices_of(rng, case, per_query)
+}
+
+/// [`random_indices`] with a query dimension (`rows` = `seqlen_q`) or without (1).
+pub fn random_indices_of(rng: &mut StdRng, case: &Case, per_query: bool) -> ([usize; 4], Vec<i32>, Vec<bool>) {
     let (sq, sk) = (case.seqlen_q, case.seqlen_k);
     let pb = if rng.random_bool(0.5) { case.batch } else { 1 };
     let ph = [1, case.kv_heads, case.heads][rng.random_range(0..3)];
-    let rows = if rng.random_bool(0.5) { 1 } else { sq };
+    let rows = if per_query { sq } else { 1 };
     let w = [1, 2, rng.random_range(1..=sk), sk.div_ceil(3), sk + 3][rng.random_range(0..5)];
     let pad = [0.0, 0.1, 0.5][rng.random_range(0..3)];
     let mode = rng.random_range(0..4);

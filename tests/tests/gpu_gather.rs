@@ -9,7 +9,7 @@
 //! `DMATTN_GPU_CASES` sets the property tests' case counts. Skips, saying why, where there is no
 //! CUDA device.
 use dmattn::{DType, SparseMask, Tensor};
-use dmattn_tests::sparse::{DataPart, MaskSpec, SparseCase, check_gpu_prepared, check_gpu_sparse, gpu_gather_cases, random_key_keep};
+use dmattn_tests::sparse::{DataPart, Kind, MaskSpec, SparseCase, check_gpu_prepared, check_gpu_sparse, gpu_gather_cases, random_indices_of, random_key_keep, random_part};
 use dmattn_tests::*;
 use proptest::test_runner::TestCaseError;
 use rand::Rng;
@@ -221,6 +221,75 @@ fn index_lists_match_reference() {
         compare_forward(&(&case, shape), ForwardPath::Fused, case.dtype, &got, &want, 0.0)?;
         check_backward_of(&(&case, shape), &case, &inputs, &got, &want, &gpu, sc.seed)
     });
+}
+
+/// Per-query index lists run over each query's own keys (forced: small cases would otherwise run
+/// on dense tiles) against the reference with the dense mask they describe, half the time ANDed
+/// with a band (windows from 0 past `seqlen_k`, sinks, compressed causal): random,
+/// window-shaped, padded, repeated and all-padding lists, `w` from 1 past `seqlen_k`, lists per
+/// batch entry or not and per kv head, query head or neither, every bias broadcast, softcap,
+/// GQA/MQA, causal with `sq != sk`, f16/bf16; the forward in every case (poisoned outputs, rows
+/// with no visible key), the backward (dense tiles, from this forward's O and LSE) in one of four.
+#[test]
+fn per_query_lists_match_reference() {
+    let Some(gpu) = gpu() else { return };
+    gather_property(2000, 300, |sc| {
+        dmattn::force_per_query_lists(Some(true));
+        let (inputs, _) = sc.draw();
+        let case = &sc.case;
+        let mut rng = seeded_rng(sc.seed ^ 0x1157);
+        let (shape, idx, keep) = random_indices_of(&mut rng, case, true);
+        let cf = [1, 2, 4][rng.random_range(0..3)];
+        let band = match rng.random_range(0..4) {
+            0 | 1 => MaskSpec { bands: Vec::new(), data: Vec::new() },
+            2 => random_part(&mut rng, case, Kind::Band, [1, 1]),
+            _ if case.causal => random_part(&mut rng, case, Kind::Band, [1, 1]),
+            _ => random_part(&mut rng, case, Kind::Compress(cf), [1, 1]),
+        };
+        let lists = Tensor::from_vec(idx, &shape, &gpu).unwrap();
+        let mask = band.build(&gpu).unwrap().and(SparseMask::indices(&lists));
+        let spec = band.and(MaskSpec::data(DataPart::Dense { shape: [shape[0], shape[1], shape[2], case.seqlen_k], keep }));
+        let prepared = mask.prepare(case.seqlen_q, case.seqlen_k).map_err(|e| TestCaseError::fail(format!("prepare: {e} for {sc:?} lists {shape:?}")))?;
+        dmattn::force_per_query_lists(None);
+        // One query: the lists have no query dimension (gather attention).
+        proptest::prop_assert_eq!(prepared.per_query_lists(), case.seqlen_q > 1, "{:?} lists {:?}", sc, shape);
+        check_gpu_prepared(&sc, &spec, &prepared, &inputs, &gpu, ForwardPath::Fused, sc.seed % 4 == 0, false)
+    });
+}
+
+/// Which per-query lists run over each query's own keys unforced: random keys, whose dense
+/// tiles would be all the tiles, do; windows around the diagonal, whose tiles are few, do not.
+/// Both match the reference, and two lists forwards are bit-identical.
+#[test]
+fn which_lists_run_per_query() {
+    let Some(gpu) = gpu() else { return };
+    let case = Case { dtype: DType::BF16, causal: true, ..Case::new(1, 2048, 2048, 4, 2, 64) };
+    let mut rng = seeded_rng(11);
+    let inputs = case.inputs(&mut rng);
+    let w = 48;
+    let random: Vec<i32> = (0..2048 * w).map(|_| rng.random_range(0..2048)).collect();
+    let window: Vec<i32> = (0..2048 * w).map(|e| ((e / w) as i32 - (e % w) as i32).max(-1)).collect();
+    for (name, idx, per_query) in [("random", random, true), ("window", window, false)] {
+        let mut keep = vec![false; 2048 * 2048];
+        for (e, &k) in idx.iter().enumerate() {
+            if k >= 0 {
+                keep[(e / w) * 2048 + k as usize] = true;
+            }
+        }
+        let lists = Tensor::from_vec(idx, &[1, 1, 2048, w], &gpu).unwrap();
+        let prepared = SparseMask::indices(&lists).prepare(2048, 2048).unwrap();
+        assert_eq!(prepared.per_query_lists(), per_query, "{name} lists");
+        let sc = SparseCase { case: case.clone(), kinds: Vec::new(), seed: 5 };
+        let spec = MaskSpec::data(DataPart::Dense { shape: [1, 1, 2048, 2048], keep });
+        check_gpu_prepared(&sc, &spec, &prepared, &inputs, &gpu, ForwardPath::Fused, true, false).unwrap_or_else(|e| panic!("{name} lists: {e}"));
+        let on_gpu = inputs.to(&gpu);
+        let run = || {
+            let f = case.call(&on_gpu).sparse_mask(&prepared).forward().unwrap();
+            [f.out.to_f64_vec().unwrap(), f.lse.to_f64_vec().unwrap()]
+        };
+        let (a, b) = (run(), run());
+        assert!(a.iter().zip(&b).all(|(x, y)| x.iter().zip(y).all(|(x, y)| x.to_bits() == y.to_bits())), "{name} lists: two forwards differ");
+    }
 }
 
 /// An entry outside `-1..seqlen_k` found on the device is a typed error naming `indices`, as is a

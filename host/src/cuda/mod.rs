@@ -4,6 +4,7 @@
 mod decode;
 mod gather;
 mod launch;
+mod lists;
 mod materialized;
 mod packed;
 mod prepare;
@@ -11,6 +12,7 @@ mod select;
 
 pub(crate) use prepare::{PreparedMask, pack_sequences, prepare, to_sequences};
 pub(crate) use select::select_keys;
+pub(crate) use lists::{sort as sort_lists, sortable as lists_sortable};
 pub use select::{force_select_launches, force_wide_selection};
 pub use gather::force_gather_query_chunks;
 pub use decode::force_decode_ctas_per_sm;
@@ -388,6 +390,13 @@ pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, into: ForwardB
         // registers for them).
         let what = "a mask with paged K/V outside decoding (a kv group's heads times the longest sequence's queries above 64, or a band with sinks)".into();
         return Err(Error::Unsupported { what, backend: BACKEND });
+    }
+    if let Some(lists) = lists::row_lists(&saved)
+        && let Some(plan) = lists::lists_plan(&p, elem, lists.planes)
+    {
+        let (out, lse) = forward_outputs(&p, &saved, into)?;
+        lists::launch_lists(dev, &p, &plan, lists, fwd_params(&p, &saved, &out, &lse, false)?)?;
+        return Ok(Forward { out, lse, problem: p, saved });
     }
     if let Some(lists) = key_lists(&saved) {
         return gather::forward(dev, p, saved, &lists, into);

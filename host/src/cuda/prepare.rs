@@ -31,6 +31,9 @@ pub(crate) struct PreparedMask {
     /// A query-broadcast score mask alone, run as gather attention: its key lists (`classes` and
     /// `bits` are then absent; see `gather`).
     pub gather: Option<Arc<KeyListsBuf>>,
+    /// Per-query index lists alone, where running each query over its own keys pays: the lists
+    /// sorted (the forward's; `classes` and `bits` serve the backward; see `lists`).
+    pub rows: Option<Arc<super::lists::RowLists>>,
     bytes: usize,
     /// The buffers the views point into (one may serve several masks: `to_sequences`).
     _bufs: Vec<Arc<DeviceBuffer>>,
@@ -52,16 +55,16 @@ impl PreparedMask {
     /// A score mask's classes and bits in `bufs`.
     pub fn new(classes: View4, bits: View4, planes: [usize; 2], bufs: Vec<DeviceBuffer>) -> Self {
         let bytes = bufs.iter().map(DeviceBuffer::bytes).sum();
-        PreparedMask { classes, bits, planes, blocks: false, gather: None, bytes, _bufs: bufs.into_iter().map(Arc::new).collect() }
+        PreparedMask { classes, bits, planes, blocks: false, gather: None, rows: None, bytes, _bufs: bufs.into_iter().map(Arc::new).collect() }
     }
 
     pub fn memory_bytes(&self) -> usize {
-        self.bytes + self.gather.as_ref().map_or(0, |g| g.memory_bytes())
+        self.bytes + self.gather.as_ref().map_or(0, |g| g.memory_bytes()) + self.rows.as_ref().map_or(0, |r| r.memory_bytes())
     }
 
     /// The same data seen through other views (into the same buffers) and planes.
     pub fn viewed(&self, classes: View4, bits: View4, planes: [usize; 2]) -> Self {
-        PreparedMask { classes, bits, planes, ..self.clone() }
+        PreparedMask { classes, bits, planes, rows: None, ..self.clone() }
     }
 
     /// Whether each 64x64 block of each plane is visited, `[planes, q_blocks, k_blocks]` (read
@@ -247,7 +250,7 @@ pub(crate) fn prepare(dev: &CudaDevice, parts: &[Part], sq: usize, sk: usize, ga
         if let Some(lists) = super::gather::compact(dev, t, packed, sq, sk)? {
             let planes = lists.planes;
             let gather = Some(Arc::new(lists));
-            return Ok(PreparedMask { classes: View4::ABSENT, bits: View4::ABSENT, planes, blocks: false, gather, bytes: 0, _bufs: Vec::new() });
+            return Ok(PreparedMask { classes: View4::ABSENT, bits: View4::ABSENT, planes, blocks: false, gather, rows: None, bytes: 0, _bufs: Vec::new() });
         }
     }
     let (mut classes, bits, mut planes) = match scores.first() {
@@ -294,7 +297,7 @@ pub(crate) fn prepare(dev: &CudaDevice, parts: &[Part], sq: usize, sk: usize, ga
     };
     let bytes = bufs.iter().map(DeviceBuffer::bytes).sum();
     let blocks = parts.iter().any(|p| !matches!(p, Part::Dense(_) | Part::Packed(_)));
-    Ok(PreparedMask { classes, bits, planes, blocks, gather: None, bytes, _bufs: bufs.into_iter().map(Arc::new).collect() })
+    Ok(PreparedMask { classes, bits, planes, blocks, gather: None, rows: None, bytes, _bufs: bufs.into_iter().map(Arc::new).collect() })
 }
 
 /// A mask prepared per sequence (`prepare` at the longest lengths, sequence `b` in plane `b`, or
@@ -335,5 +338,5 @@ pub(crate) fn to_sequences(dev: &CudaDevice, m: &PreparedMask, seqs: &SeqLens) -
     }
     let bytes = bufs.iter().map(|b| b.bytes()).sum();
     let bits = if one_row { m.bits } else { params.bits };
-    Ok(PreparedMask { classes: params.classes, bits, planes: [1, ph], blocks: m.blocks, gather: None, bytes, _bufs: bufs })
+    Ok(PreparedMask { classes: params.classes, bits, planes: [1, ph], blocks: m.blocks, gather: None, rows: None, bytes, _bufs: bufs })
 }

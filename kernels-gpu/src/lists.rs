@@ -1,0 +1,413 @@
+//! Per-query index lists (`dmattn_abi::ListsParams`): each row's list sorted once without
+//! padding or repeats (`lists_sort`), then a forward in which each warp is one query and the
+//! query heads sharing its list (its 16 MMA rows). The warp scans its sorted list, queues the
+//! keys the band shows its query, and takes the next [`LISTS_KEYS`] of them as a key tile: K and
+//! V rows copied by index into its own slots (two, the next tile's copies in flight while this
+//! one is computed), the bias read at the same keys. Warps never wait for each other.
+use crate::arch::*;
+use crate::elem::Elem;
+use crate::gemm::{pv_product, scores_product};
+use crate::mask::Visibility;
+use crate::scores::{LOG2E, capped_logit};
+use crate::seq::Seq;
+use crate::softmax::OnlineSoftmax;
+use crate::tile::{Fragments, SmemTile};
+use dmattn_abi::{LISTS_KEYS, LISTS_QUEUE, LISTS_ROWS, LISTS_SORT_THREADS, LISTS_WARPS, ListSortParams, ListsParams, View4, lists_warp_bytes};
+
+const BN: usize = LISTS_KEYS as usize;
+const NT: usize = BN / 8;
+const QUEUE_MASK: u32 = LISTS_QUEUE - 1;
+const _: () = assert!(LISTS_QUEUE.is_power_of_two() && LISTS_QUEUE >= 32 + LISTS_KEYS && BN % 16 == 0);
+
+/// Grid `(rows, ph, pb)`: one list row sorted ascending in shared memory (a bitonic sort over
+/// `width_pow2` entries, -1 sorting last as `u32::MAX`), then its distinct keys written in order
+/// and -1 to the row's end, and their count.
+#[inline(always)]
+pub unsafe fn lists_sort(p: &ListSortParams) {
+    const T: u32 = LISTS_SORT_THREADS;
+    let tid = thread_idx();
+    let (row, h, b) = block_idx();
+    let (rows, heads) = (grid_dim_x(), grid_dim_y());
+    let n = p.width_pow2;
+    let keys = smem_base();
+    let sums = keys + 4 * n;
+    let at = |e: u32| keys + 4 * e;
+    let s = &p.indices.stride;
+    let src = p.indices.ptr + 4 * (b as u64 * s[0] + h as u64 * s[1] + row as u64 * s[2]);
+    let mut e = tid;
+    while e < n {
+        let v = if e < p.width { unsafe { ld_global_nc_u32(src + 4 * e as u64 * s[3]) } } else { u32::MAX };
+        unsafe { st_shared_u32(at(e), v) };
+        e += T;
+    }
+    sync_threads();
+    let mut k = 2;
+    while k <= n {
+        let mut j = k / 2;
+        while j > 0 {
+            let mut e = tid;
+            while e < n {
+                let x = e ^ j;
+                if x > e {
+                    let (a, c) = unsafe { (ld_shared_u32(at(e)), ld_shared_u32(at(x))) };
+                    if (a > c) == (e & k == 0) {
+                        unsafe {
+                            st_shared_u32(at(e), c);
+                            st_shared_u32(at(x), a);
+                        }
+                    }
+                }
+                e += T;
+            }
+            sync_threads();
+            j /= 2;
+        }
+        k *= 2;
+    }
+    // Each thread a strip of the sorted row: an entry is kept where it is a key and differs from
+    // the one before.
+    let per = n.div_ceil(T);
+    let first = tid * per;
+    let kept = |e: u32| {
+        let v = unsafe { ld_shared_u32(at(e)) };
+        v != u32::MAX && (e == 0 || unsafe { ld_shared_u32(at(e - 1)) } != v)
+    };
+    let mut mine = 0;
+    for e in first..(first + per).min(n) {
+        mine += kept(e) as u32;
+    }
+    let (before, total) = block_scan::<T>(mine, tid, sums);
+    let line = ((b * heads + h) * rows + row) as u64;
+    let out = p.out + 4 * line * p.width as u64;
+    let mut pos = before;
+    for e in first..(first + per).min(n) {
+        if kept(e) {
+            unsafe { *(out as *mut u32).add(pos as usize) = ld_shared_u32(at(e)) };
+            pos += 1;
+        }
+    }
+    let mut e = total + tid;
+    while e < p.width {
+        unsafe { *(out as *mut i32).add(e as usize) = -1 };
+        e += T;
+    }
+    if tid == 0 {
+        unsafe { *(p.counts as *mut u32).add(line as usize) = total };
+    }
+}
+
+/// One warp's shared memory: its Q tile, two slots of K and V tiles, its queue of listed keys
+/// and its online softmax's state.
+#[derive(Clone, Copy)]
+struct Smem {
+    q: SmemTile,
+    kv: u32,
+    tile_bytes: u32,
+    queue: u32,
+    softmax: u32,
+    d: usize,
+}
+
+impl Smem {
+    #[inline(always)]
+    fn new(d: usize, warp: u32) -> Self {
+        let base = smem_base() + warp * lists_warp_bytes(d as u32);
+        let q = SmemTile::new(base, LISTS_ROWS as usize, d * 2);
+        let tile_bytes = (BN * d * 2) as u32;
+        let kv = base + q.bytes();
+        let queue = kv + 4 * tile_bytes;
+        Self { q, kv, tile_bytes, queue, softmax: queue + 4 * LISTS_QUEUE, d }
+    }
+
+    #[inline(always)]
+    fn k(&self, slot: u32) -> SmemTile {
+        SmemTile::new(self.kv + slot * self.tile_bytes, BN, self.d * 2)
+    }
+
+    #[inline(always)]
+    fn v(&self, slot: u32) -> SmemTile {
+        SmemTile::new(self.kv + (2 + slot) * self.tile_bytes, BN, self.d * 2)
+    }
+
+    /// Queue entry `i` (a running count; the queue wraps).
+    #[inline(always)]
+    fn entry(&self, i: u32) -> u32 {
+        self.queue + 4 * (i & QUEUE_MASK)
+    }
+
+    #[inline(always)]
+    fn key_at(&self, i: u32) -> u32 {
+        unsafe { ld_shared_u32(self.entry(i)) }
+    }
+}
+
+/// One warp's problem: its query, the query heads it takes (its rows), its sorted list and the
+/// keys the band shows the query.
+#[derive(Clone, Copy)]
+struct ListRow<'a> {
+    p: &'a ListsParams,
+    seq: Seq,
+    i: u32,
+    kv_head: u32,
+    head0: u32,
+    rows: u32,
+    /// Byte address of the query's sorted list, and its length.
+    list: u64,
+    count: u32,
+    /// Keys `lo..hi` and `0..sinks` (below `hi`) are visible to the query.
+    lo: u32,
+    hi: u32,
+    sinks: u32,
+}
+
+impl<'a> ListRow<'a> {
+    #[inline(always)]
+    fn new(lp: &'a ListsParams, i: u32) -> Self {
+        let p = &lp.fwd;
+        let (_, y, z) = block_idx();
+        let seq = Seq::of::<false>(p, z);
+        let kv_head = div(y, lp.units);
+        let unit = y - kv_head * lp.units;
+        let head0 = kv_head * p.kv_group + unit * lp.rows;
+        let rows = lp.rows.min(p.kv_group - unit * lp.rows);
+        let (l, c) = (&lp.lists, &lp.counts);
+        let plane = div(head0, lp.list_head_div) as u64;
+        let line = |s: &[u64; 4]| seq.batch * s[0] + plane * s[1] + i as u64 * s[2];
+        let count = unsafe { ld_global_nc_u32(c.ptr + 4 * line(&c.stride)) };
+        let vis = Visibility::new(p.seqlen_q, p.seqlen_k, p.band);
+        let (lo, hi) = vis.row_keys(i);
+        ListRow { p: lp, seq, i, kv_head, head0, rows, list: l.ptr + 4 * line(&l.stride), count, lo, hi, sinks: vis.row_sinks() }
+    }
+
+    #[inline(always)]
+    fn visible(&self, key: u32) -> bool {
+        key < self.hi && (key >= self.lo || key < self.sinks)
+    }
+
+    /// Byte address of key `j`'s row in k or v (`t`).
+    #[inline(always)]
+    fn kv_row(&self, t: &View4, j: u32) -> u64 {
+        t.ptr + 2 * (self.seq.k_offset(&t.stride, j) + self.kv_head as u64 * t.stride[2])
+    }
+
+    /// Byte address of row `r`'s (head `head0 + r`) query in q or output row in o.
+    #[inline(always)]
+    fn q_row(&self, t: &View4, r: u32) -> u64 {
+        t.ptr + 2 * (self.seq.q_offset(&t.stride, self.i) + (self.head0 + r) as u64 * t.stride[2])
+    }
+
+    /// Byte address of row `r`'s bias at key 0 (keys `stride[3]` elements apart).
+    #[inline(always)]
+    fn bias_row(&self, r: u32) -> u64 {
+        let b = &self.p.fwd.bias;
+        let plane = div(self.head0 + r, self.p.fwd.bias_head_div) as u64;
+        b.ptr + 2 * (self.seq.batch * b.stride[0] + plane * b.stride[1] + self.i as u64 * b.stride[2])
+    }
+}
+
+/// Rounds of list entries each lane has loaded ahead of the scan: a round's keys are in
+/// registers when it starts, not a trip to memory away.
+const AHEAD: usize = 2;
+
+/// The scan's place in the list: queue entries `head..tail` are visible keys not yet in a tile;
+/// list entries from `cursor` are not scanned yet, `ahead[k]` being this lane's of the round
+/// `k` rounds on. Every lane holds the same counts.
+struct Scan {
+    head: u32,
+    tail: u32,
+    cursor: u32,
+    ahead: [u32; AHEAD],
+}
+
+impl Scan {
+    #[inline(always)]
+    fn new(r: &ListRow, lane: u32) -> Self {
+        let mut ahead = [0; AHEAD];
+        for (k, e) in ahead.iter_mut().enumerate() {
+            *e = Self::load(r, 32 * k as u32, lane);
+        }
+        Scan { head: 0, tail: 0, cursor: 0, ahead }
+    }
+
+    #[inline(always)]
+    fn load(r: &ListRow, cursor: u32, lane: u32) -> u32 {
+        let e = cursor + lane;
+        if e < r.count { unsafe { ld_global_nc_u32(r.list + 4 * e as u64) } } else { u32::MAX }
+    }
+
+    /// One round: the lanes' 32 entries, queued in order where the band shows them. The list
+    /// is sorted, so once an entry reaches the band's end nothing after it is visible.
+    #[inline(always)]
+    fn round(&mut self, r: &ListRow, sm: &Smem, lane: u32) {
+        let key = self.ahead[0];
+        let valid = self.cursor + lane < r.count;
+        let shown = ballot(valid && r.visible(key));
+        let done = ballot(!valid || key >= r.hi) != 0;
+        self.cursor = if done { r.count } else { self.cursor + 32 };
+        for k in 0..AHEAD - 1 {
+            self.ahead[k] = self.ahead[k + 1];
+        }
+        self.ahead[AHEAD - 1] = Self::load(r, self.cursor + 32 * (AHEAD as u32 - 1), lane);
+        if (shown >> lane) & 1 != 0 {
+            unsafe { st_shared_u32(sm.entry(self.tail + (shown & ((1 << lane) - 1)).count_ones()), key) };
+        }
+        self.tail += shown.count_ones();
+    }
+
+    /// Scans until a tile's keys are queued or the list runs out, then takes the next tile: its
+    /// first queue entry and key count (0: none left). Ends with the queue's entries readable by
+    /// the whole warp.
+    #[inline(always)]
+    fn next_tile(&mut self, r: &ListRow, sm: &Smem, lane: u32) -> (u32, u32) {
+        while self.tail - self.head < BN as u32 && self.cursor < r.count {
+            self.round(r, sm, lane);
+        }
+        sync_warp();
+        let (first, count) = (self.head, (self.tail - self.head).min(BN as u32));
+        self.head += count;
+        (first, count)
+    }
+}
+
+/// Starts copying the K and V rows of the tile of `count` keys from queue entry `first` into
+/// slot `slot` (rows from `count` on zero-filled), and returns this lane's bias values of the
+/// tile, read into registers now so that they land while the tile before is computed: pairs of
+/// its keys `8 nt + 2 t + e` for rows `g` and `g + 8`.
+#[inline(always)]
+unsafe fn load_tile(r: &ListRow, sm: &Smem, slot: u32, first: u32, count: u32, bias: bool, lane: u32) -> [[u32; NT]; 2] {
+    let p = &r.p.fwd;
+    unsafe {
+        sm.k(slot).load_rows_async(|c| r.kv_row(&p.k, sm.key_at(first + c)), count, lane, 32);
+        sm.v(slot).load_rows_async(|c| r.kv_row(&p.v, sm.key_at(first + c)), count, lane, 32);
+    }
+    cp_async_commit();
+    let mut out = [[0u32; NT]; 2];
+    if bias {
+        let (g, t) = (lane / 4, lane % 4);
+        for h in 0..2 {
+            let row = g + 8 * h as u32;
+            if row < r.rows {
+                let base = r.bias_row(row);
+                for nt in 0..NT {
+                    for e in 0..2 {
+                        let c = 8 * nt as u32 + 2 * t + e;
+                        if c < count {
+                            let key = sm.key_at(first + c) as u64;
+                            out[h][nt] |= unsafe { ld_global_nc_u16(base + 2 * key * p.bias.stride[3]) } << (16 * e);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The forward over per-query lists (`dmattn_lists_fwd_<elem>_d<dim>`): head dim `D`, `KT = D /
+/// 16` k-steps, `DT = D / 8` output n-tiles.
+#[inline(always)]
+pub unsafe fn lists_fwd<E: Elem, const D: usize, const KT: usize, const DT: usize>(lp: &ListsParams) {
+    const { assert!(KT * 16 == D && DT * 8 == D) };
+    let p = &lp.fwd;
+    let tid = thread_idx();
+    let (warp, lane) = (tid / 32, tid % 32);
+    let i = block_idx().0 * LISTS_WARPS + warp;
+    if i >= p.seqlen_q {
+        return;
+    }
+    let sm = Smem::new(D, warp);
+    let r = ListRow::new(lp, i);
+    let bias = p.bias.is_present();
+    let softcap = p.softcap;
+    let softmax = OnlineSoftmax::<1>::at(sm.softmax, lane, 32);
+    softmax.reset();
+    let mut o = [[[0f32; 4]; DT]; 1];
+    let (g, t) = (lane / 4, lane % 4);
+
+    // Without a softcap the bias is folded into the products' start values.
+    let fold = bias && softcap == 0.0;
+    let inv_scale = LOG2E * rcp(p.scale_log2);
+
+    let mut scan = Scan::new(&r, lane);
+    let (first, mut count) = scan.next_tile(&r, &sm, lane);
+    if count > 0 {
+        unsafe { sm.q.load_rows_async(|row| r.q_row(&p.q, row), r.rows, lane, 32) };
+        let mut tile_bias = unsafe { load_tile(&r, &sm, 0, first, count, bias, lane) };
+        let mut slot = 0;
+        loop {
+            let (next_first, next_count) = scan.next_tile(&r, &sm, lane);
+            let mut next_bias = [[0u32; NT]; 2];
+            if next_count > 0 {
+                next_bias = unsafe { load_tile(&r, &sm, slot ^ 1, next_first, next_count, bias, lane) };
+                cp_async_wait_group::<1>();
+            } else {
+                cp_async_wait_all();
+            }
+            // This tile's K and V have landed for the whole warp.
+            sync_warp();
+
+            // Start values: -inf past the tile's keys, the bias (over the scale, so that the
+            // scaled sum is the logit) where it is folded in, else 0.
+            let mut s = [[[0f32; 4]; NT]; 1];
+            for h in 0..2 {
+                for nt in 0..NT {
+                    let pair = E::unpack(tile_bias[h][nt]);
+                    for e in 0..2 {
+                        let c = 8 * nt as u32 + 2 * t + e as u32;
+                        let b = if e == 0 { pair.0 } else { pair.1 };
+                        s[0][nt][2 * h + e] = if c >= count { f32::NEG_INFINITY } else if fold { b * inv_scale } else { 0.0 };
+                    }
+                }
+            }
+            let (k, v) = (sm.k(slot), sm.v(slot));
+            let (q_frag, k_frag, v_frag) = (Fragments::new(sm.q, lane), Fragments::new(k, lane), Fragments::new(v, lane));
+            unsafe { scores_product::<E, 1, NT, KT, false>(&mut s, sm.q, k, q_frag, k_frag, 0) };
+            let scale = if softcap > 0.0 {
+                let pre = p.scale_log2 * rcp(LOG2E * softcap);
+                for h in 0..2 {
+                    for nt in 0..NT {
+                        let pair = E::unpack(tile_bias[h][nt]);
+                        for e in 0..2 {
+                            let b = if !bias { 0.0 } else if e == 0 { pair.0 } else { pair.1 };
+                            s[0][nt][2 * h + e] = capped_logit(s[0][nt][2 * h + e], pre, softcap, b).0;
+                        }
+                    }
+                }
+                1.0
+            } else {
+                p.scale_log2
+            };
+            if let Some(correction) = softmax.update(&mut s, scale) {
+                for dt in 0..DT {
+                    for e in 0..4 {
+                        o[0][dt][e] *= correction[0][e / 2];
+                    }
+                }
+            }
+            unsafe { pv_product::<E, 1, NT, DT, false>(&mut o, &s, v, v_frag) };
+            // Every lane is past its reads of this slot before the next tile's copies into it.
+            sync_warp();
+            if next_count == 0 {
+                break;
+            }
+            (count, slot, tile_bias) = (next_count, slot ^ 1, next_bias);
+        }
+    }
+
+    // Epilogue: each lane's pairs of its rows' outputs straight to global memory (a quad
+    // writes 16 contiguous bytes); a row with nothing visible gets O = 0 and LSE = -inf.
+    let (inv, lse) = softmax.finish();
+    for h in 0..2 {
+        let row = g + 8 * h as u32;
+        if row < r.rows {
+            if t == 0 {
+                unsafe { *(p.lse as *mut f32).add(r.seq.lse_index(p, r.head0 + row, i) as usize) = lse[0][h] };
+            }
+            let out = r.q_row(&p.o, row) + 4 * t as u64;
+            for dt in 0..DT {
+                let v = &o[0][dt];
+                unsafe { *((out + 16 * dt as u64) as *mut u32) = E::pack(v[2 * h] * inv[0][h], v[2 * h + 1] * inv[0][h]) };
+            }
+        }
+    }
+}
