@@ -1,6 +1,6 @@
 //! Per-query index lists run over each query's own keys (`SparseMask::indices` with a query
-//! dimension). Prepared once: each row's list sorted ascending with padding and repeats dropped
-//! (`dmattn_lists_sort`, [`ListSortParams`]). The forward (`dmattn_lists_fwd_<elem>_d<dim>`,
+//! dimension). Prepared once: each row's list sorted ascending with padding and repeats dropped,
+//! read off the bit mask the lists describe (`dmattn_lists_from_bits`, [`ListBitsParams`]). The forward (`dmattn_lists_fwd_<elem>_d<dim>`,
 //! [`ListsParams`]) gives each warp one query and the query heads that share its list: its 16
 //! MMA rows are those heads, and its key tiles are the next [`LISTS_KEYS`] listed keys the band
 //! shows that query, K and V rows copied by index. Work is O(queries x listed keys), whatever
@@ -15,29 +15,29 @@ pub const LISTS_THREADS: u32 = 32 * LISTS_WARPS;
 pub const LISTS_KEYS: u32 = 16;
 /// Query heads sharing a list that one warp takes (its MMA rows).
 pub const LISTS_ROWS: u32 = 16;
-/// The longest list the sort takes (entries of a row, padding included): the sort holds a row in
-/// shared memory. Longer lists run on the dense-tile path.
-pub const LISTS_MAX_WIDTH: u32 = 4096;
-pub const LISTS_SORT_THREADS: u32 = 256;
+pub const LISTS_BITS_THREADS: u32 = 256;
+/// Dynamic shared memory of `dmattn_lists_from_bits`: a round's keys (32 a word, a word a
+/// thread) and the block scan's 33 words.
+pub const LISTS_BITS_SMEM: u32 = 4 * (32 * LISTS_BITS_THREADS + 33);
 /// Head dims with a lists forward (at d192 and d256 a warp's output rows alone fill most of its
 /// registers: those run on dense tiles).
 pub const LISTS_HEAD_DIMS: [u32; 4] = [32, 64, 96, 128];
 
-/// Parameters of `dmattn_lists_sort` ([`crate::names::LISTS_SORT`]): grid `(rows, ph, pb)` of
-/// [`LISTS_SORT_THREADS`] threads and `4 * width_pow2 + 4 * 33` bytes of dynamic shared memory.
-/// Row `(b, h, i)` of `indices` (I32 `[pb, ph, rows, w]`, entries checked to lie in
-/// `-1..seqlen_k`) is written to `out` (contiguous `[pb, ph, rows, w]`) ascending, without -1
-/// entries or repeats, then -1 to the row's end; its count of keys to `counts` (`[pb, ph, rows]`).
+/// Parameters of `dmattn_lists_from_bits` ([`crate::names::LISTS_FROM_BITS`]): grid `(rows, ph,
+/// pb)` of [`LISTS_BITS_THREADS`] threads and [`LISTS_BITS_SMEM`] bytes of dynamic shared memory. Row `(b,
+/// h, i)` of `bits` (the lists' keep table `[pb, ph, rows, sk]` one bit a key, key `j` at bit
+/// `j % 32` of u32 word `j / 32`, `row_words` words a row, rows contiguous) is written to `out`
+/// (contiguous `[pb, ph, rows, width]`) as its kept keys ascending, then -1 to the row's end; its
+/// count of keys to `counts` (`[pb, ph, rows]`). A row keeps at most `width` keys (its list's).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct ListSortParams {
-    pub indices: View4,
+pub struct ListBitsParams {
+    pub bits: u64,
     pub out: u64,
     pub counts: u64,
+    pub row_words: u32,
     /// `w`.
     pub width: u32,
-    /// `w` rounded up to a power of two (the sort's length).
-    pub width_pow2: u32,
 }
 
 /// Parameters of `dmattn_lists_fwd_<elem>_d<dim>` ([`crate::names::LISTS_FWD_PREFIX`]): grid

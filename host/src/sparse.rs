@@ -215,7 +215,7 @@ impl SparseMask {
             }
         };
         let mut prepared = PreparedMask { band, seqlen_q, seqlen_k, planes, data, device, seqs: None };
-        prepared.sort_row_lists(&self.parts)?;
+        prepared.sort_row_lists()?;
         Ok(prepared)
     }
 
@@ -485,15 +485,12 @@ impl PreparedMask {
 
     /// Whether the band shows any score of the 64x64 block at `(row0, col0)` of a call of
     /// `sq x sk`.
-    /// Per-query index lists alone on the GPU (`[.., .., seqlen_q, w]`, `w` at most
-    /// `dmattn_abi::LISTS_MAX_WIDTH`): sorted for the forward over each query's own keys where
-    /// [`lists_pay`] says so (reads the block classes back: waits for the device).
-    fn sort_row_lists(&mut self, parts: &[Part]) -> Result<()> {
-        let ([Part::Indices(t)], Device::Cuda(dev)) = (parts, &self.device) else { return Ok(()) };
-        let shape = <[usize; 4]>::try_from(t.shape()).expect("checked when prepared");
-        if shape[2] == 1 || !cuda::lists_sortable(shape[3]) {
-            return Ok(());
-        }
+    /// Per-query index lists alone on the GPU (`[.., .., seqlen_q, w]`): laid out for the forward
+    /// over each query's own keys, sorted, where [`lists_pay`] says so (reads the block classes
+    /// back: waits for the device).
+    fn sort_row_lists(&mut self) -> Result<()> {
+        let (Some(MaskData::Cuda(g)), Device::Cuda(dev)) = (&mut self.data, &self.device) else { return Ok(()) };
+        let Some((bits, shape)) = g.index_bits.take() else { return Ok(()) };
         let (sq, sk) = (self.seqlen_q, self.seqlen_k);
         let (qb, kb) = (sq.div_ceil(64), sk.div_ceil(64));
         let planes = self.planes[0] * self.planes[1];
@@ -502,25 +499,29 @@ impl PreparedMask {
             // Too many tiles to read back: work O(sq x sk) on dense tiles against w keys a query.
             None if planes * qb * kb > 1 << 26 => true,
             None => {
-                let Some(MaskData::Cuda(g)) = &self.data else { return Ok(()) };
-                let classes = g.block_classes(qb, kb)?;
-                // The band's tiles of a plane: a tile row's keys run from its first row's band
-                // start to its last row's end (both never decrease), and the sinks.
+                // Per-query lists' classes have a row per query block. A tile row's band runs
+                // from its first row's start to its last row's end (both never decrease), plus
+                // the sink tiles; the visited tiles are the kept ones in it.
+                let classes = g.classes_to_host(planes * qb * kb)?;
                 let sinks = sink_keys(&self.band, sk);
-                let band: Vec<bool> = (0..qb)
-                    .flat_map(|i| {
-                        let ((lo, _), (_, hi)) = (band_keys(&self.band, sq, sk, i * 64), band_keys(&self.band, sq, sk, ((i + 1) * 64).min(sq) - 1));
-                        (0..kb).map(move |j| (j * 64 < hi && (j + 1) * 64 > lo) || j * 64 < sinks.min(hi))
-                    })
-                    .collect();
-                let visited = classes.iter().enumerate().filter(|&(n, &kept)| kept && band[n % (qb * kb)]).count();
+                let (mut visited, mut band_tiles) = (0, 0);
+                for i in 0..qb {
+                    let ((lo, _), (_, hi)) = (band_keys(&self.band, sq, sk, i * 64), band_keys(&self.band, sq, sk, ((i + 1) * 64).min(sq) - 1));
+                    let (sink_end, begin, end) = (sinks.min(hi).div_ceil(64), (lo / 64).min(kb), hi.div_ceil(64).max(lo / 64).min(kb));
+                    let ranges = [0..sink_end.min(begin), begin..end];
+                    band_tiles += ranges.iter().map(|r| r.len()).sum::<usize>();
+                    for plane in 0..planes {
+                        let row = &classes[(plane * qb + i) * kb..][..kb];
+                        visited += ranges.iter().map(|r| row[r.clone()].iter().filter(|&&c| c != dmattn_abi::block_class::EMPTY).count()).sum::<usize>();
+                    }
+                }
                 // The band hides about as large a share of the listed keys as of the tiles.
-                let in_band = band.iter().filter(|&&b| b).count() as f64 / (qb * kb) as f64;
+                let in_band = band_tiles as f64 / (qb * kb) as f64;
                 lists_pay(visited, (planes * sq * shape[3]) as f64 * in_band)
             }
         };
-        if pays && let Some(MaskData::Cuda(g)) = &mut self.data {
-            g.rows = Some(Arc::new(cuda::sort_lists(dev, t, shape)?));
+        if pays {
+            g.rows = Some(Arc::new(cuda::lists_from_bits(dev, &bits, shape, sk)?));
         }
         Ok(())
     }

@@ -37,7 +37,7 @@ mod softmax_rows;
 mod tile;
 
 use dmattn_abi::{
-    BlockMaskParams, BwdParams, BwdSharesParams, DecodeParams, GatherMaskParams, GatherParams, IndicesParams, ListSortParams, ListsParams, KeyCompactParams, ScatterParams, SelectParams, SelectWideParams, BwdPreParams, BwdTile, CombineParams, ConvertParams, FwdParams, FwdTile, OrderParams, FwdVariants, MaskPackParams, MaskSeqsParams,
+    BlockMaskParams, BwdParams, BwdSharesParams, DecodeParams, GatherMaskParams, GatherParams, IndicesParams, ListBitsParams, ListsParams, KeyCompactParams, ScatterParams, SelectParams, SelectWideParams, BwdPreParams, BwdTile, CombineParams, ConvertParams, FwdParams, FwdTile, OrderParams, FwdVariants, MaskPackParams, MaskSeqsParams,
     SoftmaxRowsParams, bwd_tile, fwd_variants, fwd_variants_for, modifiers,
 };
 use elem::{Bf16, F16};
@@ -105,8 +105,8 @@ pub unsafe extern "ptx-kernel" fn dmattn_indices_bits(p: IndicesParams) {
 
 #[cfg(not(target_feature = "sm_90a"))]
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn dmattn_lists_sort(p: ListSortParams) {
-    unsafe { lists::lists_sort(&p) }
+pub unsafe extern "ptx-kernel" fn dmattn_lists_from_bits(p: ListBitsParams) {
+    unsafe { lists::lists_from_bits(&p) }
 }
 
 #[cfg(not(target_feature = "sm_90a"))]

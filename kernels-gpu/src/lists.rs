@@ -1,5 +1,5 @@
 //! Per-query index lists (`dmattn_abi::ListsParams`): each row's list sorted once without
-//! padding or repeats (`lists_sort`), then a forward in which each warp is one query and the
+//! padding or repeats (`lists_from_bits`, off the bit mask the lists describe), then a forward in which each warp is one query and the
 //! query heads sharing its list (its 16 MMA rows). The warp scans its sorted list, queues the
 //! keys the band shows its query, and takes the next [`LISTS_KEYS`] of them as a key tile: K and
 //! V rows copied by index into its own slots (two, the next tile's copies in flight while this
@@ -12,87 +12,56 @@ use crate::scores::{LOG2E, capped_logit};
 use crate::seq::Seq;
 use crate::softmax::OnlineSoftmax;
 use crate::tile::{Fragments, SmemTile};
-use dmattn_abi::{LISTS_KEYS, LISTS_QUEUE, LISTS_ROWS, LISTS_SORT_THREADS, LISTS_WARPS, ListSortParams, ListsParams, View4, lists_warp_bytes};
+use dmattn_abi::{LISTS_BITS_THREADS, LISTS_KEYS, LISTS_QUEUE, LISTS_ROWS, LISTS_WARPS, ListBitsParams, ListsParams, View4, lists_warp_bytes};
 
 const BN: usize = LISTS_KEYS as usize;
 const NT: usize = BN / 8;
 const QUEUE_MASK: u32 = LISTS_QUEUE - 1;
 const _: () = assert!(LISTS_QUEUE.is_power_of_two() && LISTS_QUEUE >= 32 + LISTS_KEYS && BN % 16 == 0);
 
-/// Grid `(rows, ph, pb)`: one list row sorted ascending in shared memory (a bitonic sort over
-/// `width_pow2` entries, -1 sorting last as `u32::MAX`), then its distinct keys written in order
-/// and -1 to the row's end, and their count.
+/// Grid `(rows, ph, pb)`: one row of the lists' bit mask as its keys in order, a word a thread
+/// and `LISTS_BITS_THREADS` words a round: each round's keys placed in shared memory after the
+/// lower threads' (a block scan), then copied out in consecutive 4-byte stores (threads writing
+/// their own runs straight to global memory left the stores scattered: the pass was L2-bound at
+/// a quarter of its bytes' speed). Then -1 to the row's end, and the count.
 #[inline(always)]
-pub unsafe fn lists_sort(p: &ListSortParams) {
-    const T: u32 = LISTS_SORT_THREADS;
+pub unsafe fn lists_from_bits(p: &ListBitsParams) {
+    const T: u32 = LISTS_BITS_THREADS;
     let tid = thread_idx();
     let (row, h, b) = block_idx();
-    let (rows, heads) = (grid_dim_x(), grid_dim_y());
-    let n = p.width_pow2;
-    let keys = smem_base();
-    let sums = keys + 4 * n;
-    let at = |e: u32| keys + 4 * e;
-    let s = &p.indices.stride;
-    let src = p.indices.ptr + 4 * (b as u64 * s[0] + h as u64 * s[1] + row as u64 * s[2]);
-    let mut e = tid;
-    while e < n {
-        let v = if e < p.width { unsafe { ld_global_nc_u32(src + 4 * e as u64 * s[3]) } } else { u32::MAX };
-        unsafe { st_shared_u32(at(e), v) };
-        e += T;
-    }
-    sync_threads();
-    let mut k = 2;
-    while k <= n {
-        let mut j = k / 2;
-        while j > 0 {
-            let mut e = tid;
-            while e < n {
-                let x = e ^ j;
-                if x > e {
-                    let (a, c) = unsafe { (ld_shared_u32(at(e)), ld_shared_u32(at(x))) };
-                    if (a > c) == (e & k == 0) {
-                        unsafe {
-                            st_shared_u32(at(e), c);
-                            st_shared_u32(at(x), a);
-                        }
-                    }
-                }
-                e += T;
-            }
-            sync_threads();
-            j /= 2;
+    let line = ((b * grid_dim_y() + h) * grid_dim_x() + row) as u64;
+    let src = p.bits + 4 * line * p.row_words as u64;
+    let out = (p.out + 4 * line * p.width as u64) as *mut i32;
+    let (keys, sums) = (smem_base(), smem_base() + 4 * 32 * T);
+    let mut written = 0;
+    let mut w0 = 0;
+    while w0 < p.row_words {
+        let w = w0 + tid;
+        let mut bits = if w < p.row_words { unsafe { ld_global_nc_u32(src + 4 * w as u64) } } else { 0 };
+        let (mut at, total) = block_scan::<T>(bits.count_ones(), tid, sums);
+        while bits != 0 {
+            unsafe { st_shared_u32(keys + 4 * at, 32 * w + bits.trailing_zeros()) };
+            at += 1;
+            bits &= bits - 1;
         }
-        k *= 2;
-    }
-    // Each thread a strip of the sorted row: an entry is kept where it is a key and differs from
-    // the one before.
-    let per = n.div_ceil(T);
-    let first = tid * per;
-    let kept = |e: u32| {
-        let v = unsafe { ld_shared_u32(at(e)) };
-        v != u32::MAX && (e == 0 || unsafe { ld_shared_u32(at(e - 1)) } != v)
-    };
-    let mut mine = 0;
-    for e in first..(first + per).min(n) {
-        mine += kept(e) as u32;
-    }
-    let (before, total) = block_scan::<T>(mine, tid, sums);
-    let line = ((b * heads + h) * rows + row) as u64;
-    let out = p.out + 4 * line * p.width as u64;
-    let mut pos = before;
-    for e in first..(first + per).min(n) {
-        if kept(e) {
-            unsafe { *(out as *mut u32).add(pos as usize) = ld_shared_u32(at(e)) };
-            pos += 1;
+        sync_threads();
+        let mut e = tid;
+        while e < total {
+            unsafe { *out.add((written + e) as usize) = ld_shared_u32(keys + 4 * e) as i32 };
+            e += T;
         }
+        // The keys are copied out before the next round's overwrite them.
+        sync_threads();
+        written += total;
+        w0 += T;
     }
-    let mut e = total + tid;
+    let mut e = written + tid;
     while e < p.width {
-        unsafe { *(out as *mut i32).add(e as usize) = -1 };
+        unsafe { *out.add(e as usize) = -1 };
         e += T;
     }
     if tid == 0 {
-        unsafe { *(p.counts as *mut u32).add(line as usize) = total };
+        unsafe { *(p.counts as *mut u32).add(line as usize) = written };
     }
 }
 
@@ -276,9 +245,24 @@ impl Scan {
 #[inline(always)]
 unsafe fn load_tile(r: &ListRow, sm: &Smem, slot: u32, first: u32, count: u32, bias: bool, lane: u32) -> [[u32; NT]; 2] {
     let p = &r.p.fwd;
-    unsafe {
-        sm.k(slot).load_rows_async(|c| r.kv_row(&p.k, sm.key_at(first + c)), count, lane, 32);
-        sm.v(slot).load_rows_async(|c| r.kv_row(&p.v, sm.key_at(first + c)), count, lane, 32);
+    // Each 16-byte chunk of a K row and the same chunk of its V row, one key read for both (the
+    // V tile sits two tiles after the K tile). Rows past `count` are zero-filled from key `first`
+    // (a zero-byte copy reads nothing, but its address must be valid).
+    let (k, per_row) = (sm.k(slot), (sm.d * 2 / 16) as u32);
+    let (k_at, v_at) = (r.kv_row(&p.k, 0), r.kv_row(&p.v, 0));
+    let (k_step, v_step) = (2 * p.k.stride[1], 2 * p.v.stride[1]);
+    for pass in 0..(BN as u32 * per_row).div_ceil(32) {
+        let i = lane + 32 * pass;
+        let (row, c) = (i / per_row, i % per_row);
+        if i < BN as u32 * per_row {
+            let ok = row < count;
+            let key = sm.key_at(first + if ok { row } else { 0 }) as u64;
+            let (dst, bytes) = (k.chunk(row, c), if ok { 16 } else { 0 });
+            unsafe {
+                cp_async_16(dst, k_at + key * k_step + 16 * c as u64, bytes);
+                cp_async_16(dst + 2 * sm.tile_bytes, v_at + key * v_step + 16 * c as u64, bytes);
+            }
+        }
     }
     cp_async_commit();
     let mut out = [[0u32; NT]; 2];

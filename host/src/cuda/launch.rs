@@ -4,7 +4,7 @@ use crate::device::CudaDevice;
 use crate::error::Result;
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use dmattn_abi::{
-    BlockMaskParams, BwdParams, BwdSharesParams, DecodeParams, GatherMaskParams, GatherParams, IndicesParams, KeyCompactParams, ListSortParams, ListsParams, ScatterParams, SelectParams, SelectWideParams, BwdPreParams, CombineParams, ConvertParams, OrderParams, FwdParams, MASK_PACK_THREADS, MaskPackParams, MaskSeqsParams, SoftmaxRowsParams,
+    BlockMaskParams, BwdParams, BwdSharesParams, DecodeParams, GatherMaskParams, GatherParams, IndicesParams, KeyCompactParams, ListBitsParams, ListsParams, ScatterParams, SelectParams, SelectWideParams, BwdPreParams, CombineParams, ConvertParams, OrderParams, FwdParams, MASK_PACK_THREADS, MaskPackParams, MaskSeqsParams, SoftmaxRowsParams,
     names,
 };
 
@@ -32,7 +32,7 @@ unsafe impl DeviceRepr for ByValue<GatherParams> {}
 unsafe impl DeviceRepr for ByValue<GatherMaskParams> {}
 unsafe impl DeviceRepr for ByValue<ScatterParams> {}
 unsafe impl DeviceRepr for ByValue<IndicesParams> {}
-unsafe impl DeviceRepr for ByValue<ListSortParams> {}
+unsafe impl DeviceRepr for ByValue<ListBitsParams> {}
 unsafe impl DeviceRepr for ByValue<ListsParams> {}
 unsafe impl DeviceRepr for ByValue<SelectParams> {}
 unsafe impl DeviceRepr for ByValue<SelectWideParams> {}

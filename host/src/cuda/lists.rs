@@ -1,5 +1,5 @@
 //! Per-query index lists (`SparseMask::indices` with a query dimension) run over each query's own
-//! keys: the lists sorted once when the mask is prepared ([`sort`]), and the forward
+//! keys: the lists sorted once when the mask is prepared ([`from_bits`]), and the forward
 //! (`dmattn_abi::ListsParams`) planned as a plain value ([`lists_plan`]) and launched. The
 //! backward runs on the dense tiles of the lists' bit-packed mask, which the prepared mask keeps.
 use super::launch::{Launch, launch};
@@ -10,7 +10,7 @@ use crate::error::Result;
 use crate::memory::DeviceBuffer;
 use crate::problem::Problem;
 use crate::tensor::Tensor;
-use dmattn_abi::{DeviceElem, FwdParams, LISTS_HEAD_DIMS, LISTS_MAX_WIDTH, LISTS_ROWS, LISTS_SORT_THREADS, LISTS_THREADS, LISTS_WARPS, ListSortParams, ListsParams, View4, lists_smem_bytes, names};
+use dmattn_abi::{DeviceElem, FwdParams, LISTS_BITS_SMEM, LISTS_BITS_THREADS, LISTS_HEAD_DIMS, LISTS_ROWS, LISTS_THREADS, LISTS_WARPS, ListBitsParams, ListsParams, View4, lists_smem_bytes, names};
 
 /// A mask's per-query lists, each row ascending without padding or repeats, and their lengths.
 pub(crate) struct RowLists {
@@ -28,22 +28,22 @@ impl RowLists {
     }
 }
 
-/// Whether lists of width `w` can be sorted (and so run per query).
-pub(crate) fn sortable(w: usize) -> bool {
-    w <= LISTS_MAX_WIDTH as usize
-}
-
-/// Sorts the index lists `t` (`[pb, ph, rows, w]`, entries already checked to lie in
-/// `-1..seqlen_k`, `w` [`sortable`]) into a new allocation: one CTA a row.
-pub(crate) fn sort(dev: &CudaDevice, t: &Tensor, shape: [usize; 4]) -> Result<RowLists> {
+/// The lists of shape `[pb, ph, rows, w]` from the keep table they describe, `bits` (U8 `[pb, ph,
+/// rows, ceil(sk / 8)]`, rows of whole u32 words, as `gather::indices_to_bits` writes it), into a
+/// new allocation: each row's keys ascending, one CTA a row.
+pub(crate) fn from_bits(dev: &CudaDevice, bits: &Tensor, shape: [usize; 4], sk: usize) -> Result<RowLists> {
     let [pb, ph, rows, w] = shape;
-    assert!(sortable(w), "the caller checks the width");
     let lines = pb * ph * rows;
     let buf = DeviceBuffer::uninit(dev.stream(), 4 * lines * (w + 1))?;
     let counts_at = buf.ptr() + (4 * lines * w) as u64;
-    let width_pow2 = w.next_power_of_two().max(2) as u32;
-    let params = ListSortParams { indices: super::broadcast_view(t), out: buf.ptr(), counts: counts_at, width: w as u32, width_pow2 };
-    launch(dev, &Launch::kernel(names::LISTS_SORT, (rows as u32, ph as u32, pb as u32), LISTS_SORT_THREADS, 4 * width_pow2 + 4 * 33), params)?;
+    let params = ListBitsParams {
+        bits: bits.device_ptr().expect("CUDA tensor"),
+        out: buf.ptr(),
+        counts: counts_at,
+        row_words: sk.div_ceil(32) as u32,
+        width: w as u32,
+    };
+    launch(dev, &Launch::kernel(names::LISTS_FROM_BITS, (rows as u32, ph as u32, pb as u32), LISTS_BITS_THREADS, LISTS_BITS_SMEM), params)?;
     let lists = View4 { ptr: buf.ptr(), stride: strides([pb, ph, rows, w]) };
     let mut counts = View4 { ptr: counts_at, stride: strides([pb, ph, rows, 1]) };
     counts.stride[3] = 0;

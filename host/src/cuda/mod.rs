@@ -12,7 +12,7 @@ mod select;
 
 pub(crate) use prepare::{PreparedMask, pack_sequences, prepare, to_sequences};
 pub(crate) use select::select_keys;
-pub(crate) use lists::{sort as sort_lists, sortable as lists_sortable};
+pub(crate) use lists::from_bits as lists_from_bits;
 pub use select::{force_select_launches, force_wide_selection};
 pub use gather::force_gather_query_chunks;
 pub use decode::force_decode_ctas_per_sm;

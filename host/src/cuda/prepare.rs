@@ -34,6 +34,9 @@ pub(crate) struct PreparedMask {
     /// Per-query index lists alone, where running each query over its own keys pays: the lists
     /// sorted (the forward's; `classes` and `bits` serve the backward; see `lists`).
     pub rows: Option<Arc<super::lists::RowLists>>,
+    /// Per-query index lists alone: their keep table and shape, until `PreparedMask::prepare`
+    /// has decided whether to lay them out for the lists forward (`rows`).
+    pub index_bits: Option<(Tensor, [usize; 4])>,
     bytes: usize,
     /// The buffers the views point into (one may serve several masks: `to_sequences`).
     _bufs: Vec<Arc<DeviceBuffer>>,
@@ -55,7 +58,7 @@ impl PreparedMask {
     /// A score mask's classes and bits in `bufs`.
     pub fn new(classes: View4, bits: View4, planes: [usize; 2], bufs: Vec<DeviceBuffer>) -> Self {
         let bytes = bufs.iter().map(DeviceBuffer::bytes).sum();
-        PreparedMask { classes, bits, planes, blocks: false, gather: None, rows: None, bytes, _bufs: bufs.into_iter().map(Arc::new).collect() }
+        PreparedMask { classes, bits, planes, blocks: false, gather: None, rows: None, index_bits: None, bytes, _bufs: bufs.into_iter().map(Arc::new).collect() }
     }
 
     pub fn memory_bytes(&self) -> usize {
@@ -64,7 +67,7 @@ impl PreparedMask {
 
     /// The same data seen through other views (into the same buffers) and planes.
     pub fn viewed(&self, classes: View4, bits: View4, planes: [usize; 2]) -> Self {
-        PreparedMask { classes, bits, planes, rows: None, ..self.clone() }
+        PreparedMask { classes, bits, planes, rows: None, index_bits: None, ..self.clone() }
     }
 
     /// Whether each 64x64 block of each plane is visited, `[planes, q_blocks, k_blocks]` (read
@@ -227,12 +230,18 @@ fn cells(dev: &CudaDevice, part: &Part, sq: usize, sk: usize, temps: &mut Vec<De
 /// masks are never gathered).
 pub(crate) fn prepare(dev: &CudaDevice, parts: &[Part], sq: usize, sk: usize, gather: bool) -> Result<PreparedMask> {
     // Index lists are the bit-packed score masks they describe.
+    let mut index_bits = None;
+    let alone = parts.len() == 1;
     let parts: &[Part] = &parts
         .iter()
         .map(|p| match p {
             Part::Indices(t) => {
                 let shape = crate::sparse::check_indices_shape(t, sq)?;
-                Ok(Part::Packed(super::gather::indices_to_bits(dev, t, shape, sk)?))
+                let bits = super::gather::indices_to_bits(dev, t, shape, sk)?;
+                if alone && shape[2] > 1 {
+                    index_bits = Some((bits.clone(), shape));
+                }
+                Ok(Part::Packed(bits))
             }
             p => Ok(p.clone()),
         })
@@ -250,7 +259,7 @@ pub(crate) fn prepare(dev: &CudaDevice, parts: &[Part], sq: usize, sk: usize, ga
         if let Some(lists) = super::gather::compact(dev, t, packed, sq, sk)? {
             let planes = lists.planes;
             let gather = Some(Arc::new(lists));
-            return Ok(PreparedMask { classes: View4::ABSENT, bits: View4::ABSENT, planes, blocks: false, gather, rows: None, bytes: 0, _bufs: Vec::new() });
+            return Ok(PreparedMask { classes: View4::ABSENT, bits: View4::ABSENT, planes, blocks: false, gather, rows: None, index_bits: None, bytes: 0, _bufs: Vec::new() });
         }
     }
     let (mut classes, bits, mut planes) = match scores.first() {
@@ -297,7 +306,7 @@ pub(crate) fn prepare(dev: &CudaDevice, parts: &[Part], sq: usize, sk: usize, ga
     };
     let bytes = bufs.iter().map(DeviceBuffer::bytes).sum();
     let blocks = parts.iter().any(|p| !matches!(p, Part::Dense(_) | Part::Packed(_)));
-    Ok(PreparedMask { classes, bits, planes, blocks, gather: None, rows: None, bytes, _bufs: bufs.into_iter().map(Arc::new).collect() })
+    Ok(PreparedMask { classes, bits, planes, blocks, gather: None, rows: None, index_bits, bytes, _bufs: bufs.into_iter().map(Arc::new).collect() })
 }
 
 /// A mask prepared per sequence (`prepare` at the longest lengths, sequence `b` in plane `b`, or
@@ -338,5 +347,5 @@ pub(crate) fn to_sequences(dev: &CudaDevice, m: &PreparedMask, seqs: &SeqLens) -
     }
     let bytes = bufs.iter().map(|b| b.bytes()).sum();
     let bits = if one_row { m.bits } else { params.bits };
-    Ok(PreparedMask { classes: params.classes, bits, planes: [1, ph], blocks: m.blocks, gather: None, rows: None, bytes, _bufs: bufs })
+    Ok(PreparedMask { classes: params.classes, bits, planes: [1, ph], blocks: m.blocks, gather: None, rows: None, index_bits: None, bytes, _bufs: bufs })
 }
