@@ -12,14 +12,13 @@ use crate::mask::Visibility;
 use crate::scores::{Mods, WarpScores};
 use crate::seq::Seq;
 use crate::softmax::OnlineSoftmax;
-use crate::tile::{Fragments, SmemTile};
+use crate::tile::{Fragments, GatheredKv, SmemTile};
 use dmattn_abi::{DECODE_KEYS, DECODE_QUEUE, DECODE_ROWS, DECODE_SCAN_KEYS, DECODE_THREADS, DecodeParams, FwdParams, View4, mask_word_byte, modifiers};
 
 const BM: usize = DECODE_ROWS as usize;
 const BN: usize = DECODE_KEYS as usize;
 const NT: usize = BN / 8;
 const THREADS: u32 = DECODE_THREADS;
-const QUEUE_MASK: u32 = DECODE_QUEUE - 1;
 const _: () = assert!(DECODE_QUEUE.is_power_of_two() && BM == 16 * (THREADS as usize / 32) && DECODE_SCAN_KEYS == 8 * THREADS);
 
 /// Shared memory (`dmattn_abi::decode_smem_bytes`): Q, two slots of K, V and the bias row, the
@@ -28,55 +27,30 @@ const _: () = assert!(DECODE_QUEUE.is_power_of_two() && BM == 16 * (THREADS as u
 #[derive(Clone, Copy)]
 struct Smem {
     q: SmemTile,
-    /// Slot 0's K tile; slot 1's follows, then the two V tiles.
-    kv: u32,
-    tile_bytes: u32,
+    kv: GatheredKv,
     bias: u32,
-    queue: u32,
     sums: u32,
     softmax: u32,
     pages: u32,
-    d: usize,
 }
 
 impl Smem {
     #[inline(always)]
     fn new(d: usize) -> Self {
         let q = SmemTile::new(smem_base(), BM, d * 2);
-        let tile_bytes = (BN * d * 2) as u32;
-        let kv = q.base + q.bytes();
-        let bias = kv + 4 * tile_bytes;
+        let kv_base = q.base + q.bytes();
+        let bias = kv_base + 4 * (BN * d * 2) as u32;
         let queue = bias + 2 * 2 * BN as u32;
+        let kv = GatheredKv::new(kv_base, BN, d * 2, queue, DECODE_QUEUE);
         let sums = queue + 4 * DECODE_QUEUE;
         let softmax = sums + 4 * 33;
-        Self { q, kv, tile_bytes, bias, queue, sums, softmax, pages: softmax + 16 * THREADS, d }
-    }
-
-    #[inline(always)]
-    fn k(&self, slot: u32) -> SmemTile {
-        SmemTile::new(self.kv + slot * self.tile_bytes, BN, self.d * 2)
-    }
-
-    #[inline(always)]
-    fn v(&self, slot: u32) -> SmemTile {
-        SmemTile::new(self.kv + (2 + slot) * self.tile_bytes, BN, self.d * 2)
+        Self { q, kv, bias, sums, softmax, pages: softmax + 16 * THREADS }
     }
 
     /// Slot `slot`'s bias row: one row every query row reads (the bias has no query dimension).
     #[inline(always)]
     fn bias(&self, slot: u32) -> SmemTile {
         SmemTile::new(self.bias + slot * 2 * BN as u32, 1, 2 * BN)
-    }
-
-    /// Queue entry `i` (a running count; the queue wraps).
-    #[inline(always)]
-    fn entry(&self, i: u32) -> u32 {
-        self.queue + 4 * (i & QUEUE_MASK)
-    }
-
-    #[inline(always)]
-    fn key_at(&self, i: u32) -> u32 {
-        unsafe { ld_shared_u32(self.entry(i)) }
     }
 }
 
@@ -177,7 +151,7 @@ impl<'a> DecodeBlock<'a> {
             for e in 0..2 {
                 let c = 8 * nt + 2 * t + e;
                 if c < count {
-                    let key = sm.key_at(first + c);
+                    let key = sm.kv.key_at(first + c);
                     let bit = 1 << (2 * nt + e);
                     if lo0 <= key && key < hi0 {
                         bits[0] |= bit;
@@ -233,7 +207,7 @@ impl Scan {
         let (before, total) = block_scan::<THREADS>(kept.count_ones(), tid, sm.sums);
         let (mut at, mut rest) = (self.tail + before, kept);
         while rest != 0 {
-            unsafe { st_shared_u32(sm.entry(at), key0 + rest.trailing_zeros()) };
+            unsafe { st_shared_u32(sm.kv.entry(at), key0 + rest.trailing_zeros()) };
             at += 1;
             rest &= rest - 1;
         }
@@ -265,15 +239,15 @@ unsafe fn load_kv<const PAGED: bool>(b: &DecodeBlock, sm: &Smem, slot: u32, firs
     let p = b.p;
     if PAGED {
         if tid < count {
-            unsafe { st_shared_u32(sm.pages + 4 * tid, b.seq.page_of(p, sm.key_at(first + tid))) };
+            unsafe { st_shared_u32(sm.pages + 4 * tid, b.seq.page_of(p, sm.kv.key_at(first + tid))) };
         }
         // The previous tile's copies were all issued before the barrier that ended the scan.
         sync_threads();
     }
     let page = |c: u32| if PAGED { unsafe { ld_shared_u32(sm.pages + 4 * c) } } else { 0 };
     unsafe {
-        sm.k(slot).load_rows_async(|c| b.kv_row::<PAGED>(&p.k, sm.key_at(first + c), page(c)), count, tid, THREADS);
-        sm.v(slot).load_rows_async(|c| b.kv_row::<PAGED>(&p.v, sm.key_at(first + c), page(c)), count, tid, THREADS);
+        sm.kv.k(slot).load_rows_async(|c| b.kv_row::<PAGED>(&p.k, sm.kv.key_at(first + c), page(c)), count, tid, THREADS);
+        sm.kv.v(slot).load_rows_async(|c| b.kv_row::<PAGED>(&p.v, sm.kv.key_at(first + c), page(c)), count, tid, THREADS);
     }
 }
 
@@ -284,7 +258,7 @@ unsafe fn load_bias(b: &DecodeBlock, sm: &Smem, mods: &Mods, first: u32, count: 
     if !mods.bias || tid >= count {
         return 0;
     }
-    let key = sm.key_at(first + tid) as u64;
+    let key = sm.kv.key_at(first + tid) as u64;
     unsafe { ld_global_nc_u16(b.bias_row() + 2 * key * b.p.bias.stride[3]) }
 }
 
@@ -349,13 +323,13 @@ pub unsafe fn decode<E: Elem, const D: usize, const KT: usize, const DT: usize, 
             // queries leave most of the 64 rows empty) has nothing to compute: its MMAs would
             // only hold up the warps that do.
             if warp_row0 < b.rows {
-                let last = sm.key_at(first + count - 1);
-                let check = count < BN as u32 || sm.key_at(first) < b.lo_max || last >= b.hi_min;
+                let last = sm.kv.key_at(first + count - 1);
+                let check = count < BN as u32 || sm.kv.key_at(first) < b.lo_max || last >= b.hi_min;
                 let band = if check { b.rows_bits(&sm, first, count, warp_row0 + g, t) } else { [[!0u32; 2]] };
                 let warp = WarpScores::new::<NT>(sm.bias(slot), false, 0, 0, warp_row0, 0, lane);
                 let mut s = [[[0f32; 4]; NT]; 1];
                 warp.init::<E, 1, NT>(&mut s, &mods, &band, check, false);
-                let (k, v) = (sm.k(slot), sm.v(slot));
+                let (k, v) = (sm.kv.k(slot), sm.kv.v(slot));
                 let (q_frag, k_frag, v_frag) = (Fragments::new(sm.q, lane), Fragments::new(k, lane), Fragments::new(v, lane));
                 unsafe { scores_product::<E, 1, NT, KT, false>(&mut s, sm.q, k, q_frag, k_frag, warp_row0) };
                 let scale = if mods.softcap > 0.0 {

@@ -11,12 +11,11 @@ use crate::mask::Visibility;
 use crate::scores::{LOG2E, capped_logit};
 use crate::seq::Seq;
 use crate::softmax::OnlineSoftmax;
-use crate::tile::{Fragments, SmemTile};
+use crate::tile::{Fragments, GatheredKv, SmemTile};
 use dmattn_abi::{LISTS_BITS_THREADS, LISTS_KEYS, LISTS_QUEUE, LISTS_ROWS, LISTS_WARPS, ListBitsParams, ListsParams, View4, lists_warp_bytes};
 
 const BN: usize = LISTS_KEYS as usize;
 const NT: usize = BN / 8;
-const QUEUE_MASK: u32 = LISTS_QUEUE - 1;
 const _: () = assert!(LISTS_QUEUE.is_power_of_two() && LISTS_QUEUE >= 32 + LISTS_KEYS && BN % 16 == 0);
 
 /// Grid `(rows, ph, pb)`: one row of the lists' bit mask as its keys in order, a word a thread
@@ -70,9 +69,7 @@ pub unsafe fn lists_from_bits(p: &ListBitsParams) {
 #[derive(Clone, Copy)]
 struct Smem {
     q: SmemTile,
-    kv: u32,
-    tile_bytes: u32,
-    queue: u32,
+    kv: GatheredKv,
     softmax: u32,
     d: usize,
 }
@@ -82,31 +79,9 @@ impl Smem {
     fn new(d: usize, warp: u32) -> Self {
         let base = smem_base() + warp * lists_warp_bytes(d as u32);
         let q = SmemTile::new(base, LISTS_ROWS as usize, d * 2);
-        let tile_bytes = (BN * d * 2) as u32;
-        let kv = base + q.bytes();
-        let queue = kv + 4 * tile_bytes;
-        Self { q, kv, tile_bytes, queue, softmax: queue + 4 * LISTS_QUEUE, d }
-    }
-
-    #[inline(always)]
-    fn k(&self, slot: u32) -> SmemTile {
-        SmemTile::new(self.kv + slot * self.tile_bytes, BN, self.d * 2)
-    }
-
-    #[inline(always)]
-    fn v(&self, slot: u32) -> SmemTile {
-        SmemTile::new(self.kv + (2 + slot) * self.tile_bytes, BN, self.d * 2)
-    }
-
-    /// Queue entry `i` (a running count; the queue wraps).
-    #[inline(always)]
-    fn entry(&self, i: u32) -> u32 {
-        self.queue + 4 * (i & QUEUE_MASK)
-    }
-
-    #[inline(always)]
-    fn key_at(&self, i: u32) -> u32 {
-        unsafe { ld_shared_u32(self.entry(i)) }
+        let kv_base = base + q.bytes();
+        let queue = kv_base + 4 * (BN * d * 2) as u32;
+        Self { q, kv: GatheredKv::new(kv_base, BN, d * 2, queue, LISTS_QUEUE), softmax: queue + 4 * LISTS_QUEUE, d }
     }
 }
 
@@ -218,7 +193,7 @@ impl Scan {
         }
         self.ahead[AHEAD - 1] = Self::load(r, self.cursor + 32 * (AHEAD as u32 - 1), lane);
         if (shown >> lane) & 1 != 0 {
-            unsafe { st_shared_u32(sm.entry(self.tail + (shown & ((1 << lane) - 1)).count_ones()), key) };
+            unsafe { st_shared_u32(sm.kv.entry(self.tail + (shown & ((1 << lane) - 1)).count_ones()), key) };
         }
         self.tail += shown.count_ones();
     }
@@ -248,7 +223,7 @@ unsafe fn load_tile(r: &ListRow, sm: &Smem, slot: u32, first: u32, count: u32, b
     // Each 16-byte chunk of a K row and the same chunk of its V row, one key read for both (the
     // V tile sits two tiles after the K tile). Rows past `count` are zero-filled from key `first`
     // (a zero-byte copy reads nothing, but its address must be valid).
-    let (k, per_row) = (sm.k(slot), (sm.d * 2 / 16) as u32);
+    let (k, per_row) = (sm.kv.k(slot), (sm.d * 2 / 16) as u32);
     let (k_at, v_at) = (r.kv_row(&p.k, 0), r.kv_row(&p.v, 0));
     let (k_step, v_step) = (2 * p.k.stride[1], 2 * p.v.stride[1]);
     for pass in 0..(BN as u32 * per_row).div_ceil(32) {
@@ -256,11 +231,11 @@ unsafe fn load_tile(r: &ListRow, sm: &Smem, slot: u32, first: u32, count: u32, b
         let (row, c) = (i / per_row, i % per_row);
         if i < BN as u32 * per_row {
             let ok = row < count;
-            let key = sm.key_at(first + if ok { row } else { 0 }) as u64;
+            let key = sm.kv.key_at(first + if ok { row } else { 0 }) as u64;
             let (dst, bytes) = (k.chunk(row, c), if ok { 16 } else { 0 });
             unsafe {
                 cp_async_16(dst, k_at + key * k_step + 16 * c as u64, bytes);
-                cp_async_16(dst + 2 * sm.tile_bytes, v_at + key * v_step + 16 * c as u64, bytes);
+                cp_async_16(dst + 2 * sm.kv.tile_bytes(), v_at + key * v_step + 16 * c as u64, bytes);
             }
         }
     }
@@ -276,7 +251,7 @@ unsafe fn load_tile(r: &ListRow, sm: &Smem, slot: u32, first: u32, count: u32, b
                     for e in 0..2 {
                         let c = 8 * nt as u32 + 2 * t + e;
                         if c < count {
-                            let key = sm.key_at(first + c) as u64;
+                            let key = sm.kv.key_at(first + c) as u64;
                             out[h][nt] |= unsafe { ld_global_nc_u16(base + 2 * key * p.bias.stride[3]) } << (16 * e);
                         }
                     }
@@ -343,7 +318,7 @@ pub unsafe fn lists_fwd<E: Elem, const D: usize, const KT: usize, const DT: usiz
                     }
                 }
             }
-            let (k, v) = (sm.k(slot), sm.v(slot));
+            let (k, v) = (sm.kv.k(slot), sm.kv.v(slot));
             let (q_frag, k_frag, v_frag) = (Fragments::new(sm.q, lane), Fragments::new(k, lane), Fragments::new(v, lane));
             unsafe { scores_product::<E, 1, NT, KT, false>(&mut s, sm.q, k, q_frag, k_frag, 0) };
             let scale = if softcap > 0.0 {

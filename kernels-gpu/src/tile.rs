@@ -311,3 +311,49 @@ impl Fragments {
         unsafe { ldmatrix_x4_trans(self.tile.shift(self.bt, k0, c0)) }
     }
 }
+
+/// The double buffer of kernels whose key tiles are gathered by position (decoding, per-query
+/// lists): two slots of K and V tiles of `rows` rows (K0, K1, V0, V1 from `base`) and a ring of
+/// u32 key positions (`queue`, `capacity` entries, a power of two) indexed by a running count.
+#[derive(Clone, Copy)]
+pub struct GatheredKv {
+    base: u32,
+    rows: usize,
+    row_bytes: usize,
+    queue: u32,
+    queue_mask: u32,
+}
+
+impl GatheredKv {
+    #[inline(always)]
+    pub fn new(base: u32, rows: usize, row_bytes: usize, queue: u32, capacity: u32) -> Self {
+        GatheredKv { base, rows, row_bytes, queue, queue_mask: capacity - 1 }
+    }
+
+    /// Bytes of one tile (the four tiles take four times this).
+    #[inline(always)]
+    pub fn tile_bytes(&self) -> u32 {
+        (self.rows * self.row_bytes) as u32
+    }
+
+    #[inline(always)]
+    pub fn k(&self, slot: u32) -> SmemTile {
+        SmemTile::new(self.base + slot * self.tile_bytes(), self.rows, self.row_bytes)
+    }
+
+    #[inline(always)]
+    pub fn v(&self, slot: u32) -> SmemTile {
+        SmemTile::new(self.base + (2 + slot) * self.tile_bytes(), self.rows, self.row_bytes)
+    }
+
+    /// Queue entry `i` (a running count; the queue wraps).
+    #[inline(always)]
+    pub fn entry(&self, i: u32) -> u32 {
+        self.queue + 4 * (i & self.queue_mask)
+    }
+
+    #[inline(always)]
+    pub fn key_at(&self, i: u32) -> u32 {
+        unsafe { ld_shared_u32(self.entry(i)) }
+    }
+}
