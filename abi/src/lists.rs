@@ -1,5 +1,5 @@
 //! Per-query index lists run over each query's own keys (`SparseMask::indices` with a query
-//! dimension). Prepared once: each row's list sorted ascending with padding and repeats dropped,
+//! dimension). Prepared once: each row's keys laid out ascending with padding and repeats dropped,
 //! read off the bit mask the lists describe (`dmattn_lists_from_bits`, [`ListBitsParams`]). The forward (`dmattn_lists_fwd_<elem>_d<dim>`,
 //! [`ListsParams`]) gives each warp one query and the query heads that share its list: its 16
 //! MMA rows are those heads, and its key tiles are the next [`LISTS_KEYS`] listed keys the band
@@ -24,11 +24,12 @@ pub const LISTS_BITS_SMEM: u32 = 4 * (32 * LISTS_BITS_THREADS + 33);
 pub const LISTS_HEAD_DIMS: [u32; 4] = [32, 64, 96, 128];
 
 /// Parameters of `dmattn_lists_from_bits` ([`crate::names::LISTS_FROM_BITS`]): grid `(rows, ph,
-/// pb)` of [`LISTS_BITS_THREADS`] threads and [`LISTS_BITS_SMEM`] bytes of dynamic shared memory. Row `(b,
-/// h, i)` of `bits` (the lists' keep table `[pb, ph, rows, sk]` one bit a key, key `j` at bit
-/// `j % 32` of u32 word `j / 32`, `row_words` words a row, rows contiguous) is written to `out`
-/// (contiguous `[pb, ph, rows, width]`) as its kept keys ascending, then -1 to the row's end; its
-/// count of keys to `counts` (`[pb, ph, rows]`). A row keeps at most `width` keys (its list's).
+/// pb)` of [`LISTS_BITS_THREADS`] threads and [`LISTS_BITS_SMEM`] bytes of dynamic shared
+/// memory. Row `(b, h, i)` of `bits` (the lists' keep table `[pb, ph, rows, sk]`, one bit a key:
+/// key `j` at bit `j % 32` of u32 word `j / 32`, `row_words` words a row, rows contiguous) is
+/// written to `out` (contiguous `[pb, ph, rows, width]`) as its kept keys ascending, then -1 to
+/// the row's end; its count of keys to `counts` (`[pb, ph, rows]`). A row keeps at most `width`
+/// keys (its list's width, or `seqlen_k` if less).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ListBitsParams {
@@ -36,7 +37,7 @@ pub struct ListBitsParams {
     pub out: u64,
     pub counts: u64,
     pub row_words: u32,
-    /// `w`.
+    /// `min(w, seqlen_k)`.
     pub width: u32,
 }
 
@@ -51,7 +52,7 @@ pub struct ListBitsParams {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ListsParams {
     pub fwd: FwdParams,
-    /// The sorted lists (I32, `[pb, ph, seqlen_q, w]` with zero strides where broadcast) and
+    /// The sorted lists (I32, `[pb, ph, seqlen_q, min(w, seqlen_k)]`, zero strides where broadcast) and
     /// their counts (U32, the same with `stride[3]` 0).
     pub lists: View4,
     pub counts: View4,
@@ -79,5 +80,5 @@ pub const fn lists_warp_bytes(head_dim: u32) -> u32 {
 }
 
 /// Entries of a warp's queue of listed keys: a scan round adds at most 32 to fewer than
-/// [`LISTS_KEYS`] waiting, and a tile's entries stay put while its copies are in flight.
+/// [`LISTS_KEYS`] waiting, and a tile's entries stay put until its copies have been issued.
 pub const LISTS_QUEUE: u32 = 64;

@@ -58,7 +58,8 @@ pub const COMBINE_PREFIX: &str = "dmattn_fwd_combine_";
 /// decoding forward ([`super::DecodeParams`]).
 pub const DECODE_PREFIX: &str = "dmattn_decode_";
 pub const FWD_PREFIX: &str = "dmattn_fwd_";
-/// Per-query index lists sorted and cleaned once, off their bit mask (`ListBitsParams`).
+/// Per-query index lists laid out once, each row's keys ascending, off their bit mask
+/// (`ListBitsParams`).
 pub const LISTS_FROM_BITS: &str = "dmattn_lists_from_bits";
 /// `dmattn_lists_fwd_<elem>_d<dim>`: the forward over each query's listed keys
 /// (`ListsParams`).

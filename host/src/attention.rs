@@ -90,7 +90,9 @@ impl<'a> Attention<'a> {
     /// listed twice is seen once; ANDed with [`Attention::causal`] on the original key positions
     /// (so lists pre-filtered for causality give the same result). Entries outside `-1..seqlen_k`
     /// are a typed error. Lists without a query dimension run as gather attention (work
-    /// O(queries x w)); see [`SparseMask::indices`] to prepare them once for several calls.
+    /// O(queries x w)), lists per query over each query's own keys where that pays
+    /// ([`PreparedMask::per_query_lists`]); see [`SparseMask::indices`] to prepare them once for
+    /// several calls.
     pub fn indices(mut self, indices: &'a Tensor) -> Self {
         self.inputs.indices = Some(indices);
         self

@@ -215,7 +215,7 @@ impl SparseMask {
             }
         };
         let mut prepared = PreparedMask { band, seqlen_q, seqlen_k, planes, data, device, seqs: None };
-        prepared.sort_row_lists()?;
+        prepared.lay_out_row_lists()?;
         Ok(prepared)
     }
 
@@ -483,38 +483,46 @@ impl PreparedMask {
         Ok(tiles as f64 / visited.max(1) as f64)
     }
 
-    /// Whether the band shows any score of the 64x64 block at `(row0, col0)` of a call of
-    /// `sq x sk`.
     /// Per-query index lists alone on the GPU (`[.., .., seqlen_q, w]`): laid out for the forward
-    /// over each query's own keys, sorted, where [`lists_pay`] says so (reads the block classes
-    /// back: waits for the device).
-    fn sort_row_lists(&mut self) -> Result<()> {
+    /// over each query's own keys (each row's keys ascending) where [`lists_pay`] says so. Reads
+    /// block classes back (waits for the device): every plane's, or past 2^26 tiles the first
+    /// plane's first tile rows, whose share of kept tiles in the band stands for the rest.
+    fn lay_out_row_lists(&mut self) -> Result<()> {
         let (Some(MaskData::Cuda(g)), Device::Cuda(dev)) = (&mut self.data, &self.device) else { return Ok(()) };
         let Some((bits, shape)) = g.index_bits.take() else { return Ok(()) };
         let (sq, sk) = (self.seqlen_q, self.seqlen_k);
         let (qb, kb) = (sq.div_ceil(64), sk.div_ceil(64));
         let planes = self.planes[0] * self.planes[1];
+        // The layout's grid is (rows, ph, pb).
+        if shape[0] > u16::MAX as usize || shape[1] > u16::MAX as usize || shape[2] > i32::MAX as usize {
+            return Ok(());
+        }
         let pays = match FORCED_ROW_LISTS.with(|f| f.get()) {
             Some(forced) => forced,
-            // Too many tiles to read back: work O(sq x sk) on dense tiles against w keys a query.
-            None if planes * qb * kb > 1 << 26 => true,
             None => {
                 // Per-query lists' classes have a row per query block. A tile row's band runs
                 // from its first row's start to its last row's end (both never decrease), plus
                 // the sink tiles; the visited tiles are the kept ones in it.
-                let classes = g.classes_to_host(planes * qb * kb)?;
+                let (read_planes, read_rows) = if planes * qb * kb <= 1 << 26 { (planes, qb) } else { (1, ((1 << 26) / kb).clamp(1, qb)) };
+                let classes = g.classes_to_host(read_planes * qb * kb - (qb - read_rows) * kb)?;
                 let sinks = sink_keys(&self.band, sk);
-                let (mut visited, mut band_tiles) = (0, 0);
+                let (mut visited, mut band_read, mut band_tiles) = (0, 0, 0);
                 for i in 0..qb {
                     let ((lo, _), (_, hi)) = (band_keys(&self.band, sq, sk, i * 64), band_keys(&self.band, sq, sk, ((i + 1) * 64).min(sq) - 1));
                     let (sink_end, begin, end) = (sinks.min(hi).div_ceil(64), (lo / 64).min(kb), hi.div_ceil(64).max(lo / 64).min(kb));
                     let ranges = [0..sink_end.min(begin), begin..end];
-                    band_tiles += ranges.iter().map(|r| r.len()).sum::<usize>();
-                    for plane in 0..planes {
-                        let row = &classes[(plane * qb + i) * kb..][..kb];
-                        visited += ranges.iter().map(|r| row[r.clone()].iter().filter(|&&c| c != dmattn_abi::block_class::EMPTY).count()).sum::<usize>();
+                    let in_row = ranges.iter().map(|r| r.len()).sum::<usize>();
+                    band_tiles += in_row;
+                    if i < read_rows {
+                        band_read += in_row * read_planes;
+                        for plane in 0..read_planes {
+                            let row = &classes[(plane * qb + i) * kb..][..kb];
+                            visited += ranges.iter().map(|r| row[r.clone()].iter().filter(|&&c| c != dmattn_abi::block_class::EMPTY).count()).sum::<usize>();
+                        }
                     }
                 }
+                // Every plane's visited tiles, from the share of the band's tiles read that are kept.
+                let visited = (visited as f64 / band_read.max(1) as f64 * (band_tiles * planes) as f64) as usize;
                 // The band hides about as large a share of the listed keys as of the tiles.
                 let in_band = band_tiles as f64 / (qb * kb) as f64;
                 lists_pay(visited, (planes * sq * shape[3]) as f64 * in_band)
@@ -534,6 +542,8 @@ impl PreparedMask {
         matches!(&self.data, Some(MaskData::Cuda(g)) if g.rows.is_some())
     }
 
+    /// Whether the band shows any score of the 64x64 block at `(row0, col0)` of a call of
+    /// `sq x sk`.
     fn band_touches(&self, sq: usize, sk: usize, row0: usize, col0: usize) -> bool {
         let rows = row0..(row0 + 64).min(sq);
         let cols = col0..(col0 + 64).min(sk);

@@ -1,5 +1,5 @@
-//! Per-query index lists (`dmattn_abi::ListsParams`): each row's list sorted once without
-//! padding or repeats (`lists_from_bits`, off the bit mask the lists describe), then a forward in which each warp is one query and the
+//! Per-query index lists (`dmattn_abi::ListsParams`): each row's keys laid out once, ascending,
+//! without padding or repeats (`lists_from_bits`, off the bit mask the lists describe), then a forward in which each warp is one query and the
 //! query heads sharing its list (its 16 MMA rows). The warp scans its sorted list, queues the
 //! keys the band shows its query, and takes the next [`LISTS_KEYS`] of them as a key tile: K and
 //! V rows copied by index into its own slots (two, the next tile's copies in flight while this
@@ -16,7 +16,9 @@ use dmattn_abi::{LISTS_BITS_THREADS, LISTS_KEYS, LISTS_QUEUE, LISTS_ROWS, LISTS_
 
 const BN: usize = LISTS_KEYS as usize;
 const NT: usize = BN / 8;
-const _: () = assert!(LISTS_QUEUE.is_power_of_two() && LISTS_QUEUE >= 32 + LISTS_KEYS && BN % 16 == 0);
+// The ring holds fewer than a tile's keys waiting, a round's 32, and the tile whose entries the
+// copies read (the first tile's are read after the next scan has started).
+const _: () = assert!(LISTS_QUEUE.is_power_of_two() && LISTS_QUEUE >= 2 * LISTS_KEYS + 31 && BN % 16 == 0);
 
 /// Grid `(rows, ph, pb)`: one row of the lists' bit mask as its keys in order, a word a thread
 /// and `LISTS_BITS_THREADS` words a round: each round's keys placed in shared memory after the
@@ -28,7 +30,7 @@ pub unsafe fn lists_from_bits(p: &ListBitsParams) {
     const T: u32 = LISTS_BITS_THREADS;
     let tid = thread_idx();
     let (row, h, b) = block_idx();
-    let line = ((b * grid_dim_y() + h) * grid_dim_x() + row) as u64;
+    let line = (b as u64 * grid_dim_y() as u64 + h as u64) * grid_dim_x() as u64 + row as u64;
     let src = p.bits + 4 * line * p.row_words as u64;
     let out = (p.out + 4 * line * p.width as u64) as *mut i32;
     let (keys, sums) = (smem_base(), smem_base() + 4 * 32 * T);
@@ -49,7 +51,7 @@ pub unsafe fn lists_from_bits(p: &ListBitsParams) {
             unsafe { *out.add((written + e) as usize) = ld_shared_u32(keys + 4 * e) as i32 };
             e += T;
         }
-        // The keys are copied out before the next round's overwrite them.
+        // The keys are copied out before the next round's keys overwrite them.
         sync_threads();
         written += total;
         w0 += T;

@@ -5,7 +5,9 @@
 //! causal with `sq != sk`, every bias broadcast, GQA/MQA and per-query-head masks, head dims 32-256,
 //! f16 and bf16, rows with no visible key; forward, backward, deterministic backward, the
 //! materialising forward, and the unprepared `.mask()` call. Also: which masks take the gathered
-//! path, bit-identical deterministic gradients, and keys beyond one compaction pass.
+//! path, bit-identical deterministic gradients, keys beyond one compaction pass, and index lists:
+//! shared by every query (gathered) and per query (the forward over each query's own keys, and
+//! which lists take it).
 //! `DMATTN_GPU_CASES` sets the property tests' case counts. Skips, saying why, where there is no
 //! CUDA device.
 use dmattn::{DType, SparseMask, Tensor};
@@ -233,8 +235,16 @@ fn index_lists_match_reference() {
 #[test]
 fn per_query_lists_match_reference() {
     let Some(gpu) = gpu() else { return };
+    // Unforced again however a case ends.
+    struct Unforce;
+    impl Drop for Unforce {
+        fn drop(&mut self) {
+            dmattn::force_per_query_lists(None);
+        }
+    }
     gather_property(2000, 300, |sc| {
         dmattn::force_per_query_lists(Some(true));
+        let _unforce = Unforce;
         let (inputs, _) = sc.draw();
         let case = &sc.case;
         let mut rng = seeded_rng(sc.seed ^ 0x1157);
@@ -250,7 +260,6 @@ fn per_query_lists_match_reference() {
         let mask = band.build(&gpu).unwrap().and(SparseMask::indices(&lists));
         let spec = band.and(MaskSpec::data(DataPart::Dense { shape: [shape[0], shape[1], shape[2], case.seqlen_k], keep }));
         let prepared = mask.prepare(case.seqlen_q, case.seqlen_k).map_err(|e| TestCaseError::fail(format!("prepare: {e} for {sc:?} lists {shape:?}")))?;
-        dmattn::force_per_query_lists(None);
         // One query: the lists have no query dimension (gather attention).
         proptest::prop_assert_eq!(prepared.per_query_lists(), case.seqlen_q > 1, "{:?} lists {:?}", sc, shape);
         check_gpu_prepared(&sc, &spec, &prepared, &inputs, &gpu, ForwardPath::Fused, sc.seed % 4 == 0, false)
@@ -289,6 +298,46 @@ fn which_lists_run_per_query() {
         };
         let (a, b) = (run(), run());
         assert!(a.iter().zip(&b).all(|(x, y)| x.iter().zip(y).all(|(x, y)| x.to_bits() == y.to_bits())), "{name} lists: two forwards differ");
+    }
+}
+
+/// Per-query lists on shapes the property cases do not reach, forced to run per query: MQA with
+/// 40 query heads (warps of 16, 16 and 8 heads) over 9000 keys (the layout's rows in two rounds
+/// of words), lists per kv head under h32 hk8 at d128, and lists per query head shared by a batch
+/// of two under GQA; random keys with padding and repeats, causal, a per-query bias.
+#[test]
+fn per_query_lists_on_wide_groups_and_long_rows() {
+    let Some(gpu) = gpu() else { return };
+    struct Unforce;
+    impl Drop for Unforce {
+        fn drop(&mut self) {
+            dmattn::force_per_query_lists(None);
+        }
+    }
+    dmattn::force_per_query_lists(Some(true));
+    let _unforce = Unforce;
+    // (batch, heads, kv heads, sq, sk, head dim, list planes [pb, ph], width, backward)
+    let shapes = [(1, 40, 1, 70, 9000, 64, [1, 1], 300, false), (1, 32, 8, 65, 300, 128, [1, 8], 40, true), (2, 4, 2, 90, 200, 32, [1, 4], 60, true)];
+    for (n, &(b, h, hk, sq, sk, d, [pb, ph], w, backward)) in shapes.iter().enumerate() {
+        let case = Case { dtype: DType::BF16, causal: true, bias: Some([b, h, sq, sk]), ..Case::new(b, sq, sk, h, hk, d) };
+        let mut rng = seeded_rng(40 + n as u64);
+        let inputs = case.inputs(&mut rng);
+        let mut keep = vec![false; pb * ph * sq * sk];
+        let idx: Vec<i32> = (0..pb * ph * sq * w)
+            .map(|e| {
+                let key = if rng.random_bool(0.1) { -1 } else { rng.random_range(0..sk) as i32 };
+                if key >= 0 {
+                    keep[(e / w) * sk + key as usize] = true;
+                }
+                key
+            })
+            .collect();
+        let lists = Tensor::from_vec(idx, &[pb, ph, sq, w], &gpu).unwrap();
+        let prepared = SparseMask::indices(&lists).prepare(sq, sk).unwrap();
+        assert!(prepared.per_query_lists(), "case {n}");
+        let sc = SparseCase { case, kinds: Vec::new(), seed: n as u64 };
+        let spec = MaskSpec::data(DataPart::Dense { shape: [pb, ph, sq, sk], keep });
+        check_gpu_prepared(&sc, &spec, &prepared, &inputs, &gpu, ForwardPath::Fused, backward, false).unwrap_or_else(|e| panic!("case {n}: {e}"));
     }
 }
 

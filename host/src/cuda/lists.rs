@@ -1,5 +1,6 @@
 //! Per-query index lists (`SparseMask::indices` with a query dimension) run over each query's own
-//! keys: the lists sorted once when the mask is prepared ([`from_bits`]), and the forward
+//! keys: the lists laid out once when the mask is prepared, each row's keys ascending
+//! ([`from_bits`]), and the forward
 //! (`dmattn_abi::ListsParams`) planned as a plain value ([`lists_plan`]) and launched. The
 //! backward runs on the dense tiles of the lists' bit-packed mask, which the prepared mask keeps.
 use super::launch::{Launch, launch};
@@ -28,11 +29,14 @@ impl RowLists {
     }
 }
 
-/// The lists of shape `[pb, ph, rows, w]` from the keep table they describe, `bits` (U8 `[pb, ph,
-/// rows, ceil(sk / 8)]`, rows of whole u32 words, as `gather::indices_to_bits` writes it), into a
-/// new allocation: each row's keys ascending, one CTA a row.
+/// The lists of shape `[pb, ph, rows, w]` laid out from the keep table they describe, `bits` (U8
+/// `[pb, ph, rows, ceil(sk / 8)]`, rows of whole u32 words, as `gather::indices_to_bits` writes
+/// it), into a new allocation of `min(w, sk)` entries a row: each row's keys ascending, one CTA
+/// a row.
 pub(crate) fn from_bits(dev: &CudaDevice, bits: &Tensor, shape: [usize; 4], sk: usize) -> Result<RowLists> {
+    // A row keeps at most its width's keys, and at most every key.
     let [pb, ph, rows, w] = shape;
+    let w = w.min(sk);
     let lines = pb * ph * rows;
     let buf = DeviceBuffer::uninit(dev.stream(), 4 * lines * (w + 1))?;
     let counts_at = buf.ptr() + (4 * lines * w) as u64;

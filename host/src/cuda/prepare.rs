@@ -32,7 +32,8 @@ pub(crate) struct PreparedMask {
     /// `bits` are then absent; see `gather`).
     pub gather: Option<Arc<KeyListsBuf>>,
     /// Per-query index lists alone, where running each query over its own keys pays: the lists
-    /// sorted (the forward's; `classes` and `bits` serve the backward; see `lists`).
+    /// laid out, each row's keys ascending (the forward's; `classes` and `bits` serve the
+    /// backward; see `lists`).
     pub rows: Option<Arc<super::lists::RowLists>>,
     /// Per-query index lists alone: their keep table and shape, until `PreparedMask::prepare`
     /// has decided whether to lay them out for the lists forward (`rows`).
