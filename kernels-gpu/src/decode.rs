@@ -338,13 +338,7 @@ pub unsafe fn decode<E: Elem, const D: usize, const KT: usize, const DT: usize, 
                 } else {
                     mods.scale_log2
                 };
-                if let Some(correction) = softmax.update(&mut s, scale) {
-                    for dt in 0..DT {
-                        for i in 0..4 {
-                            o[0][dt][i] *= correction[0][i / 2];
-                        }
-                    }
-                }
+                softmax.update_rescaling(&mut s, scale, &mut o);
                 unsafe { pv_product::<E, 1, NT, DT, false>(&mut o, &s, v, v_frag) };
             }
             // The next tile's bias, its load long landed; nobody reads that slot until the

@@ -338,13 +338,7 @@ pub unsafe fn lists_fwd<E: Elem, const D: usize, const KT: usize, const DT: usiz
             } else {
                 p.scale_log2
             };
-            if let Some(correction) = softmax.update(&mut s, scale) {
-                for dt in 0..DT {
-                    for e in 0..4 {
-                        o[0][dt][e] *= correction[0][e / 2];
-                    }
-                }
-            }
+            softmax.update_rescaling(&mut s, scale, &mut o);
             unsafe { pv_product::<E, 1, NT, DT, false>(&mut o, &s, v, v_frag) };
             // Every lane is past its reads of this slot before the next tile's copies into it.
             sync_warp();

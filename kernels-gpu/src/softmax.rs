@@ -100,6 +100,21 @@ impl<const MT: usize> OnlineSoftmax<MT> {
         (ballot(rescale) != 0).then_some(correction)
     }
 
+    /// [`OnlineSoftmax::update`], then the output accumulators `o` (rows in the same layout)
+    /// rescaled where a row's max moved.
+    #[inline(always)]
+    pub fn update_rescaling<const NT: usize, const DT: usize>(&self, s: &mut [[[f32; 4]; NT]; MT], scale: f32, o: &mut [[[f32; 4]; DT]; MT]) {
+        if let Some(correction) = self.update(s, scale) {
+            for mt in 0..MT {
+                for dt in 0..DT {
+                    for i in 0..4 {
+                        o[mt][dt][i] *= correction[mt][i / 2];
+                    }
+                }
+            }
+        }
+    }
+
     /// Per row: the factor that normalises the output (0 for a row with nothing visible) and the
     /// natural-log LSE (-inf for such a row).
     #[inline(always)]

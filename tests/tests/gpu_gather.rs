@@ -225,6 +225,23 @@ fn index_lists_match_reference() {
     });
 }
 
+/// Per-query lists forced to run over each query's own keys on this thread until dropped
+/// (however a case ends).
+struct ForcedLists;
+
+impl ForcedLists {
+    fn on() -> Self {
+        dmattn::force_per_query_lists(Some(true));
+        ForcedLists
+    }
+}
+
+impl Drop for ForcedLists {
+    fn drop(&mut self) {
+        dmattn::force_per_query_lists(None);
+    }
+}
+
 /// Per-query index lists run over each query's own keys (forced: small cases would otherwise run
 /// on dense tiles) against the reference with the dense mask they describe, half the time ANDed
 /// with a band (windows from 0 past `seqlen_k`, sinks, compressed causal): random,
@@ -235,16 +252,8 @@ fn index_lists_match_reference() {
 #[test]
 fn per_query_lists_match_reference() {
     let Some(gpu) = gpu() else { return };
-    // Unforced again however a case ends.
-    struct Unforce;
-    impl Drop for Unforce {
-        fn drop(&mut self) {
-            dmattn::force_per_query_lists(None);
-        }
-    }
     gather_property(2000, 300, |sc| {
-        dmattn::force_per_query_lists(Some(true));
-        let _unforce = Unforce;
+        let _forced = ForcedLists::on();
         let (inputs, _) = sc.draw();
         let case = &sc.case;
         let mut rng = seeded_rng(sc.seed ^ 0x1157);
@@ -308,14 +317,7 @@ fn which_lists_run_per_query() {
 #[test]
 fn per_query_lists_on_wide_groups_and_long_rows() {
     let Some(gpu) = gpu() else { return };
-    struct Unforce;
-    impl Drop for Unforce {
-        fn drop(&mut self) {
-            dmattn::force_per_query_lists(None);
-        }
-    }
-    dmattn::force_per_query_lists(Some(true));
-    let _unforce = Unforce;
+    let _forced = ForcedLists::on();
     // (batch, heads, kv heads, sq, sk, head dim, list planes [pb, ph], width, backward)
     let shapes = [(1, 40, 1, 70, 9000, 64, [1, 1], 300, false), (1, 32, 8, 65, 300, 128, [1, 8], 40, true), (2, 4, 2, 90, 200, 32, [1, 4], 60, true)];
     for (n, &(b, h, hk, sq, sk, d, [pb, ph], w, backward)) in shapes.iter().enumerate() {
