@@ -128,5 +128,9 @@ pub struct IndicesParams {
     pub row_words: u32,
 }
 
+/// The longest row of bits (bytes) `dmattn_indices_row_bits` builds in shared memory: 48 KiB,
+/// 393,216 keys, within what every kernel may take without opting in.
+pub const INDICES_ROW_SMEM: u32 = 48 * 1024;
+
 /// Threads per block of the gather, scatter and gathered-mask kernels.
 pub const GATHER_THREADS: u32 = 256;

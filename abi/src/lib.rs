@@ -169,6 +169,20 @@ mod tests {
     }
 
     #[test]
+    fn mask_word_of_bits_moves_each_key_to_its_mask_bit() {
+        for k in 0..MASK_WORD_KEYS {
+            assert_eq!(mask_word_of_bits(1 << k), 1 << mask_bit(k), "key {k}");
+        }
+        // Mixed words: the moves are a permutation, so each word's bits move independently.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..64 {
+            x = x.rotate_left(17) ^ x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            let want = (0..MASK_WORD_KEYS).fold(0u64, |w, k| w | ((x >> k) & 1) << mask_bit(k));
+            assert_eq!(mask_word_of_bits(x), want, "{x:016x}");
+        }
+    }
+
+    #[test]
     fn mask_bits_of_bytes_matches_mask_bit_key_by_key() {
         // Every byte value in every position, at every key offset of a word.
         for k in (0..MASK_WORD_KEYS).step_by(4) {

@@ -50,6 +50,36 @@ pub const fn mask_bits_of_bytes(x: u32, k: u32) -> u64 {
     (spread as u64) << mask_bit(k)
 }
 
+/// A word of 64 keys' bits in key order (bit `k` for key `k`) in [`mask_bit`] order. Key `k =
+/// 8 nt + 2 t + e` moves to bit `16 t + 2 nt + e`: the bit index's fields `(nt, t)` trade places,
+/// four exchanges of one index bit with another (each a delta swap), not 64 single-bit moves.
+pub const fn mask_word_of_bits(bits: u64) -> u64 {
+    // Index bit 1 goes to 4, 4 to 2, 2 to 5, 5 to 3 and 3 to 1: exchanging index bit 1 with 4,
+    // 2, 5 and 3 in turn takes each to its place. A swap's mask selects the indices with bit 1
+    // set and bit j clear; their partners sit 2^j - 2 bits higher.
+    const fn swap_mask(j: u32) -> u64 {
+        let (mut mask, mut i) = (0u64, 0);
+        while i < 64 {
+            if i & 2 != 0 && i & (1 << j) == 0 {
+                mask |= 1 << i;
+            }
+            i += 1;
+        }
+        mask
+    }
+    const SWAPS: [(u32, u64); 4] = [(4, swap_mask(4)), (2, swap_mask(2)), (5, swap_mask(5)), (3, swap_mask(3))];
+    let mut x = bits;
+    let mut s = 0;
+    while s < SWAPS.len() {
+        let (j, mask) = SWAPS[s];
+        let delta = (1 << j) - 2;
+        let t = ((x >> delta) ^ x) & mask;
+        x ^= t ^ (t << delta);
+        s += 1;
+    }
+    x
+}
+
 /// Keys `8 nt..8 nt + 8` of a packed mask word ([`mask_bit`] order) as a byte, bit `k` for key
 /// `8 nt + k`: the inverse of the packing for one n8 tile's keys.
 pub const fn mask_word_byte(word: u64, nt: u32) -> u32 {
@@ -75,7 +105,7 @@ pub const fn mask_word_byte(word: u64, nt: u32) -> u32 {
 ///
 /// The mask is bool bytes (nonzero = visible), or where `packed` is set, bits: key `j` of a row
 /// is bit `j % 8` of the row's byte `j / 8` (bytes contiguous along the keys, `stride[3]` unused;
-/// fixed lengths only).
+/// fixed lengths only; `dmattn_mask_pack_bits`, [`MASK_PACK_BITS_THREADS`], packs them).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct MaskPackParams {
@@ -136,3 +166,6 @@ pub const BLOCK_MASK_THREADS: u32 = 256;
 
 /// Threads per block of the mask-pack kernel: 4 per row of a 64x64 block.
 pub const MASK_PACK_THREADS: u32 = 256;
+
+/// Threads per block of the mask-pack kernel for bits: one 64-key word (column of a block row) each.
+pub const MASK_PACK_BITS_THREADS: u32 = 128;

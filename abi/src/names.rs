@@ -2,6 +2,8 @@
 //! the variant's suffix (`modifiers::suffix`) appended.
 
 pub const MASK_PACK: &str = "dmattn_mask_pack";
+/// The mask pack for bits given packed: a thread per 64-key word.
+pub const MASK_PACK_BITS: &str = "dmattn_mask_pack_bits";
 /// The mask pack for key-side masks (one row a plane): a warp per 64-key word.
 pub const MASK_PACK_KEYS: &str = "dmattn_mask_pack_keys";
 pub const BLOCK_MASK: &str = "dmattn_block_mask";
@@ -11,6 +13,8 @@ pub const KEY_COUNT: &str = "dmattn_key_count";
 pub const KEY_COMPACT: &str = "dmattn_key_compact";
 pub const GATHER_ROWS: &str = "dmattn_gather_rows";
 pub const INDICES_BITS: &str = "dmattn_indices_bits";
+/// Index lists to bits a row at a time in shared memory (rows of at most `INDICES_ROW_SMEM` bytes).
+pub const INDICES_ROW_BITS: &str = "dmattn_indices_row_bits";
 pub const GATHER_MASK: &str = "dmattn_gather_mask";
 /// Key selection over 16-bit (bf16, f16) and 32-bit (f32) bias elements.
 pub const SELECT_KEYS_16: &str = "dmattn_select_keys_16";

@@ -328,12 +328,12 @@ pub unsafe fn gather_mask(p: &GatherMaskParams) {
     }
 }
 
-/// Grid-stride, `GATHER_THREADS` threads, one index entry each.
+/// Grid-stride, `GATHER_THREADS` threads, one index entry each, into bits zeroed before: rows
+/// too long for [`indices_row_bits`]' shared memory.
 #[inline(always)]
 pub unsafe fn indices_bits(p: &IndicesParams) {
     let [_, ph, rows, w] = p.dims;
     let total = p.dims.iter().fold(1u64, |n, &d| n * d as u64);
-    let s = p.indices.stride;
     let mut i = block_idx().0 as u64 * GATHER_THREADS as u64 + thread_idx() as u64;
     let step = grid_dim_x() as u64 * GATHER_THREADS as u64;
     while i < total {
@@ -341,14 +341,56 @@ pub unsafe fn indices_bits(p: &IndicesParams) {
         let row = i / w as u64;
         let (r, plane) = ((row % rows as u64) as u32, row / rows as u64);
         let (b, h) = (plane / ph as u64, plane % ph as u64);
-        let at = p.indices.ptr + 4 * (b * s[0] + h * s[1] + r as u64 * s[2] + e as u64 * s[3]);
-        let key = unsafe { *(at as *const i32) };
-        if key < -1 || key >= p.seqlen_k as i32 {
-            unsafe { *(p.error as *mut u32) = 1 };
-        } else if key >= 0 {
-            let word = p.bits + 4 * (row * p.row_words as u64 + (key as u32 / 32) as u64);
-            unsafe { red_or_u32(word, 1 << (key as u32 % 32)) };
+        if let Some(key) = unsafe { index_entry(p, b, h, r, e) } {
+            let word = p.bits + 4 * (row * p.row_words as u64 + (key / 32) as u64);
+            unsafe { red_or_u32(word, 1 << (key % 32)) };
         }
         i += step;
     }
+}
+
+/// Grid `(rows, ph, pb)`, `GATHER_THREADS` threads: one row's bits built in shared memory
+/// (`4 * row_words` bytes) and written out whole, so that the bits need no zeroing before and
+/// the entries' ORs stay on the SM (global ORs at random words made [`indices_bits`] the
+/// slowest step of preparing per-query lists).
+#[inline(always)]
+pub unsafe fn indices_row_bits(p: &IndicesParams) {
+    let w = p.dims[3];
+    let (r, h, b) = block_idx();
+    let tid = thread_idx();
+    let words = smem_base();
+    let mut i = tid;
+    while i < p.row_words {
+        unsafe { st_shared_u32(words + 4 * i, 0) };
+        i += GATHER_THREADS;
+    }
+    sync_threads();
+    let mut e = tid;
+    while e < w {
+        if let Some(key) = unsafe { index_entry(p, b as u64, h as u64, r, e) } {
+            unsafe { atom_or_shared_u32(words + 4 * (key / 32), 1 << (key % 32)) };
+        }
+        e += GATHER_THREADS;
+    }
+    sync_threads();
+    let row = (b as u64 * p.dims[1] as u64 + h as u64) * p.dims[2] as u64 + r as u64;
+    let out = (p.bits + 4 * row * p.row_words as u64) as *mut u32;
+    let mut i = tid;
+    while i < p.row_words {
+        unsafe { *out.add(i as usize) = ld_shared_u32(words + 4 * i) };
+        i += GATHER_THREADS;
+    }
+}
+
+/// Entry `e` of row `r` of plane `(b, h)`: its key, or `None` for padding (-1) and entries out of
+/// range, which also set the error flag.
+#[inline(always)]
+unsafe fn index_entry(p: &IndicesParams, b: u64, h: u64, r: u32, e: u32) -> Option<u32> {
+    let s = p.indices.stride;
+    let at = p.indices.ptr + 4 * (b * s[0] + h * s[1] + r as u64 * s[2] + e as u64 * s[3]);
+    let key = unsafe { *(at as *const i32) };
+    if key < -1 || key >= p.seqlen_k as i32 {
+        unsafe { *(p.error as *mut u32) = 1 };
+    }
+    (key >= 0 && key < p.seqlen_k as i32).then_some(key as u32)
 }

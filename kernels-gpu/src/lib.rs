@@ -61,6 +61,12 @@ pub unsafe extern "ptx-kernel" fn dmattn_mask_pack(p: MaskPackParams) {
 
 #[cfg(not(target_feature = "sm_90a"))]
 #[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn dmattn_mask_pack_bits(p: MaskPackParams) {
+    unsafe { mask_pack::mask_pack_bits(&p) }
+}
+
+#[cfg(not(target_feature = "sm_90a"))]
+#[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn dmattn_mask_pack_keys(p: MaskPackParams) {
     unsafe { mask_pack::mask_pack_keys(&p) }
 }
@@ -101,6 +107,12 @@ pub unsafe extern "ptx-kernel" fn dmattn_gather_rows(p: GatherParams) {
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn dmattn_indices_bits(p: IndicesParams) {
     unsafe { gather::indices_bits(&p) }
+}
+
+#[cfg(not(target_feature = "sm_90a"))]
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn dmattn_indices_row_bits(p: IndicesParams) {
+    unsafe { gather::indices_row_bits(&p) }
 }
 
 #[cfg(not(target_feature = "sm_90a"))]

@@ -4,11 +4,12 @@
 //! one bit per score instead of one byte, one 16-bit load per row and tile per thread.
 use crate::arch::*;
 use crate::seq::Seq;
-use dmattn_abi::{BLOCK_MAP_K, BLOCK_MAP_Q, MASK_PACK_THREADS, MaskPackParams, MaskSeqsParams, View4, block_class, mask_bit, mask_bits_of_bytes};
+use dmattn_abi::{BLOCK_MAP_K, BLOCK_MAP_Q, MASK_PACK_BITS_THREADS, MASK_PACK_THREADS, MaskPackParams, MaskSeqsParams, View4, block_class, mask_bit, mask_bits_of_bytes, mask_word_of_bits};
 
 /// Grid `(k_blocks, q_blocks, mask_batch * mask_heads)`, `MASK_PACK_THREADS` threads: four
 /// adjacent lanes share a row, each reading a 16-key strip. Out-of-range elements count for
-/// neither class and pack as 0. A packed batch's CTAs past their sequence's blocks return.
+/// neither class and pack as 0. A packed batch's CTAs past their sequence's blocks return. Bool
+/// bytes only: bits given packed go to [`mask_pack_bits`].
 #[inline(always)]
 pub unsafe fn mask_pack(p: &MaskPackParams) {
     const KEYS_PER_THREAD: u32 = BLOCK_MAP_Q * BLOCK_MAP_K / MASK_PACK_THREADS;
@@ -31,18 +32,6 @@ pub unsafe fn mask_pack(p: &MaskPackParams) {
         let base = p.mask.ptr + seq.origin(&s) + h * s[1] + row as u64 * s[2];
         let first = kb * BLOCK_MAP_K + k0;
         let strip = base + first as u64 * s[3];
-        if p.packed != 0 {
-            // Two bytes of bits, bit j of byte 0 key first + j; keys past the sequence dropped.
-            let at = base + (first / 8) as u64;
-            let valid = keys.saturating_sub(first).min(KEYS_PER_THREAD);
-            let byte = |i: u32| if 8 * i < valid { unsafe { ld_global_nc_u8(at + i as u64) } } else { 0 };
-            let bits = (byte(0) | byte(1) << 8) & ((1u32 << valid) - 1);
-            for j in 0..KEYS_PER_THREAD {
-                word |= (((bits >> j) & 1) as u64) << mask_bit(k0 + j);
-            }
-            any = bits != 0;
-            all = bits.count_ones() == valid;
-        } else
         // A contiguous, aligned strip inside the keys is one 16-byte load, packed four keys per
         // word operation (byte loads and per-key tests kept this kernel compute-bound at a third
         // of the copy bandwidth); anything else goes byte by byte.
@@ -83,6 +72,63 @@ pub unsafe fn mask_pack(p: &MaskPackParams) {
         let at = seq.origin(&c.stride) + h * c.stride[1] + qb as u64 * c.stride[2] + kb as u64;
         unsafe { *(c.ptr as *mut u8).add(at as usize) = block_class::of(any, all) };
     }
+}
+
+/// [`mask_pack`] for a mask given as bits (`p.packed`; fixed lengths): a thread a 64-key word down
+/// the block's rows, so that a warp reads 32 consecutive words of a row (256 contiguous bytes)
+/// and keeps its block's class in registers; each word's bits move to [`mask_bit`] order in a few
+/// word operations. Grid `(ceil(k_blocks / MASK_PACK_BITS_THREADS), q_blocks, mb * mh)`. (As a
+/// byte pair per thread in [`mask_pack`]'s 256-thread block per 64x64 block it took a millisecond
+/// for the 128 MiB of a 32K x 32K mask.)
+#[inline(always)]
+pub unsafe fn mask_pack_bits(p: &MaskPackParams) {
+    const ROUND: u32 = 8;
+    let (x, qb, bh) = block_idx();
+    let kb = x * MASK_PACK_BITS_THREADS + thread_idx();
+    let [_, heads, mq, sk] = p.dims;
+    if kb * BLOCK_MAP_K >= sk {
+        return;
+    }
+    let (b, h) = (bh / heads, (bh % heads) as u64);
+    let (s, o) = (p.mask.stride, &p.bits);
+    let row0 = qb * BLOCK_MAP_Q;
+    let rows = (mq - row0).min(BLOCK_MAP_Q);
+    let valid = (sk - kb * BLOCK_MAP_K).min(64);
+    let full = if valid == 64 { u64::MAX } else { (1 << valid) - 1 };
+    // Whole words as two 4-byte loads where every row starts 4-byte aligned; the last, partial
+    // word (and unaligned rows) byte by byte, reading no byte past the row's keys.
+    let words = valid == 64 && (p.mask.ptr | s[0] | s[1] | s[2]) % 4 == 0;
+    let src = p.mask.ptr + b as u64 * s[0] + h * s[1] + row0 as u64 * s[2] + 8 * kb as u64;
+    let dst = (o.ptr as *mut u64).wrapping_add((b as u64 * o.stride[0] + h * o.stride[1] + row0 as u64 * o.stride[2] + kb as u64) as usize);
+    let (mut any, mut all) = (false, true);
+    let mut r0 = 0;
+    while r0 < rows {
+        // A round's loads issued together, before any store (which might alias them).
+        let mut got = [0u64; ROUND as usize];
+        for (i, g) in got.iter_mut().enumerate() {
+            let r = r0 + i as u32;
+            if r < rows {
+                let at = src + r as u64 * s[2];
+                *g = if words {
+                    unsafe { ld_global_nc_u32(at) as u64 | (ld_global_nc_u32(at + 4) as u64) << 32 }
+                } else {
+                    (0..valid.div_ceil(8)).fold(0, |w, i| w | (unsafe { ld_global_nc_u8(at + i as u64) } as u64) << (8 * i)) & full
+                };
+            }
+        }
+        for (i, &bits) in got.iter().enumerate() {
+            let r = r0 + i as u32;
+            if r < rows {
+                any |= bits != 0;
+                all &= bits == full;
+                unsafe { *dst.add((r as u64 * o.stride[2]) as usize) = mask_word_of_bits(bits) };
+            }
+        }
+        r0 += ROUND;
+    }
+    let c = &p.classes;
+    let at = b as u64 * c.stride[0] + h * c.stride[1] + qb as u64 * c.stride[2] + kb as u64;
+    unsafe { *(c.ptr as *mut u8).add(at as usize) = block_class::of(any, all) };
 }
 
 /// [`mask_pack`] for a key-side mask (one row per batch entry or sequence and head, `dims[2]`

@@ -19,7 +19,7 @@ use crate::problem::{Dims, Problem};
 use crate::sparse::{MaskData, PreparedMask as Prepared};
 use crate::tensor::Tensor;
 use dmattn_abi::{
-    BLOCK_MAP_K, BLOCK_MAP_Q, Band, COMPACT_KEYS_PER_THREAD, COMPACT_THREADS, GATHER_THREADS, GatherMaskParams, GatherParams, IndicesParams, KeyCompactParams, KeyLists, ScatterParams, View4,
+    BLOCK_MAP_K, BLOCK_MAP_Q, Band, COMPACT_KEYS_PER_THREAD, COMPACT_THREADS, GATHER_THREADS, GatherMaskParams, GatherParams, INDICES_ROW_SMEM, IndicesParams, KeyCompactParams, KeyLists, ScatterParams, View4,
     names,
 };
 use std::sync::{Arc, OnceLock};
@@ -579,8 +579,16 @@ pub(crate) fn indices_to_bits(dev: &CudaDevice, t: &Tensor, shape: [usize; 4], s
     }
     let [pb, ph, rows, w] = shape;
     let row_words = sk.div_ceil(32);
-    let bits = DeviceBuffer::filled(dev.stream(), 4 * pb * ph * rows * row_words + 4, 0)?;
-    let error = bits.ptr() + (4 * pb * ph * rows * row_words) as u64;
+    // A row a CTA where the row fits in shared memory (the bits written whole, no zeroing), else
+    // an entry a thread into zeroed bits. Either way the error flag after the bits starts at 0.
+    let by_rows = 4 * row_words <= INDICES_ROW_SMEM as usize && rows <= i32::MAX as usize && ph <= u16::MAX as usize && pb <= u16::MAX as usize;
+    let bytes = 4 * pb * ph * rows * row_words;
+    let bits = if by_rows { DeviceBuffer::uninit(dev.stream(), bytes + 4)? } else { DeviceBuffer::filled(dev.stream(), bytes + 4, 0)? };
+    let error = bits.ptr() + bytes as u64;
+    if by_rows {
+        // Safety: the flag's 4 bytes lie inside the buffer.
+        unsafe { cudarc::driver::result::memset_d8_async(error, 0, 4, dev.stream().cu_stream())? };
+    }
     let params = IndicesParams {
         indices: super::broadcast_view(t),
         bits: bits.ptr(),
@@ -589,9 +597,13 @@ pub(crate) fn indices_to_bits(dev: &CudaDevice, t: &Tensor, shape: [usize; 4], s
         seqlen_k: sk as u32,
         row_words: row_words as u32,
     };
-    let entries = (pb * ph * rows * w) as u64;
-    let blocks = entries.div_ceil(GATHER_THREADS as u64).clamp(1, 65535) as u32;
-    launch(dev, &Launch::kernel(names::INDICES_BITS, (blocks, 1, 1), GATHER_THREADS, 0), params)?;
+    if by_rows {
+        launch(dev, &Launch::kernel(names::INDICES_ROW_BITS, (rows as u32, ph as u32, pb as u32), GATHER_THREADS, 4 * row_words as u32), params)?;
+    } else {
+        let entries = (pb * ph * rows * w) as u64;
+        let blocks = entries.div_ceil(GATHER_THREADS as u64).clamp(1, 65535) as u32;
+        launch(dev, &Launch::kernel(names::INDICES_BITS, (blocks, 1, 1), GATHER_THREADS, 0), params)?;
+    }
     let flag = bits.to_host(4 * pb * ph * rows * row_words, 4)?;
     if flag.iter().any(|&b| b != 0) {
         return Err(crate::sparse::index_range_error(sk, None));

@@ -15,7 +15,7 @@ use crate::sparse::{Part, bcsr_to_bitset, check_block, check_part_shape, combine
 use crate::tensor::Tensor;
 use crate::problem::PackedLayout;
 use crate::seqlens::SeqLens;
-use dmattn_abi::{BLOCK_MAP_K, BLOCK_MAP_Q, BLOCK_MASK_THREADS, BlockMaskParams, MASK_PACK_THREADS, MaskPackParams, MaskSeqsParams, Seqs, View4, names};
+use dmattn_abi::{BLOCK_MAP_K, BLOCK_MAP_Q, BLOCK_MASK_THREADS, BlockMaskParams, MASK_PACK_BITS_THREADS, MASK_PACK_THREADS, MaskPackParams, MaskSeqsParams, Seqs, View4, names};
 use std::sync::Arc;
 
 /// The GPU's prepared mask: block classes `[pb, ph, {1|q_blocks}, k_blocks]` and its bits
@@ -134,7 +134,13 @@ fn pack(dev: &CudaDevice, t: &Tensor, packed: bool, sq: usize, sk: usize, bufs: 
         packed: packed as u32,
         ..MaskPackParams::default()
     };
-    launch(dev, &Launch::mask_pack((k_blocks as u32, q_blocks as u32, (mb * mh) as u32)), params)?;
+    let planes = (mb * mh) as u32;
+    if packed {
+        let grid = ((k_blocks as u32).div_ceil(MASK_PACK_BITS_THREADS), q_blocks as u32, planes);
+        launch(dev, &Launch::kernel(names::MASK_PACK_BITS, grid, MASK_PACK_BITS_THREADS, 0), params)?;
+    } else {
+        launch(dev, &Launch::mask_pack((k_blocks as u32, q_blocks as u32, planes)), params)?;
+    }
     bufs.push(buf);
     Ok((params.classes, params.bits, [mb, mh]))
 }
