@@ -41,7 +41,7 @@ pub struct ListBitsParams {
     pub width: u32,
 }
 
-/// Parameters of `dmattn_lists_fwd_<elem>_d<dim>` ([`crate::names::LISTS_FWD_PREFIX`]): grid
+/// Parameters of `dmattn_lists_fwd_<elem>_d<dim>[_mods]` ([`crate::names::LISTS_FWD_PREFIX`]): grid
 /// `(ceil(seqlen_q / LISTS_WARPS), kv_heads * units, batch)` of [`LISTS_THREADS`] threads and
 /// [`lists_smem_bytes`] of dynamic shared memory. Warp `w` of CTA `x` takes query `x *
 /// LISTS_WARPS + w` and unit `u = y % units` of kv head `y / units`: query heads `kv_head *

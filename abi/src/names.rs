@@ -65,7 +65,7 @@ pub const FWD_PREFIX: &str = "dmattn_fwd_";
 /// Per-query index lists laid out once, each row's keys ascending, off their bit mask
 /// (`ListBitsParams`).
 pub const LISTS_FROM_BITS: &str = "dmattn_lists_from_bits";
-/// `dmattn_lists_fwd_<elem>_d<dim>`: the forward over each query's listed keys
+/// `dmattn_lists_fwd_<elem>_d<dim>[_mods]`: the forward over each query's listed keys (`_mods` with a bias or softcap)
 /// (`ListsParams`).
 pub const LISTS_FWD_PREFIX: &str = "dmattn_lists_fwd_";
 /// `dmattn_fwd_sm90_<elem>_d<dim>[_mods[_gather[_narrow]|_packed|_paged]]`: the Hopper forward

@@ -396,26 +396,32 @@ decode_kernels! {
 }
 
 /// The forward over per-query index lists per (element type, head dim)
-/// (`dmattn_abi::names::LISTS_FWD_PREFIX`): `dmattn_lists_fwd_<elem>_d<dim>`.
+/// (`dmattn_abi::names::LISTS_FWD_PREFIX`): `dmattn_lists_fwd_<elem>_d<dim>` without bias or
+/// softcap, `.._mods` with them.
 macro_rules! lists_kernels {
-    ($($elem:ty, $d:literal: $name:ident;)*) => {$(
+    ($($elem:ty, $d:literal: $lean:ident, $mods:ident;)*) => {$(
         #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $name(p: ListsParams) {
-            unsafe { lists::lists_fwd::<$elem, $d, { $d / 16 }, { $d / 8 }>(&p) }
+        pub unsafe extern "ptx-kernel" fn $lean(p: ListsParams) {
+            unsafe { lists::lists_fwd::<$elem, $d, { $d / 16 }, { $d / 8 }, { modifiers::NONE }>(&p) }
+        }
+
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $mods(p: ListsParams) {
+            unsafe { lists::lists_fwd::<$elem, $d, { $d / 16 }, { $d / 8 }, { modifiers::ALL }>(&p) }
         }
     )*};
 }
 
 #[cfg(not(target_feature = "sm_90a"))]
 lists_kernels! {
-    Bf16, 32: dmattn_lists_fwd_bf16_d32;
-    Bf16, 64: dmattn_lists_fwd_bf16_d64;
-    Bf16, 96: dmattn_lists_fwd_bf16_d96;
-    Bf16, 128: dmattn_lists_fwd_bf16_d128;
-    F16, 32: dmattn_lists_fwd_f16_d32;
-    F16, 64: dmattn_lists_fwd_f16_d64;
-    F16, 96: dmattn_lists_fwd_f16_d96;
-    F16, 128: dmattn_lists_fwd_f16_d128;
+    Bf16, 32: dmattn_lists_fwd_bf16_d32, dmattn_lists_fwd_bf16_d32_mods;
+    Bf16, 64: dmattn_lists_fwd_bf16_d64, dmattn_lists_fwd_bf16_d64_mods;
+    Bf16, 96: dmattn_lists_fwd_bf16_d96, dmattn_lists_fwd_bf16_d96_mods;
+    Bf16, 128: dmattn_lists_fwd_bf16_d128, dmattn_lists_fwd_bf16_d128_mods;
+    F16, 32: dmattn_lists_fwd_f16_d32, dmattn_lists_fwd_f16_d32_mods;
+    F16, 64: dmattn_lists_fwd_f16_d64, dmattn_lists_fwd_f16_d64_mods;
+    F16, 96: dmattn_lists_fwd_f16_d96, dmattn_lists_fwd_f16_d96_mods;
+    F16, 128: dmattn_lists_fwd_f16_d128, dmattn_lists_fwd_f16_d128_mods;
 }
 
 /// Per element type: the backward's delta and conversion passes, the split-KV combine, and the

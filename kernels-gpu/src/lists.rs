@@ -12,7 +12,7 @@ use crate::scores::{LOG2E, capped_logit};
 use crate::seq::Seq;
 use crate::softmax::OnlineSoftmax;
 use crate::tile::{Fragments, GatheredKv, SmemTile};
-use dmattn_abi::{LISTS_BITS_THREADS, LISTS_KEYS, LISTS_QUEUE, LISTS_ROWS, LISTS_WARPS, ListBitsParams, ListsParams, View4, lists_warp_bytes};
+use dmattn_abi::{LISTS_BITS_THREADS, LISTS_KEYS, LISTS_QUEUE, LISTS_ROWS, LISTS_WARPS, ListBitsParams, ListsParams, View4, lists_warp_bytes, modifiers};
 
 const BN: usize = LISTS_KEYS as usize;
 const NT: usize = BN / 8;
@@ -264,11 +264,12 @@ unsafe fn load_tile(r: &ListRow, sm: &Smem, slot: u32, first: u32, count: u32, b
     out
 }
 
-/// The forward over per-query lists (`dmattn_lists_fwd_<elem>_d<dim>`): head dim `D`, `KT = D /
-/// 16` k-steps, `DT = D / 8` output n-tiles.
+/// The forward over per-query lists (`dmattn_lists_fwd_<elem>_d<dim>[_mods]`): head dim `D`, `KT
+/// = D / 16` k-steps, `DT = D / 8` output n-tiles; `MODS` [`modifiers::ALL`] reads the bias and
+/// softcap, [`modifiers::NONE`] neither (its registers leave room for a fifth CTA an SM).
 #[inline(always)]
-pub unsafe fn lists_fwd<E: Elem, const D: usize, const KT: usize, const DT: usize>(lp: &ListsParams) {
-    const { assert!(KT * 16 == D && DT * 8 == D) };
+pub unsafe fn lists_fwd<E: Elem, const D: usize, const KT: usize, const DT: usize, const MODS: u8>(lp: &ListsParams) {
+    const { assert!(KT * 16 == D && DT * 8 == D && (MODS == modifiers::NONE || MODS == modifiers::ALL)) };
     let p = &lp.fwd;
     let tid = thread_idx();
     let (warp, lane) = (tid / 32, tid % 32);
@@ -278,8 +279,8 @@ pub unsafe fn lists_fwd<E: Elem, const D: usize, const KT: usize, const DT: usiz
     }
     let sm = Smem::new(D, warp);
     let r = ListRow::new(lp, i);
-    let bias = p.bias.is_present();
-    let softcap = p.softcap;
+    let bias = MODS == modifiers::ALL && p.bias.is_present();
+    let softcap = if MODS == modifiers::ALL { p.softcap } else { 0.0 };
     let softmax = OnlineSoftmax::<1>::at(sm.softmax, lane, 32);
     softmax.reset();
     let mut o = [[[0f32; 4]; DT]; 1];

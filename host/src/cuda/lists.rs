@@ -11,7 +11,7 @@ use crate::error::Result;
 use crate::memory::DeviceBuffer;
 use crate::problem::Problem;
 use crate::tensor::Tensor;
-use dmattn_abi::{DeviceElem, FwdParams, LISTS_BITS_SMEM, LISTS_BITS_THREADS, LISTS_HEAD_DIMS, LISTS_ROWS, LISTS_THREADS, LISTS_WARPS, ListBitsParams, ListsParams, View4, lists_smem_bytes, names};
+use dmattn_abi::{DeviceElem, FwdParams, LISTS_BITS_SMEM, LISTS_BITS_THREADS, LISTS_HEAD_DIMS, LISTS_ROWS, LISTS_THREADS, LISTS_WARPS, ListBitsParams, ListsParams, View4, lists_smem_bytes, modifiers, names};
 
 /// A mask's per-query lists, each row ascending without padding or repeats, and their lengths.
 pub(crate) struct RowLists {
@@ -81,8 +81,10 @@ pub(crate) fn lists_plan(p: &Problem, elem: DeviceElem, planes: [usize; 2]) -> O
         && grid.0 <= i32::MAX as usize
         && grid.1 <= u16::MAX as usize
         && grid.2 <= u16::MAX as usize;
+    // The lean kernel where there is neither a bias nor a softcap.
+    let mods = if p.bias.is_some() || p.softcap > 0.0 { modifiers::ALL } else { modifiers::NONE };
     takes.then(|| ListsPlan {
-        kernel: format!("{}{}_d{}", names::LISTS_FWD_PREFIX, elem.name(), d.head_dim),
+        kernel: format!("{}{}_d{}{}", names::LISTS_FWD_PREFIX, elem.name(), d.head_dim, modifiers::suffix(mods)),
         grid: (grid.0 as u32, grid.1 as u32, grid.2 as u32),
         smem_bytes: lists_smem_bytes(d.head_dim as u32),
         rows: rows as u32,
@@ -139,6 +141,11 @@ mod tests {
         // MQA with 40 heads: units of 16, 16 and 8 heads.
         let plan = lists_plan(&problem(1, 40, 1, 64, 32), DeviceElem::Bf16, [1, 1]).unwrap();
         assert_eq!((plan.grid, plan.rows, plan.units), ((16, 3, 1), 16, 3));
+        // A bias or a softcap: the variant reading them.
+        let biased = Problem { bias: Some([1, 1, 1, 1]), ..problem(2, 2, 1, 32768, 64) };
+        assert_eq!(lists_plan(&biased, DeviceElem::Bf16, [1, 1]).unwrap().kernel, "dmattn_lists_fwd_bf16_d64_mods");
+        let capped = Problem { softcap: 30.0, ..problem(2, 2, 1, 32768, 64) };
+        assert_eq!(lists_plan(&capped, DeviceElem::Bf16, [1, 1]).unwrap().kernel, "dmattn_lists_fwd_bf16_d64_mods");
         // No kernel for d80; none for packed batches.
         assert!(lists_plan(&problem(1, 2, 1, 64, 80), DeviceElem::Bf16, [1, 1]).is_none());
     }
