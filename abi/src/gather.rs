@@ -114,8 +114,9 @@ pub struct GatherMaskParams {
 
 /// Parameters of the kernel that turns index lists (`attn_indices`: i32 `[pb, ph, rows, w]` through
 /// element strides, -1 = padding) into bit-packed score masks: key `j` of row `r` is bit `j % 32` of
-/// u32 word `r * row_words + j / 32` of `bits` (zeroed before; the packed-bits byte order). An entry
-/// below -1 or at or past `seqlen_k` sets `error` to 1.
+/// u32 word `r * row_words + j / 32` of `bits` (the packed-bits byte order): `dmattn_indices_row_bits`
+/// writes whole rows, `dmattn_indices_bits` ORs entries into bits zeroed before. An entry below -1
+/// or at or past `seqlen_k` sets `error` to 1.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct IndicesParams {
