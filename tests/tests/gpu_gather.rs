@@ -343,6 +343,47 @@ fn per_query_lists_on_wide_groups_and_long_rows() {
     }
 }
 
+/// Lists over rows of keys at the shared-memory row kernel's limit (393,216 keys: 48 KiB of bits)
+/// and past it (the entry-a-thread kernel), against the reference, forward and backward; an entry
+/// out of range on the long rows is a typed error.
+#[test]
+fn index_lists_on_rows_past_shared_memory() {
+    let Some(gpu) = gpu() else { return };
+    let (sq, w) = (3, 50);
+    for (n, sk) in [393_216usize, 400_000].into_iter().enumerate() {
+        let case = Case { dtype: DType::BF16, ..Case::new(1, sq, sk, 2, 1, 64) };
+        let mut rng = seeded_rng(60 + n as u64);
+        let inputs = case.inputs(&mut rng);
+        let mut keep = vec![false; sq * sk];
+        let idx: Vec<i32> = (0..sq * w)
+            .map(|e| {
+                // Keys near the row's end too, where the last words are.
+                let key = match rng.random_range(0..10) {
+                    0 => -1,
+                    1 => (sk - 1 - rng.random_range(0..40)) as i32,
+                    _ => rng.random_range(0..sk) as i32,
+                };
+                if key >= 0 {
+                    keep[(e / w) * sk + key as usize] = true;
+                }
+                key
+            })
+            .collect();
+        let lists = Tensor::from_vec(idx.clone(), &[1, 1, sq, w], &gpu).unwrap();
+        let prepared = SparseMask::indices(&lists).prepare(sq, sk).unwrap();
+        let sc = SparseCase { case, kinds: Vec::new(), seed: n as u64 };
+        let spec = MaskSpec::data(DataPart::Dense { shape: [1, 1, sq, sk], keep });
+        check_gpu_prepared(&sc, &spec, &prepared, &inputs, &gpu, ForwardPath::Fused, true, false).unwrap_or_else(|e| panic!("sk {sk}: {e}"));
+        let mut bad = idx;
+        bad[w + 7] = sk as i32;
+        let lists = Tensor::from_vec(bad, &[1, 1, sq, w], &gpu).unwrap();
+        match SparseMask::indices(&lists).prepare(sq, sk) {
+            Err(dmattn::Error::Param { arg: "indices", .. }) => {}
+            other => panic!("sk {sk}, entry {sk}: {:?}", other.err()),
+        }
+    }
+}
+
 /// An entry outside `-1..seqlen_k` found on the device is a typed error naming `indices`, as is a
 /// bias of the wrong dtype on a gathered call, and nothing is written to the caller's output
 /// buffer.
