@@ -103,9 +103,10 @@ pub const fn mask_word_byte(word: u64, nt: u32) -> u32 {
 /// where `seq_rows` is set (a query-based mask), else `mq` = 1 row (key-side). Blocks past a
 /// sequence's lengths are not written.
 ///
-/// The mask is bool bytes (nonzero = visible), or where `packed` is set, bits: key `j` of a row
-/// is bit `j % 8` of the row's byte `j / 8` (bytes contiguous along the keys, `stride[3]` unused;
-/// fixed lengths only; `dmattn_mask_pack_bits`, [`MASK_PACK_BITS_THREADS`], packs them).
+/// The mask is bool bytes (nonzero = visible) for `dmattn_mask_pack` and `dmattn_mask_pack_keys`,
+/// bits for `dmattn_mask_pack_bits` ([`MASK_PACK_BITS_THREADS`]): key `j` of a row is bit `j % 8`
+/// of the row's byte `j / 8` (bytes contiguous along the keys, `stride[3]` unused; fixed lengths
+/// only). The kernel says which, not a field.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct MaskPackParams {
@@ -114,7 +115,7 @@ pub struct MaskPackParams {
     pub bits: View4,
     /// `[mb, mh, mq, sk]`; a packed batch's `[sequences, mh, {1|max_seqlen_q}, max_seqlen_k]`.
     pub dims: [u32; 4],
-    pub packed: u32,
+    pub _pad: u32,
     pub seq_rows: u32,
     pub seqs: Seqs,
 }

@@ -695,7 +695,9 @@ pub(crate) fn lists_pay(visited_tiles: usize, list_entries: f64) -> bool {
 
 /// See [`lists_pay`]. H200, b1 h2 hk1 d64 32K causal, random lists of 1024 (the `indices` bench):
 /// every tile visited, 32 times the entries, and the lists forward took 0.82 of the dense-tile
-/// forward's time: they break even near 26.
+/// forward's time: they break even near 26. Measured with the kernel that reads a bias (`_mods`);
+/// the lean one (no bias or softcap) took 0.65 of it, breaking even near 21, where the ratio
+/// still sends lists to the dense tiles. Not re-measured.
 const LISTS_PAY_RATIO: f64 = 24.0;
 
 std::thread_local! {

@@ -74,7 +74,7 @@ pub unsafe fn mask_pack(p: &MaskPackParams) {
     }
 }
 
-/// [`mask_pack`] for a mask given as bits (`p.packed`; fixed lengths): a thread a 64-key word down
+/// [`mask_pack`] for a mask given as bits (fixed lengths): a thread a 64-key word down
 /// the block's rows, so that a warp reads 32 consecutive words of a row (256 contiguous bytes)
 /// and keeps its block's class in registers; each word's bits move to [`mask_bit`] order in a few
 /// word operations. Grid `(ceil(k_blocks / MASK_PACK_BITS_THREADS), q_blocks, mb * mh)`. (As a

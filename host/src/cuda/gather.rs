@@ -580,19 +580,15 @@ pub(crate) fn indices_to_bits(dev: &CudaDevice, t: &Tensor, shape: [usize; 4], s
     let [pb, ph, rows, w] = shape;
     let row_words = sk.div_ceil(32);
     // A row a CTA where the row fits in shared memory (the bits written whole, no zeroing), else
-    // an entry a thread into zeroed bits. Either way the error flag after the bits starts at 0.
+    // an entry a thread into zeroed bits.
     let by_rows = 4 * row_words <= INDICES_ROW_SMEM as usize && rows <= i32::MAX as usize && ph <= u16::MAX as usize && pb <= u16::MAX as usize;
     let bytes = 4 * pb * ph * rows * row_words;
-    let bits = if by_rows { DeviceBuffer::uninit(dev.stream(), bytes + 4)? } else { DeviceBuffer::filled(dev.stream(), bytes + 4, 0)? };
-    let error = bits.ptr() + bytes as u64;
-    if by_rows {
-        // Safety: the flag's 4 bytes lie inside the buffer.
-        unsafe { cudarc::driver::result::memset_d8_async(error, 0, 4, dev.stream().cu_stream())? };
-    }
+    let bits = if by_rows { DeviceBuffer::uninit(dev.stream(), bytes)? } else { DeviceBuffer::filled(dev.stream(), bytes, 0)? };
+    let error = DeviceBuffer::filled(dev.stream(), 4, 0)?;
     let params = IndicesParams {
         indices: super::broadcast_view(t),
         bits: bits.ptr(),
-        error,
+        error: error.ptr(),
         dims: [pb, ph, rows, w].map(|x| x as u32),
         seqlen_k: sk as u32,
         row_words: row_words as u32,
@@ -604,7 +600,7 @@ pub(crate) fn indices_to_bits(dev: &CudaDevice, t: &Tensor, shape: [usize; 4], s
         let blocks = entries.div_ceil(GATHER_THREADS as u64).clamp(1, 65535) as u32;
         launch(dev, &Launch::kernel(names::INDICES_BITS, (blocks, 1, 1), GATHER_THREADS, 0), params)?;
     }
-    let flag = bits.to_host(4 * pb * ph * rows * row_words, 4)?;
+    let flag = error.to_host(0, 4)?;
     if flag.iter().any(|&b| b != 0) {
         return Err(crate::sparse::index_range_error(sk, None));
     }

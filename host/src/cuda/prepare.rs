@@ -1,7 +1,7 @@
 //! A [`SparseMask`](crate::SparseMask)'s data parts turned into what the kernels read, on the
 //! device: a class per 64x64 block (`dmattn_abi::block_class`) and, with a score mask, its bits
-//! packed one per score in the MMA accumulator order. A score mask (dense bool or bit-packed) is
-//! packed by `dmattn_mask_pack`; each block mask (a bitset, BCSR as a bitset, or a bitset built
+//! packed one per score in the MMA accumulator order. A score mask is packed by `dmattn_mask_pack`
+//! (bool) or `dmattn_mask_pack_bits` (bit-packed); each block mask (a bitset, BCSR as a bitset, or a bitset built
 //! from a dense mask by the pack kernel's classes) then narrows the classes with
 //! `dmattn_block_mask`.
 use super::launch::{Launch, launch};
@@ -131,7 +131,6 @@ fn pack(dev: &CudaDevice, t: &Tensor, packed: bool, sq: usize, sk: usize, bufs: 
         classes: View4 { ptr: buf.ptr() + bits_bytes as u64, stride: strides([mb, mh, q_blocks, k_blocks]) },
         bits: View4 { ptr: buf.ptr(), stride: strides([mb, mh, mq, k_blocks]) },
         dims: [mb as u32, mh as u32, mq as u32, sk as u32],
-        packed: packed as u32,
         ..MaskPackParams::default()
     };
     let planes = (mb * mh) as u32;
@@ -178,7 +177,7 @@ pub(crate) fn pack_sequences(dev: &CudaDevice, t: &Tensor, layout: PackedLayout,
         classes: View4 { ptr: buf.ptr() + bits_bytes as u64, stride: out_stride },
         bits: View4 { ptr: buf.ptr(), stride: out_stride },
         dims: [seqs.batch() as u32, heads as u32, rows as u32, max_k as u32],
-        packed: 0,
+        _pad: 0,
         seq_rows: (layout == PackedLayout::PerQuery) as u32,
         seqs: Seqs { cu_q: ptr(cu_q), cu_k: ptr(cu_k), ..Seqs::default() },
     };
