@@ -132,10 +132,11 @@ pub unsafe fn mask_pack_bits(p: &MaskPackParams) {
 }
 
 /// [`mask_pack`] for a key-side mask (one row per batch entry or sequence and head, `dims[2]`
-/// 1, bool bytes): a warp per 64-key word, lane `l` reading keys `2 l` and `2 l + 1`, the warp
-/// ORing the bits together; lane 0 writes the word and its block's class. Grid
-/// `(ceil(k_blocks / warps), 1, mask_batch * mask_heads)`, `MASK_PACK_THREADS` threads: the
-/// block-per-CTA kernel leaves 252 of its 256 threads idle on one row.
+/// 1, bool bytes; a fixed-length call's where `seqs` holds no prefix sums): a warp per 64-key
+/// word, lane `l` reading keys `2 l` and `2 l + 1`, the warp ORing the bits together; lane 0
+/// writes the word and its block's class. Grid `(ceil(k_blocks / warps), 1, mask_batch *
+/// mask_heads)`, `MASK_PACK_THREADS` threads: the block-per-CTA kernel leaves 252 of its 256
+/// threads idle on one row.
 #[inline(always)]
 pub unsafe fn mask_pack_keys(p: &MaskPackParams) {
     let tid = thread_idx();
