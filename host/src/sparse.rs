@@ -409,7 +409,10 @@ impl PreparedMask {
     /// (averaged over the mask's planes) divided by the tiles the kernels visit (the band's and
     /// the block classes' non-empty ones). The kernels' own tiles are 64 to 128 wide, per-score
     /// work in partial tiles costs extra, and skipped tiles are not free, so measured speedups
-    /// differ. Reads the block classes back from the GPU (waits for the device).
+    /// differ. Reads the block classes back from the GPU (waits for the device). Per-query index
+    /// lists that run over each query's own keys are counted by the dense tiles their keys fall
+    /// in, not by the listed keys that forward reads (random lists over long rows touch most
+    /// tiles, so their estimate is low).
     ///
     /// Prepared for a packed batch ([`SparseMask::prepare_packed`]): every sequence's tiles of
     /// every head plane over those visited. On the GPU the block classes were built at the
