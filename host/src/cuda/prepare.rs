@@ -1,7 +1,8 @@
 //! A [`SparseMask`](crate::SparseMask)'s data parts turned into what the kernels read, on the
 //! device: a class per 64x64 block (`dmattn_abi::block_class`) and, with a score mask, its bits
 //! packed one per score in the MMA accumulator order. A score mask is packed by `dmattn_mask_pack`
-//! (bool) or `dmattn_mask_pack_bits` (bit-packed); each block mask (a bitset, BCSR as a bitset, or a bitset built
+//! (bool; `dmattn_mask_pack_keys` where it has one row a plane) or `dmattn_mask_pack_bits`
+//! (bit-packed); each block mask (a bitset, BCSR as a bitset, or a bitset built
 //! from a dense mask by the pack kernel's classes) then narrows the classes with
 //! `dmattn_block_mask`.
 use super::launch::{Launch, launch};
@@ -138,10 +139,7 @@ fn pack(dev: &CudaDevice, t: &Tensor, packed: bool, sq: usize, sk: usize, bufs: 
         let grid = ((k_blocks as u32).div_ceil(MASK_PACK_BITS_THREADS), q_blocks as u32, planes);
         launch(dev, &Launch::kernel(names::MASK_PACK_BITS, grid, MASK_PACK_BITS_THREADS, 0), params)?;
     } else if mq == 1 {
-        // One row a plane: a warp per word (the block-per-CTA kernel would leave 252 of its 256
-        // threads idle). H100 (ncu): one row of 512K keys 15.3-15.8 -> 5.1-5.5 us.
-        let grid = ((k_blocks as u32).div_ceil(MASK_PACK_THREADS / 32), 1, planes);
-        launch(dev, &Launch::kernel(names::MASK_PACK_KEYS, grid, MASK_PACK_THREADS, 0), params)?;
+        launch(dev, &Launch::mask_pack_keys(k_blocks as u32, planes), params)?;
     } else {
         launch(dev, &Launch::mask_pack((k_blocks as u32, q_blocks as u32, planes)), params)?;
     }
@@ -188,13 +186,9 @@ pub(crate) fn pack_sequences(dev: &CudaDevice, t: &Tensor, layout: PackedLayout,
     };
     let planes = (seqs.batch() * heads) as u32;
     match layout {
-        // A warp per word: the block-per-CTA pack would leave all but four threads of each CTA
-        // idle on a key-side mask's one row (H100, 64 sequences, 2.1M keys, 8 heads: most of a
-        // decoding call's time).
-        PackedLayout::KeySide => {
-            let grid = ((k_blocks as u32).div_ceil(MASK_PACK_THREADS / 32), 1, planes);
-            launch(dev, &Launch::kernel(names::MASK_PACK_KEYS, grid, MASK_PACK_THREADS, 0), params)?;
-        }
+        // H100, 64 sequences, 2.1M keys, 8 heads: the block-per-CTA pack was most of a decoding
+        // call's time.
+        PackedLayout::KeySide => launch(dev, &Launch::mask_pack_keys(k_blocks as u32, planes), params)?,
         PackedLayout::PerQuery => launch(dev, &Launch::mask_pack((k_blocks as u32, q_blocks as u32, planes)), params)?,
     }
     Ok(PreparedMask::new(params.classes, params.bits, [1, heads], vec![buf]))
