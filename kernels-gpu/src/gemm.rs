@@ -1,14 +1,54 @@
-//! The attention tile products on tensor cores, shared by the forward and decoding kernels:
-//! S = QKᵀ and O += PV for a warp's rows, per warp `mma.sync` from `ldmatrix` fragments or
-//! (sm_90a) warpgroup `wgmma`s from shared-memory descriptors.
+//! The tile products on tensor cores, the one layer every attention kernel's matrix work goes
+//! through: [`mma_tiles`] (a warp's `mma.sync` from fragments it loads) and [`wgmma_tiles`]
+//! (sm_90a: a warpgroup's `wgmma` from shared-memory descriptors), and on them the attention's two products, S = QKᵀ
+//! ([`scores_product`]) and O += PV ([`pv_product`]), as the forward and decoding kernels use
+//! them. The backward's five products call the first two directly, their operands read straight
+//! or transposed out of its shared tiles.
 use crate::arch::{wgmma_commit, wgmma_fence};
 use crate::elem::{Elem, wgmma_wait};
 use crate::tile::{Fragments, SmemTile};
 
+/// `acc += A B` over `KT` k16 steps for a warp's `MT` m16 x `NT` n8 accumulator tiles, where
+/// `a(mt, k)` loads the A fragment of row tile `mt` and `b(np, k)` the B fragments of n8 tiles
+/// `2 np` and `2 np + 1` at k-step `k`. Each step loads every A fragment first, then uses each
+/// B fragment for all `MT` row tiles.
+#[inline(always)]
+pub fn mma_tiles<E: Elem, const MT: usize, const NT: usize, const KT: usize>(
+    acc: &mut [[[f32; 4]; NT]; MT],
+    a: impl Fn(u32, u32) -> [u32; 4],
+    b: impl Fn(u32, u32) -> [u32; 4],
+) {
+    for k in 0..KT as u32 {
+        let af: [[u32; 4]; MT] = core::array::from_fn(|mt| a(mt as u32, k));
+        for np in 0..NT / 2 {
+            let bf = b(np as u32, k);
+            for mt in 0..MT {
+                E::mma(&mut acc[mt][2 * np], &af[mt], bf[0], bf[1]);
+                E::mma(&mut acc[mt][2 * np + 1], &af[mt], bf[2], bf[3]);
+            }
+        }
+    }
+}
+
+/// `acc += A B` over `KT` k16 steps of a warpgroup's product (sm_90a), `a(k)` and `b(k)` the
+/// operands' descriptors at step `k`, `TA`/`TB` their majorness (see [`Elem::wgmma`]): issued
+/// back to back and committed as one group, for [`wgmma_wait`] to wait for.
+#[inline(always)]
+pub fn wgmma_tiles<E: Elem, const NT: usize, const KT: usize, const TA: u32, const TB: u32>(
+    acc: &mut [[f32; 4]; NT],
+    a: impl Fn(u32) -> u64,
+    b: impl Fn(u32) -> u64,
+) {
+    wgmma_fence();
+    for k in 0..KT as u32 {
+        E::wgmma::<NT, TA, TB>(acc, a(k), b(k));
+    }
+    wgmma_commit();
+}
+
 /// `s += Q Kᵀ` for this warp's rows (from `warp_row0`) over the current K tile; `s` holds the
-/// scores' start values. On tensor cores: per warp `mma.sync` from `ldmatrix` fragments, or
-/// (`WGMMA`, one m16 row tile per warp) one `wgmma` per k16 step of the warp's warpgroup, Q and K
-/// read from shared memory through descriptors, waited for before returning.
+/// scores' start values. Per warp [`mma_tiles`], or (`WGMMA`, one m16 row tile per warp) the
+/// warp's warpgroup's [`wgmma_tiles`], waited for before returning.
 #[inline(always)]
 pub unsafe fn scores_product<E: Elem, const MT: usize, const NT: usize, const KT: usize, const WGMMA: bool>(
     s: &mut [[[f32; 4]; NT]; MT],
@@ -21,32 +61,17 @@ pub unsafe fn scores_product<E: Elem, const MT: usize, const NT: usize, const KT
     if WGMMA {
         // The warpgroup's 64 rows; each of its warps holds its own 16 of them.
         let rows = warp_row0 & !63;
-        wgmma_fence();
-        for ks in 0..KT as u32 {
-            E::wgmma::<NT, 0, 0>(&mut s[0], q.wgmma_k_major(rows, ks), k.wgmma_k_major(0, ks));
-        }
-        wgmma_commit();
+        wgmma_tiles::<E, NT, KT, 0, 0>(&mut s[0], |ks| q.wgmma_k_major(rows, ks), |ks| k.wgmma_k_major(0, ks));
         wgmma_wait::<0, NT>(&mut s[0]);
         return;
     }
-    for ks in 0..KT as u32 {
-        let mut a = [[0u32; 4]; MT];
-        for mt in 0..MT {
-            a[mt] = unsafe { q_frag.a(warp_row0 + 16 * mt as u32, ks) };
-        }
-        for np in 0..NT / 2 {
-            let bk = unsafe { k_frag.b(16 * np as u32, ks) };
-            for mt in 0..MT {
-                E::mma(&mut s[mt][2 * np], &a[mt], bk[0], bk[1]);
-                E::mma(&mut s[mt][2 * np + 1], &a[mt], bk[2], bk[3]);
-            }
-        }
-    }
+    mma_tiles::<E, MT, NT, KT>(s, |mt, ks| unsafe { q_frag.a(warp_row0 + 16 * mt, ks) }, |np, ks| unsafe { k_frag.b(16 * np, ks) });
 }
 
 /// `o += P V` over the current V tile, P the softmax's probabilities in the S accumulators (their
-/// layout is the A-fragment layout, so P never leaves registers): per warp `mma.sync`, or
-/// (`WGMMA`) register-A `wgmma`s with V read from shared memory, waited for before returning.
+/// layout is the A-fragment layout, so P never leaves registers): per warp [`mma_tiles`] one k16
+/// step at a time, or (`WGMMA`) register-A `wgmma`s with V read from shared memory, waited for
+/// before returning.
 #[inline(always)]
 pub unsafe fn pv_product<E: Elem, const MT: usize, const NT: usize, const DT: usize, const WGMMA: bool>(
     o: &mut [[[f32; 4]; DT]; MT],
@@ -59,6 +84,8 @@ pub unsafe fn pv_product<E: Elem, const MT: usize, const NT: usize, const DT: us
         [E::pack(lo[0], lo[1]), E::pack(lo[2], lo[3]), E::pack(hi[0], hi[1]), E::pack(hi[2], hi[3])]
     };
     if WGMMA {
+        // A step count of `NT / 2` cannot be a const argument of a helper (no generic const
+        // expressions); the loop over P's k16 steps stays here, as in the `mma.sync` path.
         wgmma_fence();
         for kk in 0..NT / 2 {
             E::wgmma_ra::<DT, 1>(&mut o[0], &p_frag(0, kk), v.wgmma_mn_major(kk as u32, 0));
@@ -68,17 +95,6 @@ pub unsafe fn pv_product<E: Elem, const MT: usize, const NT: usize, const DT: us
         return;
     }
     for kk in 0..NT / 2 {
-        let mut a = [[0u32; 4]; MT];
-        for mt in 0..MT {
-            a[mt] = p_frag(mt, kk);
-        }
-        for dp in 0..DT / 2 {
-            let bv = unsafe { v_frag.b_trans(16 * kk as u32, 2 * dp as u32) };
-            for mt in 0..MT {
-                E::mma(&mut o[mt][2 * dp], &a[mt], bv[0], bv[1]);
-                E::mma(&mut o[mt][2 * dp + 1], &a[mt], bv[2], bv[3]);
-            }
-        }
+        mma_tiles::<E, MT, DT, 1>(o, |mt, _| p_frag(mt as usize, kk), |dp, _| unsafe { v_frag.b_trans(16 * kk as u32, 2 * dp) });
     }
 }
-

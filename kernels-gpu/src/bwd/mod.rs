@@ -1,0 +1,250 @@
+//! Backward attention: one CTA per (key tile, kv head, batch), or where key tiles are too few to
+//! fill the GPU, several per key tile, each walking a share of its query tiles and adding its dK
+//! and dV to f32 accumulators (`BwdParams::q_split_shift`, `seq::localize_split`). K and V of the
+//! tile stay in shared memory while the CTA walks the query tiles that can see them (the mask's
+//! block map and the causal rule skip the rest) and, inside each, the query heads of its kv
+//! group; the next query tile's Q, dO, bias and mask load while the current one computes. Per
+//! step, on tensor cores: S = QKᵀ and dP = dO Vᵀ, then P and dS = P (dP - delta) through shared
+//! memory into dV += Pᵀ dO, dK += dSᵀ Q (registers, summed over the group: GQA needs no
+//! reduction pass) and dQ = dS K, added to an f32 accumulator. dS also replaces the bias in its
+//! shared tile, from where it is added to the f32 dbias accumulator at the bias's own
+//! (broadcast) coordinates.
+//! Each product spreads the CTA's warps over a grid of its own (`dmattn_abi::BwdTile`), so that
+//! every warp's share is large enough to use each operand fragment it loads several times. On
+//! Hopper (the sm_90a module) each product is instead a `wgmma` of a warpgroup, its operands read
+//! from the same shared tiles (their layout is wgmma's 128-byte swizzle).
+//!
+//! dQ and dbias are added to their f32 accumulators with `red.add`. In any order by default; in
+//! the `DET` variant in a fixed one: dQ tile (b, h, m) receives key tile n's contribution on turn
+//! n (a counter per dQ tile), and CTAs sharing a broadcast dbias column take it in turns in
+//! block order, so that each element sees the same sequence of additions on every run (a turn
+//! passes with a barrier and a release, after the CTA's additions). Turns only wait on CTAs of
+//! lower block index, which are scheduled first, so they cannot deadlock.
+//!
+//! [`backward`] is the CTA's walk; the rest live in modules with one job each: `key_block`
+//! (where the CTA works and its operands' addresses), `smem` (shared tiles and the stages'
+//! copies), `step` (one step's phases: S -> P, dP -> dS, dK/dV, dQ), `sm90` (the Hopper
+//! products), `reduce` (dQ, dbias, dK and dV out to global memory) and `turns` (deterministic
+//! mode).
+mod key_block;
+mod reduce;
+mod sm90;
+mod smem;
+mod step;
+mod turns;
+
+use crate::arch::*;
+use crate::elem::Elem;
+use crate::mask::{MapCols, TileCursor, block_map_plane, map_planes};
+use crate::scores::Mods;
+use crate::seq::{localize, localize_split};
+use dmattn_abi::{BWD_PARAMS_BYTES, BwdParams, bwd_splits, modifiers};
+use key_block::{KeyBlock, position};
+use reduce::{add_dbias, store_dkdv};
+use smem::{Smem, load_stage};
+use step::Step;
+use turns::{dbias_turn, pass_skipped_turns};
+
+/// The backward CTA: where it works, K and V loaded, then for each step (query tile, head of
+/// the kv group) the stage landed and the next one's copies started, the phases of [`Step`] in
+/// order, and at the end dK and dV stored. `MODS` is the variant's score modifiers
+/// (`dmattn_abi::modifiers`), `DET` selects the deterministic variant (see the module doc),
+/// `WGMMA` the Hopper products (`sm90`; the elementwise work between them is the same),
+/// `BIAS_TILE` whether the stages hold a bias tile, `BAND` whether the kernel takes any band (see
+/// `Visibility::of_band`). The tile shape (see `dmattn_abi::BwdTile`, which the entry points
+/// derive it from): head dim `D`, query tile `BM`, key tile `BN`, `STAGES`, `W` warps, and each
+/// product's grid of warps (see the `step` module).
+#[inline(always)]
+pub unsafe fn backward<
+    E: Elem,
+    const D: usize,
+    const BM: usize,
+    const BN: usize,
+    const STAGES: usize,
+    const W: usize,
+    const KT: usize,
+    const SR: usize,
+    const MS: usize,
+    const NS: usize,
+    const NC: usize,
+    const KR: usize,
+    const MKV: usize,
+    const DKV: usize,
+    const MK: usize,
+    const QR: usize,
+    const MQ: usize,
+    const DQT: usize,
+    const DQ: usize,
+    const NK: usize,
+    const MODS: u8,
+    const DET: bool,
+    const WGMMA: bool,
+    const BIAS_TILE: bool,
+    const BAND: bool,
+>(
+    params: &BwdParams,
+    params_at: u32,
+) {
+    const {
+        assert!(KT * 16 == D && MK * 16 == BM && NK * 16 == BN && BM % 64 == 0 && BN % 64 == 0);
+        assert!(W % SR == 0 && MS * 16 * SR == BM && NS * 8 * (W / SR) == BN && NS % NC == 0 && NC % 2 == 0);
+        assert!(W % KR == 0 && MKV * 16 * KR == BN && DKV * 8 * (W / KR) == D && DKV % 2 == 0);
+        assert!(W % QR == 0 && MQ * 16 * QR == BM && DQT * 8 * (W / QR) == D && DQT % DQ == 0 && DQ % 2 == 0);
+        // wgmma: two warpgroups, each product's warp grid the warpgroups' (see `BwdTile`): with
+        // 64 rows they split S, dP and dQ by keys and columns, with 128 rows by rows.
+        assert!(!WGMMA || (W == 8 && (BM == 64 && SR == 4 && QR == 4 || BM == 128 && SR == 8 && QR == 8)));
+        assert!(!WGMMA || (NC == NS && KR == 8 && DQ == DQT && !DET));
+        // A tile without a bias tile serves only variants without a bias.
+        assert!(BIAS_TILE || MODS == modifiers::NONE || MODS == modifiers::MASK);
+    }
+    // The Hopper `BIAS` variant has no registers for reading block classes (`modifiers::BIAS`).
+    let by_class = !(WGMMA && MODS == modifiers::BIAS);
+    let tid = thread_idx();
+    // Kernels that may split their query tiles (`dmattn_abi::bwd_splits`).
+    let splits = !DET && bwd_splits(D as u32);
+    // A packed sequence's CTA sees its sequence as a fixed-length problem (`seq::localize`), a
+    // split CTA its share of the query tiles as one (`seq::localize_split`).
+    let p = unsafe {
+        params_in_smem(params, smem_base() + params_at, tid, |_, dst| {
+            localize(dst, block_idx(), BM as u32, BN as u32);
+            if splits {
+                localize_split(dst, block_idx());
+            }
+        })
+    };
+    let f = &p.fwd;
+    let threads = 32 * W as u32;
+    let sm = Smem::new(D, BM, BN, STAGES, BIAS_TILE);
+    let mods = Mods::of(f, MODS);
+    let slot = smem_base() + params_at + BWD_PARAMS_BYTES;
+    let (placed, swaps) = (modifiers::bwd_placed(MODS), modifiers::bwd_swaps(MODS));
+    let kb = KeyBlock::at::<BAND>(p, BN as u32, position(p, placed, swaps, slot));
+    if placed {
+        // The loop rereads the stored position before its first barrier: every thread stored
+        // the same value, but racecheck rightly asks for the order.
+        sync_threads();
+    }
+    let m_tiles = f.seqlen_q.div_ceil(BM as u32);
+    if let Some((lock, turn)) = dbias_turn::<BN, DET>(&kb, &mods) {
+        unsafe { wait_turn(lock, turn, tid) };
+    }
+
+    let mut dk = [[[0f32; 4]; DKV]; MKV];
+    let mut dv = [[[0f32; 4]; DKV]; MKV];
+
+    // K and V stay for the whole CTA.
+    let kv_bytes = (D * 2) as u32;
+    unsafe {
+        sm.k.load_async(kb.kv_row(&f.k, 2), 2 * f.k.stride[1], kb.keys_valid, kv_bytes, tid, threads);
+        sm.v.load_async(kb.kv_row(&f.v, 2), 2 * f.v.stride[1], kb.keys_valid, kv_bytes, tid, threads);
+    }
+
+    // Steps are (query tile, head of the group), tiles in order; a deterministic run also visits
+    // the tiles it skips, to pass their dQ turns on.
+    let map = MapCols::<BM, BN>::new(&f.block_map, block_map_plane(f, kb.batch, kb.kv_head), map_planes(f), kb.n_block, &kb.vis);
+    let mut cursor = TileCursor::new();
+    // A split CTA's share starts at its first tile (`seq::localize_split`).
+    let m_begin = kb.vis.query_tile_begin(kb.col0, BM as u32);
+    let m_begin = if splits { m_begin.max(p.first_tile) } else { m_begin };
+    let mut next_tile = cursor.next(m_begin, tid % 32, &map);
+    if DET {
+        unsafe { pass_skipped_turns(p, &kb, 0, next_tile.map_or(m_tiles, |t| t.n), m_tiles, tid) };
+    }
+    if let Some(first) = next_tile {
+        unsafe { load_stage::<D, BM, BN>(&kb, &sm.stage(0), &mods, by_class, first.n, kb.head(0), tid, threads) };
+    }
+    cp_async_commit();
+
+    // Values read from the parameters are read again inside the loop rather than held across it
+    // (see `params_in_smem`).
+    let mut stage = 0u32;
+    // The kv group's dS summed for dbias (`step::GroupSum`).
+    let mut dbias_sum = [[[0f32; 4]; NC]; MS];
+    // Per step, the parameters come from an opaque address (see `params_in_smem`).
+    let params_now = || -> &BwdParams { unsafe { smem_ref(opaque(smem_base() + params_at)) } };
+    while let Some(tile) = next_tile {
+        for hg in 0..params_now().fwd.kv_group {
+            let tid = opaque(tid);
+            let p = params_now();
+            let f = &p.fwd;
+            let kb = KeyBlock::reread::<BAND>(p, BN as u32, placed, swaps, slot);
+            let mods = Mods::of(f, MODS);
+            let (group, m_tiles) = (f.kv_group, f.seqlen_q.div_ceil(BM as u32));
+            let h = kb.head(hg);
+            let m = tile.n;
+            let st = sm.stage(stage);
+
+            // This step's stage has landed; every warp is done with the previous step.
+            cp_async_wait_all();
+            if WGMMA {
+                fence_proxy_async();
+            }
+            sync_threads();
+            // Prefetch the next step: the next head of this tile, or the next tile's first head.
+            let (next_m, next_h) = if hg + 1 < group {
+                (Some(m), hg + 1)
+            } else {
+                let map = MapCols::<BM, BN>::new(&f.block_map, block_map_plane(f, kb.batch, kb.kv_head), map_planes(f), kb.n_block, &kb.vis);
+                next_tile = cursor.next(m + 1, tid % 32, &map);
+                (next_tile.map(|t| t.n), 0)
+            };
+            if let (2, Some(nm)) = (STAGES, next_m) {
+                unsafe { load_stage::<D, BM, BN>(&kb, &sm.stage(1 - stage), &mods, by_class, nm, kb.head(next_h), tid, threads) };
+            }
+            cp_async_commit();
+
+            let step = Step::new::<BM, SR, MS, NS>(kb, mods, sm, st, h, m, tid);
+            let (p_kept, mut dp_issued) = unsafe { step.scores_to_p::<E, KT, BM, BN, MS, NS, NC, MODS, WGMMA>(tile.full) };
+            let group_sum = step.group_sum::<WGMMA>(group, hg);
+            if group_sum.on && hg == 0 {
+                dbias_sum = [[[0f32; 4]; NC]; MS];
+            }
+            unsafe { step.dp_to_ds::<E, KT, BN, MS, NS, NC, MODS, WGMMA>(&mut dp_issued, &p_kept, group_sum, &mut dbias_sum) };
+            // The P and dS tiles are whole (and, for wgmma, visible to the async proxy).
+            if WGMMA {
+                fence_proxy_async();
+            }
+            sync_threads();
+
+            let mut dq_issued = [[[0f32; 4]; DQ]; MQ];
+            if WGMMA {
+                let origin = step.dq_origin::<MQ, DQT, QR>();
+                sm90::issue_grads::<E, DQ, DKV, NK, MK>(&st, &sm, tid / 32, origin, &mut dq_issued[0], &mut dv[0], &mut dk[0]);
+            }
+            if mods.bias && group_sum.stores {
+                unsafe { add_dbias::<E, BM, BN, WGMMA>(&kb, &st.bias, h, step.row0, step.rows_valid, tid, threads) };
+            }
+            if !WGMMA {
+                step.dkdv::<E, MKV, DKV, MK, KR>(&mut dk, &mut dv);
+            }
+            unsafe { step.dq::<E, MQ, DQT, DQ, NK, QR, DET, WGMMA>(&mut dq_issued, m_tiles) };
+            if WGMMA {
+                // dV and dK read the P, dS and stage tiles the next step overwrites.
+                sm90::grads_landed::<DKV>(&mut dv[0]);
+            }
+            if STAGES == 1 {
+                // Single stage: load the next step only now that this one is done with it.
+                sync_threads();
+                if let Some(nm) = next_m {
+                    unsafe { load_stage::<D, BM, BN>(&kb, &st, &mods, by_class, nm, kb.head(next_h), tid, threads) };
+                }
+                cp_async_commit();
+            }
+            if STAGES == 2 {
+                stage = 1 - stage;
+            }
+            if hg + 1 == group && DET {
+                unsafe { pass_skipped_turns(p, &kb, m + 1, next_tile.map_or(m_tiles, |t| t.n), m_tiles, tid) };
+            }
+        }
+    }
+
+    // Epilogue: the dbias turn passed on, then dK and dV stored.
+    let tid = opaque(tid);
+    let kb = KeyBlock::reread::<BAND>(p, BN as u32, placed, swaps, slot);
+    if let Some((lock, turn)) = dbias_turn::<BN, DET>(&kb, &Mods::of(f, MODS)) {
+        unsafe { pass_turn(lock, turn + 1, tid) };
+    }
+    unsafe { store_dkdv::<E, MKV, DKV, KR, WGMMA>(p, &kb, &sm, &dk, &dv, splits, tid, threads) };
+}
+

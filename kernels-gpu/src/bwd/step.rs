@@ -1,0 +1,398 @@
+//! One step of the backward's walk, (query tile, query head) against the CTA's key tile, as
+//! named phases: S -> P ([`Step::scores_to_p`]), dP -> dS ([`Step::dp_to_ds`]), dK and dV
+//! ([`Step::dkdv`]) and dQ ([`Step::dq`]). The kernel (`backward`) runs them in order between
+//! its barriers; on Hopper their products are the asynchronous ones of `sm90`. Each phase takes
+//! as const parameters only the shapes it uses (see `dmattn_abi::BwdTile`): for S and dP, `SR`
+//! warps along the rows, each with `MS` m16 row tiles and `NS` n8 key tiles, `NC` at a time,
+//! over `KT = D / 16` k-steps; for dK and dV, `KR` warps along the keys, each with `MKV` m16 key
+//! tiles and `DKV` n8 column tiles, over `MK = BM / 16` k-steps; for dQ, `QR` warps along the
+//! rows, each with `MQ` m16 row tiles and `DQT` n8 column tiles, `DQ` of them per pass, over
+//! `NK = BN / 16` k-steps.
+use super::key_block::KeyBlock;
+use super::reduce::{add_dq, add_dq_v2};
+use super::sm90;
+use super::smem::{Smem, Stage};
+use super::turns::dq_turn;
+use crate::arch::*;
+use crate::elem::Elem;
+use crate::gemm::mma_tiles;
+use crate::scores::{LOG2E, Mods, WarpScores};
+use crate::tile::Fragments;
+use dmattn_abi::modifiers;
+
+/// One step: the CTA's key block, the stage holding (query tile `m`, head `h`)'s operands, and
+/// this thread's place in them, computed once for every phase (as values the phases share,
+/// LLVM keeps them as the inline code had them; recomputed per phase, it reorders the address
+/// arithmetic of the kernels at the register limit into spills).
+#[derive(Clone, Copy)]
+pub(super) struct Step<'a> {
+    pub(super) kb: KeyBlock<'a>,
+    pub(super) mods: Mods,
+    pub(super) sm: Smem,
+    pub(super) st: Stage,
+    pub(super) h: u32,
+    pub(super) m: u32,
+    /// The query tile's first row, and its rows inside the sequence.
+    pub(super) row0: u32,
+    pub(super) rows_valid: u32,
+    pub(super) tid: u32,
+    /// Fragment origins of the stage's Q and dO and the key tile's K and V.
+    q_frag: Fragments,
+    do_frag: Fragments,
+    k_frag: Fragments,
+    v_frag: Fragments,
+    /// The warp's share of S and dP.
+    share: ScoreShare,
+    /// This lane's addresses in the P and dS tiles (row 0, chunk 0 of its fragment layout), and
+    /// of its first row's lse and delta.
+    p_at: u32,
+    ds_at: u32,
+    lse_at: u32,
+    delta_at: u32,
+}
+
+/// A warp's share of S and dP, and so of P and dS: `MS` m16 row tiles from row `r0`, and the
+/// `NS` n8 key tiles from `nt_first`, in chunks of `NC`.
+#[derive(Clone, Copy)]
+struct ScoreShare {
+    r0: u32,
+    nt_first: u32,
+}
+
+impl ScoreShare {
+    #[inline(always)]
+    fn of<const SR: usize, const MS: usize, const NS: usize>(warp: u32) -> Self {
+        let (wr, wc) = warp_at(warp, SR);
+        ScoreShare { r0: 16 * MS as u32 * wr, nt_first: NS as u32 * wc }
+    }
+
+    /// Chunk `c`'s first n8 key tile.
+    #[inline(always)]
+    fn nt0<const NC: usize>(&self, c: u32) -> u32 {
+        self.nt_first + NC as u32 * c
+    }
+}
+
+/// Whether P stays in registers from S to dS (wgmma, one chunk: S and P are live together):
+/// not in d128's softcap variant (`ALL`), beside the softcap's derivative and the dbias sum, nor
+/// on the 128-row tile, whose S and dP already take 128.
+#[inline(always)]
+const fn keeps_p<const KT: usize, const NC: usize, const MODS: u8, const WGMMA: bool>() -> bool {
+    WGMMA && NC <= 8 && !(MODS == modifiers::ALL && KT * 16 > 64)
+}
+
+impl<'a> Step<'a> {
+    /// The step of (query tile `m`, head `h`) in stage `st`, for thread `tid`; `SR`, `MS`, `NS`:
+    /// S and dP's grid of warps.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new<const BM: usize, const SR: usize, const MS: usize, const NS: usize>(
+        kb: KeyBlock<'a>,
+        mods: Mods,
+        sm: Smem,
+        st: Stage,
+        h: u32,
+        m: u32,
+        tid: u32,
+    ) -> Self {
+        let (warp, lane) = (tid / 32, tid % 32);
+        let (g, t) = (lane / 4, lane % 4);
+        let row0 = m * BM as u32;
+        let (q_frag, do_frag) = (Fragments::new(st.q, lane), Fragments::new(st.dout, lane));
+        let (k_frag, v_frag) = (Fragments::new(sm.k, lane), Fragments::new(sm.v, lane));
+        let share = ScoreShare::of::<SR, MS, NS>(warp);
+        let rows_valid = kb.p.fwd.seqlen_q - row0;
+        let p_at = sm.p.chunk(g, 0) + 4 * t;
+        let ds_at = p_at - sm.p.base + sm.ds.base;
+        let (lse_at, delta_at) = (st.lse + 4 * (share.r0 + g), st.delta + 4 * (share.r0 + g));
+        Step { kb, mods, sm, st, h, m, row0, rows_valid, tid, q_frag, do_frag, k_frag, v_frag, share, p_at, ds_at, lse_at, delta_at }
+    }
+
+    #[inline(always)]
+    fn warp(&self) -> u32 {
+        self.tid / 32
+    }
+
+    #[inline(always)]
+    fn lane(&self) -> u32 {
+        self.tid % 32
+    }
+
+    /// Chunk `c`'s scores: bias and mask addresses of the warp's share.
+    #[inline(always)]
+    fn scores<const BN: usize, const NC: usize>(&self, c: u32) -> WarpScores {
+        let share = &self.share;
+        WarpScores::new::<NC>(self.st.bias, true, self.st.mask, (BN / 8) as u32, share.r0, share.nt0::<NC>(c), self.lane())
+    }
+
+    /// S = QKᵀ on the score offsets for the warp's share, then P = exp2(logit - lse) to the P
+    /// tile (for dV, and read back for dS unless kept in registers: the first array returned,
+    /// where [`keeps_p`]), and under a softcap d(capped)/d(raw) to the dS tile until dS replaces
+    /// it: S is dead before dP's accumulators are live. `full`: the tile is a full one of the
+    /// mask's block map. On Hopper, dP is issued behind S and returned in flight (the second
+    /// array), for [`Self::dp_to_ds`] to wait for.
+    #[inline(always)]
+    pub(super) unsafe fn scores_to_p<
+        E: Elem,
+        const KT: usize,
+        const BM: usize,
+        const BN: usize,
+        const MS: usize,
+        const NS: usize,
+        const NC: usize,
+        const MODS: u8,
+        const WGMMA: bool,
+    >(
+        &self,
+        full: bool,
+    ) -> ([[[f32; 4]; NC]; MS], [[[f32; 4]; NC]; MS]) {
+        let (kb, mods, sm, st) = (&self.kb, &self.mods, &self.sm, &self.st);
+        let (lane, row0, rows_valid) = (self.lane(), self.row0, self.rows_valid);
+        let (g, t) = (lane / 4, lane % 4);
+        let (share, r0) = (&self.share, self.share.r0);
+        // Rows past seqlen_q have no LSE: hide them, unlike the forward where they are unread.
+        let check = !full || kb.vis.tile_needs_check(row0, BM as u32, kb.col0, BN as u32) || rows_valid < BM as u32;
+        let softcap = mods.softcap > 0.0;
+        let (p_at, ds_at, lse_at) = (self.p_at, self.ds_at, self.lse_at);
+        let (q_frag, k_frag) = (self.q_frag, self.k_frag);
+        let keep_p = keeps_p::<KT, NC, MODS, WGMMA>();
+        let mut dp_issued = [[[0f32; 4]; NC]; MS];
+        let mut p_kept = [[[0f32; 4]; NC]; MS];
+        for c in 0..(NS / NC) as u32 {
+            let nt0 = share.nt0::<NC>(c);
+            let warp_scores = self.scores::<BN, NC>(c);
+            let mut s = [[[0f32; 4]; NC]; MS];
+            let bounds = kb.vis.at_tile(row0, kb.col0).with_rows(rows_valid).shifted(r0 + g, 8 * nt0 + 2 * t);
+            warp_scores.init::<E, MS, NC>(&mut s, mods, &bounds, check, mods.mask && !full);
+            if WGMMA {
+                sm90::scores_and_dp::<E, NC, KT>(st, sm, r0, nt0, &mut s[0], &mut dp_issued[0]);
+            } else {
+                let (q, k) = (q_frag.offset(r0, 0), k_frag.offset(8 * nt0, 0));
+                mma_tiles::<E, MS, NC, KT>(&mut s, |mt, ks| unsafe { q.a(16 * mt, ks) }, |np, ks| unsafe { k.b(16 * np, ks) });
+            }
+            for mt in 0..MS {
+                for hh in 0..2 {
+                    let dr = 16 * mt as u32 + 8 * hh as u32;
+                    let lse = unsafe { f32::from_bits(ld_shared_u32(lse_at + 4 * dr)) };
+                    // An empty row has LSE -inf and P = 0: subtract +inf instead of -inf.
+                    let lse2 = if lse == f32::NEG_INFINITY { f32::INFINITY } else { lse * LOG2E };
+                    for nt in 0..NC as u32 {
+                        let (x, dcap) = warp_scores.logits::<E>([s[mt][nt as usize][2 * hh], s[mt][nt as usize][2 * hh + 1]], dr, nt, mods);
+                        let pv = [exp2(x[0] - lse2), exp2(x[1] - lse2)];
+                        if keep_p {
+                            p_kept[mt][nt as usize][2 * hh..2 * hh + 2].copy_from_slice(&pv);
+                        }
+                        unsafe {
+                            st_shared_u32(sm.p.shift(p_at, r0 + dr, nt0 + nt), E::pack(pv[0], pv[1]));
+                            if softcap {
+                                st_shared_u32(sm.ds.shift(ds_at, r0 + dr, nt0 + nt), E::pack(dcap[0], dcap[1]));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        (p_kept, dp_issued)
+    }
+
+    /// dP = dO Vᵀ for the warp's share (on Hopper, `dp_issued`: issued beside S, waited for
+    /// here), then dS = P (dP - delta): to the stage's bias tile for dbias (see [`GroupSum`]),
+    /// and times scale and the softcap's derivative to the dS tile for dK and dQ. P comes from
+    /// `p_kept` where [`keeps_p`], else from the P tile.
+    #[inline(always)]
+    pub(super) unsafe fn dp_to_ds<
+        E: Elem,
+        const KT: usize,
+        const BN: usize,
+        const MS: usize,
+        const NS: usize,
+        const NC: usize,
+        const MODS: u8,
+        const WGMMA: bool,
+    >(
+        &self,
+        dp_issued: &mut [[[f32; 4]; NC]; MS],
+        p_kept: &[[[f32; 4]; NC]; MS],
+        group_sum: GroupSum,
+        dbias_sum: &mut [[[f32; 4]; NC]; MS],
+    ) {
+        let (mods, sm) = (&self.mods, &self.sm);
+        let (share, r0) = (&self.share, self.share.r0);
+        let softcap = mods.softcap > 0.0;
+        let (p_at, ds_at, delta_at) = (self.p_at, self.ds_at, self.delta_at);
+        let (do_frag, v_frag) = (self.do_frag, self.v_frag);
+        let ds_scale = mods.scale_log2 * core::f32::consts::LN_2;
+        for c in 0..(NS / NC) as u32 {
+            let nt0 = share.nt0::<NC>(c);
+            let mut dp = [[[0f32; 4]; NC]; MS];
+            if WGMMA {
+                sm90::dp_landed::<NC>(&mut dp_issued[0]);
+                dp = *dp_issued;
+            } else {
+                let (d_o, v) = (do_frag.offset(r0, 0), v_frag.offset(8 * nt0, 0));
+                mma_tiles::<E, MS, NC, KT>(&mut dp, |mt, ks| unsafe { d_o.a(16 * mt, ks) }, |np, ks| unsafe { v.b(16 * np, ks) });
+            }
+            for mt in 0..MS {
+                for hh in 0..2 {
+                    let dr = 16 * mt as u32 + 8 * hh as u32;
+                    let delta = unsafe { f32::from_bits(ld_shared_u32(delta_at + 4 * dr)) };
+                    for nt in 0..NC as u32 {
+                        let (p_sh, ds_sh) = (sm.p.shift(p_at, r0 + dr, nt0 + nt), sm.ds.shift(ds_at, r0 + dr, nt0 + nt));
+                        let pv = if keeps_p::<KT, NC, MODS, WGMMA>() {
+                            let p = &p_kept[mt][nt as usize];
+                            (p[2 * hh], p[2 * hh + 1])
+                        } else {
+                            E::unpack(unsafe { ld_shared_u32(p_sh) })
+                        };
+                        let dcap = if softcap { E::unpack(unsafe { ld_shared_u32(ds_sh) }) } else { (1.0, 1.0) };
+                        let d = &dp[mt][nt as usize];
+                        let dsb = [pv.0 * (d[2 * hh] - delta), pv.1 * (d[2 * hh + 1] - delta)];
+                        unsafe {
+                            if mods.bias {
+                                // dS for dbias replaces the bias in the stage's bias tile: the
+                                // same thread read these two elements in S -> P and nothing
+                                // else reads them again.
+                                let v = if group_sum.on {
+                                    let acc = &mut dbias_sum[mt][nt as usize];
+                                    acc[2 * hh] += dsb[0];
+                                    acc[2 * hh + 1] += dsb[1];
+                                    [acc[2 * hh], acc[2 * hh + 1]]
+                                } else {
+                                    dsb
+                                };
+                                if group_sum.stores {
+                                    st_shared_u32(self.scores::<BN, NC>(c).bias_at_pair(dr, nt), E::pack(v[0], v[1]));
+                                }
+                            }
+                            st_shared_u32(ds_sh, E::pack(dsb[0] * dcap.0 * ds_scale, dsb[1] * dcap.1 * ds_scale));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// dV += Pᵀ dO and dK += dSᵀ Q for the warp's `MKV` m16 keys x `DKV` n8 columns, k = the
+    /// tile's rows: Aᵀ of the [rows][keys] P and dS tiles, B of the [rows][d] dO and Q tiles
+    /// (`mma.sync`; on Hopper these products are issued by `sm90::issue_grads`).
+    #[inline(always)]
+    pub(super) fn dkdv<E: Elem, const MKV: usize, const DKV: usize, const MK: usize, const KR: usize>(
+        &self,
+        dk: &mut [[[f32; 4]; DKV]; MKV],
+        dv: &mut [[[f32; 4]; DKV]; MKV],
+    ) {
+        let lane = self.lane();
+        let (p_frag, ds_frag) = (Fragments::new(self.sm.p, lane), Fragments::new(self.sm.ds, lane));
+        let (q_frag, do_frag) = (self.q_frag, self.do_frag);
+        let (wk, wd) = warp_at(self.warp(), KR);
+        let key_chunk = 2 * MKV as u32 * wk;
+        let (col_base, col_call) = chunk_split(DKV as u32 * wd, DKV);
+        let acc_atb = |acc: &mut [[[f32; 4]; DKV]; MKV], a: Fragments, b: Fragments| {
+            let (a, b) = (a.offset(0, key_chunk), b.offset(0, col_base));
+            mma_tiles::<E, MKV, DKV, MK>(acc, |mt, kk| unsafe { a.a_trans(16 * kk, 2 * mt) }, |np, kk| unsafe {
+                b.b_trans(16 * kk, col_call + 2 * np)
+            });
+        };
+        acc_atb(dv, p_frag, do_frag);
+        acc_atb(dk, ds_frag, q_frag);
+    }
+
+    /// dQ = dS K for the warp's `MQ` m16 rows x `DQT` n8 columns, added to the f32 accumulator
+    /// in passes of `DQ` n8 tiles (the accumulators are live beside dK and dV); on Hopper the
+    /// product issued by `sm90::issue_grads` into `dq_issued`. `DET`: in this key tile's turn
+    /// of the dQ tile (`m_tiles` query tiles a head).
+    #[inline(always)]
+    pub(super) unsafe fn dq<
+        E: Elem,
+        const MQ: usize,
+        const DQT: usize,
+        const DQ: usize,
+        const NK: usize,
+        const QR: usize,
+        const DET: bool,
+        const WGMMA: bool,
+    >(
+        &self,
+        dq_issued: &mut [[[f32; 4]; DQ]; MQ],
+        m_tiles: u32,
+    ) {
+        let (kb, sm) = (&self.kb, &self.sm);
+        let p = kb.p;
+        let (tid, lane) = (self.tid, self.lane());
+        let (ds_frag, k_frag) = (Fragments::new(sm.ds, lane), self.k_frag);
+        let (q_row0, col_first) = self.dq_origin::<MQ, DQT, QR>();
+        let rows_valid = self.rows_valid;
+        let turn = dq_turn(kb, self.h, self.m, m_tiles);
+        if DET {
+            unsafe { wait_turn(turn, kb.n_block, tid) };
+        }
+        for pass in 0..(DQT / DQ) as u32 {
+            let c0 = col_first + pass * DQ as u32;
+            let mut dqt = [[[0f32; 4]; DQ]; MQ];
+            if WGMMA {
+                sm90::dq_landed::<DQ>(&mut dq_issued[0]);
+                dqt = *dq_issued;
+            } else {
+                mma_tiles::<E, MQ, DQ, NK>(&mut dqt, |mt, kk| unsafe { ds_frag.a(q_row0 + 16 * mt, kk) }, |np, kk| unsafe {
+                    k_frag.b_trans(16 * kk, c0 + 2 * np)
+                });
+            }
+            for mt in 0..MQ as u32 {
+                let r = q_row0 + 16 * mt;
+                let rows = kb.q_row(&p.dq_accum, self.h, self.row0 + r, 4) + 32 * c0 as u64;
+                let (dq, row_bytes, valid) = (&dqt[mt as usize], 4 * p.dq_accum.stride[1], rows_valid.saturating_sub(r));
+                if WGMMA {
+                    unsafe { add_dq_v2(dq, rows, row_bytes, valid, lane) };
+                } else {
+                    unsafe { add_dq(dq, sm.dq_stage(self.warp()), rows, row_bytes, valid, lane) };
+                }
+            }
+        }
+        if DET {
+            unsafe { pass_turn(turn, kb.n_block + 1, tid) };
+        }
+    }
+
+    /// The warp's place in dQ's grid of warps (`QR` along the rows): its first row (`MQ` m16
+    /// tiles each) and its first n8 column tile (`DQT` each).
+    #[inline(always)]
+    pub(super) fn dq_origin<const MQ: usize, const DQT: usize, const QR: usize>(&self) -> (u32, u32) {
+        let (wq, wqd) = warp_at(self.warp(), QR);
+        (16 * MQ as u32 * wq, DQT as u32 * wqd)
+    }
+
+    /// Whether and how this step sums dbias over the kv group of `group` heads (see
+    /// [`GroupSum`]); `hg` is the step's head in the group.
+    #[inline(always)]
+    pub(super) fn group_sum<const WGMMA: bool>(&self, group: u32, hg: u32) -> GroupSum {
+        let (p, f) = (self.kb.p, &self.kb.p.fwd);
+        let on = WGMMA && self.mods.bias && group > 1 && (f.bias_head_div == group || p.dbias_accum.stride[1] == 0);
+        GroupSum { on, stores: !on || hg + 1 == group }
+    }
+}
+
+/// wgmma, with a bias every head of the kv group shares: the group's dS summed in registers over
+/// its consecutive steps (`on`), stored for dbias and added to the accumulator once per tile, at
+/// its last head (a quarter of the reductions at a group of 4). `stores`: this step stores dS
+/// for dbias and adds it to the accumulator.
+#[derive(Clone, Copy)]
+pub(super) struct GroupSum {
+    pub(super) on: bool,
+    pub(super) stores: bool,
+}
+
+/// A warp's place in one product's grid of warps: `rows` warps along the rows, the rest along
+/// the columns (warp `w` at row group `w % rows`).
+#[inline(always)]
+pub(super) fn warp_at(warp: u32, rows: usize) -> (u32, u32) {
+    (warp % rows as u32, warp / rows as u32)
+}
+
+/// Splits a warp's chunk offset (a multiple of `span`, the chunks the warp covers) into the
+/// part [`Fragments::offset`] can take (all of it where `span` is a power of two) and the part
+/// each fragment load adds itself.
+#[inline(always)]
+pub(super) fn chunk_split(chunks: u32, span: usize) -> (u32, u32) {
+    if span.is_power_of_two() { (chunks, 0) } else { (0, chunks) }
+}
+
