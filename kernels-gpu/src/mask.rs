@@ -612,4 +612,28 @@ impl TileCursor {
         }
         None
     }
+
+    /// The last tile before `top` (exclusive, clipped to the end) and at or after `begin` that
+    /// has any visible score, or `None`: [`Self::next`] walking down (the window's bit `i` is
+    /// tile `window - 1 - i`). A cursor walks one way only.
+    #[inline(always)]
+    pub fn prev(&mut self, top: u32, begin: u32, lane: u32, map: &impl TileLine) -> Option<Tile> {
+        let mut top = top.min(map.end());
+        while top > begin {
+            if self.window == u32::MAX || top > self.window || top + 32 <= self.window {
+                self.window = top;
+                let t = top.wrapping_sub(1 + lane);
+                let (any, all) = if 1 + lane <= top && t >= begin { map.classify(t) } else { (false, false) };
+                self.active = ballot(any);
+                self.full = ballot(all);
+            }
+            let bits = self.active >> (self.window - top);
+            if bits != 0 {
+                let n = top - 1 - bits.trailing_zeros();
+                return Some(Tile { n, full: (self.full >> (self.window - 1 - n)) & 1 != 0 });
+            }
+            top = self.window.saturating_sub(32);
+        }
+        None
+    }
 }

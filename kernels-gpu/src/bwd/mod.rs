@@ -35,7 +35,7 @@ mod turns;
 
 use crate::arch::*;
 use crate::elem::Elem;
-use crate::mask::{MapCols, TileCursor, block_map_plane, map_planes};
+use crate::mask::{MapCols, Tile, TileCursor, block_map_plane, map_planes};
 use crate::scores::Mods;
 use crate::seq::{localize, localize_split};
 use dmattn_abi::{BWD_PARAMS_BYTES, BwdParams, bwd_splits, modifiers};
@@ -97,6 +97,8 @@ pub unsafe fn backward<
         // A tile without a bias tile serves only variants without a bias.
         assert!(BIAS_TILE || MODS == modifiers::NONE || MODS == modifiers::MASK);
     }
+    // The walk over query tiles goes down where dQ's additions may come in any order.
+    let down = !DET;
     // The Hopper `BIAS` variant has no registers for reading block classes (`modifiers::BIAS`).
     let by_class = !(WGMMA && MODS == modifiers::BIAS);
     let tid = thread_idx();
@@ -139,14 +141,10 @@ pub unsafe fn backward<
         sm.v.load_async(kb.kv_row(&f.v, 2), 2 * f.v.stride[1], kb.keys_valid, kv_bytes, tid, threads);
     }
 
-    // Steps are (query tile, head of the group), tiles in order; a deterministic run also visits
-    // the tiles it skips, to pass their dQ turns on.
-    let map = MapCols::<BM, BN>::new(&f.block_map, block_map_plane(f, kb.batch, kb.kv_head), map_planes(f), kb.n_block, &kb.vis);
+    // Steps are (query tile, head of the group), tiles in walk order (`next_query_tile`); a
+    // deterministic run also visits the tiles it skips, to pass their dQ turns on.
     let mut cursor = TileCursor::new();
-    // A split CTA's share starts at its first tile (`seq::localize_split`).
-    let m_begin = kb.vis.query_tile_begin(kb.col0, BM as u32);
-    let m_begin = if splits { m_begin.max(p.first_tile) } else { m_begin };
-    let mut next_tile = cursor.next(m_begin, tid % 32, &map);
+    let mut next_tile = next_query_tile::<BM, BN>(&mut cursor, &kb, splits, down, None, tid % 32);
     if DET {
         unsafe { pass_skipped_turns(p, &kb, 0, next_tile.map_or(m_tiles, |t| t.n), m_tiles, tid) };
     }
@@ -184,8 +182,7 @@ pub unsafe fn backward<
             let (next_m, next_h) = if hg + 1 < group {
                 (Some(m), hg + 1)
             } else {
-                let map = MapCols::<BM, BN>::new(&f.block_map, block_map_plane(f, kb.batch, kb.kv_head), map_planes(f), kb.n_block, &kb.vis);
-                next_tile = cursor.next(m + 1, tid % 32, &map);
+                next_tile = next_query_tile::<BM, BN>(&mut cursor, &kb, splits, down, Some(m), tid % 32);
                 (next_tile.map(|t| t.n), 0)
             };
             if let (2, Some(nm)) = (STAGES, next_m) {
@@ -248,3 +245,27 @@ pub unsafe fn backward<
     unsafe { store_dkdv::<E, MKV, DKV, KR, WGMMA>(p, &kb, &sm, &dk, &dv, splits, tid, threads) };
 }
 
+/// The CTA's query tile after `after` in its walk (its first where `None`): the tiles with a
+/// visible score from `Visibility::query_tile_begin` (a split CTA's share from its first tile,
+/// `seq::localize_split`) to the block map's end, up from the first or, where `down`, down from
+/// the last. Down is FlashAttention's order: the CTAs of one kv head's key tiles end their
+/// walks together (at the last query tile, under causal, compressed and band masks alike), so
+/// started together they add to the same dQ tiles while those are in L2. Walking up, CTAs
+/// whose walks start at different tiles (a compressed mask's: key tile n from query tile 4n
+/// under cf 4) add to tiles spread over the sequence, and dQ's f32 lines go to memory and back
+/// between additions. The deterministic kernels walk up: their dQ turns pass in tile order.
+#[inline(always)]
+fn next_query_tile<const BM: usize, const BN: usize>(
+    cursor: &mut TileCursor,
+    kb: &KeyBlock,
+    splits: bool,
+    down: bool,
+    after: Option<u32>,
+    lane: u32,
+) -> Option<Tile> {
+    let (p, f) = (kb.p, &kb.p.fwd);
+    let map = MapCols::<BM, BN>::new(&f.block_map, block_map_plane(f, kb.batch, kb.kv_head), map_planes(f), kb.n_block, &kb.vis);
+    let begin = kb.vis.query_tile_begin(kb.col0, BM as u32);
+    let begin = if splits { begin.max(p.first_tile) } else { begin };
+    if down { cursor.prev(after.unwrap_or(u32::MAX), begin, lane, &map) } else { cursor.next(after.map_or(begin, |m| m + 1), lane, &map) }
+}
