@@ -370,10 +370,21 @@ pub unsafe fn forward<
         sync_threads();
     }
 
-    // Epilogue. Every warp passed the loop's last barrier after its last read of Q, so the Q tile
-    // can hold O for a coalesced store. A row with nothing visible gets O = 0 and LSE = -inf.
-    // Opaque indices again, or LLVM merges these addresses with the prologue's identical ones
-    // and holds them across the whole loop.
+    unsafe { store_output::<E, BM, MT, DT, MODS, PACKED>(p, &sm, &o, tid, threads) };
+}
+
+/// Epilogue: O normalised and stored, and each row's LSE. Every warp passed the loop's last
+/// barrier after its last read of Q, so the Q tile can hold O for a coalesced store. A row with
+/// nothing visible gets O = 0 and LSE = -inf. Opaque indices again, or LLVM merges these
+/// addresses with the prologue's identical ones and holds them across the whole loop.
+#[inline(always)]
+unsafe fn store_output<E: Elem, const BM: usize, const MT: usize, const DT: usize, const MODS: bool, const PACKED: bool>(
+    p: &FwdParams,
+    sm: &Smem,
+    o: &[[[f32; 4]; DT]; MT],
+    tid: u32,
+    threads: u32,
+) {
     let tid = opaque(tid);
     let b = BlockInfo::new::<MODS, PACKED>(p, BM as u32, reread_position::<MODS>(sm.position));
     let lane = tid % 32;
