@@ -1,5 +1,6 @@
 //! Validation shared by every backend: shapes, broadcasts, dtypes, devices and parameters of one
 //! attention call, checked once into a [`Problem`].
+use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::pages::PageTable;
@@ -204,138 +205,18 @@ fn packed_layout(t: &Tensor, arg: &'static str, seqs: &SeqLens, d: &Dims) -> Res
 }
 
 impl Problem {
+    /// Checks a call's inputs, in this order (the first failure is the error): the shapes of q,
+    /// k and v (and the pages'), their dtypes, the mask, index lists and sparse mask, the bias,
+    /// every operand's device, then scale and softcap.
     pub fn new(inp: &Inputs) -> Result<Problem> {
-        let (q, k) = qk_shapes(inp)?;
-        let [batch, seqlen_q, heads, head_dim] = q;
-        if inp.v.shape() != inp.k.shape() {
-            return Err(Error::Shape { arg: "v", expected: format!("{:?} (the shape of k)", inp.k.shape()), got: inp.v.shape().to_vec() });
-        }
-        let [_, seqlen_k, kv_heads, _] = k;
-        // A packed batch's sequences may be empty; heads and head_dim may not.
-        let empty = if inp.seqs.is_some() { q[2] == 0 || q[3] == 0 || k[2] == 0 } else { q.iter().chain(&k).any(|&n| n == 0) };
-        if empty {
-            let (arg, got) = if q.contains(&0) { ("q", q) } else { ("k", k) };
-            return Err(Error::Shape { arg, expected: "every dimension at least 1".into(), got: got.to_vec() });
-        }
-        if heads % kv_heads != 0 {
-            return Err(Error::Shape {
-                arg: "k",
-                expected: format!("kv_heads dividing the {heads} query heads"),
-                got: inp.k.shape().to_vec(),
-            });
-        }
-        let dims = Dims { batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim };
+        let dims = qkv_dims(inp)?;
         let pages = kv_pages(inp)?;
-
-        let dtype = inp.q.dtype();
-        if !dtype.is_float() {
-            return Err(Error::DType { arg: "q", expected: "f16, bf16, f32 or f64".into(), got: dtype });
-        }
-        for (arg, t) in [("k", inp.k), ("v", inp.v)] {
-            if t.dtype() != dtype {
-                return Err(Error::DType { arg, expected: format!("{dtype:?} (the dtype of q)"), got: t.dtype() });
-            }
-        }
+        let dtype = qkv_dtype(inp)?;
         let device = inp.q.device();
-        let mut others = vec![("k", inp.k), ("v", inp.v)];
-        let (mask, mut packed_mask) = match inp.mask {
-            Some(m) => {
-                if m.dtype() != DType::Bool {
-                    return Err(Error::DType { arg: "mask", expected: "Bool".into(), got: m.dtype() });
-                }
-                others.push(("mask", m));
-                match inp.seqs {
-                    None => {
-                        let s = broadcast_shape(m, "mask", &dims)?;
-                        (Some([s[0], s[1]]), None)
-                    }
-                    Some(seqs) => {
-                        let (s, layout) = packed_layout(m, "mask", seqs, &dims)?;
-                        (Some([1, s[1]]), Some(layout))
-                    }
-                }
-            }
-            None => (None, None),
-        };
-        let mask = match inp.indices {
-            None => mask,
-            Some(_) if mask.is_some() || inp.sparse.is_some() => {
-                return Err(Error::Param { arg: "indices", reason: "given with a mask or a sparse mask: pass one of them".into() });
-            }
-            Some(t) => {
-                let s = crate::sparse::check_indices_shape(t, seqlen_q)?;
-                if !((s[0] == 1 || s[0] == batch) && (s[1] == 1 || s[1] == kv_heads || s[1] == heads)) {
-                    let expected = format!("[{{1|{batch}}}, {{1|{kv_heads}|{heads}}}, {{1|{seqlen_q}}}, w] (key indices, -1 = padding)");
-                    return Err(Error::Shape { arg: "indices", expected, got: s.to_vec() });
-                }
-                others.push(("indices", t));
-                // A packed batch's: prepared per sequence into the query-based layout.
-                if inp.seqs.is_some() {
-                    packed_mask = Some(PackedLayout::PerQuery);
-                    Some([1, s[1]])
-                } else {
-                    Some([s[0], s[1]])
-                }
-            }
-        };
-        if let Some(sp) = inp.sparse.filter(|sp| sp.data.is_some()) {
-            match (inp.seqs, &sp.seqs) {
-                (Some(seqs), Some(prepared)) if seqs.same_lengths(prepared) => packed_mask = Some(PackedLayout::PerQuery),
-                (Some(_), _) => {
-                    return Err(Error::Param {
-                        arg: "sparse_mask",
-                        reason: "its data was not prepared for this packed batch: prepare it with SparseMask::prepare_packed(&seqlens)".into(),
-                    });
-                }
-                (None, Some(_)) => {
-                    return Err(Error::Param {
-                        arg: "sparse_mask",
-                        reason: "prepared for a packed batch (prepare_packed): prepare it with SparseMask::prepare for a fixed-length call".into(),
-                    });
-                }
-                (None, None) => {}
-            }
-        }
-        let mut band = Band::ALL;
-        let mask = match inp.sparse {
-            None => mask,
-            // A parametric rule ANDs with a bool mask as causal does; parts with data combine
-            // when prepared.
-            Some(sp) if mask.is_some() && sp.data.is_some() => {
-                return Err(Error::Param {
-                    arg: "mask",
-                    reason: "given with a sparse mask that has data: combine them (SparseMask::dense(mask).and(..)) and prepare that".into(),
-                });
-            }
-            Some(sp) => {
-                // A packed batch's: at least its longest sequences' (preparing clamps a rule only
-                // to the lengths it is prepared for, so longer ones are exact for each sequence).
-                let fits = match inp.seqs {
-                    None => (sp.seqlen_q, sp.seqlen_k) == (seqlen_q, seqlen_k),
-                    Some(_) => sp.seqlen_q >= seqlen_q && sp.seqlen_k >= seqlen_k,
-                };
-                if !fits {
-                    return Err(Error::Shape {
-                        arg: "sparse_mask",
-                        expected: format!("prepared for seqlen_q {seqlen_q} and seqlen_k {seqlen_k}"),
-                        got: vec![sp.seqlen_q, sp.seqlen_k],
-                    });
-                }
-                let [pb, ph] = sp.planes;
-                if !((pb == 1 || pb == batch) && (ph == 1 || ph == kv_heads || ph == heads)) {
-                    return Err(Error::Shape {
-                        arg: "sparse_mask",
-                        expected: format!("planes [{{1|{batch}}}, {{1|{kv_heads}|{heads}}}] (batch, heads)"),
-                        got: sp.planes.to_vec(),
-                    });
-                }
-                band = sp.band;
-                if sp.data.is_some() && !sp.device().same(&device) {
-                    return Err(Error::Device { arg: "sparse_mask", expected: format!("{device} (the device of q)"), got: sp.device().to_string() });
-                }
-                sp.data.as_ref().map(|_| sp.planes).or(mask)
-            }
-        };
+        let (mask, packed_mask) = mask_planes(inp, &dims)?;
+        let (mask, packed_mask) = index_planes(inp, &dims, mask, packed_mask)?;
+        let packed_mask = sparse_packing(inp, packed_mask)?;
+        let (mask, mut band) = sparse_planes(inp, &dims, mask, &device)?;
         if pages.is_some() && packed_mask == Some(PackedLayout::PerQuery) {
             let what = "a query-based mask, index lists or a sparse mask with data with paged K/V (a key-side mask is taken)".into();
             return Err(Error::Unsupported { what, backend: "CPU or CUDA" });
@@ -349,34 +230,166 @@ impl Problem {
             }
             band.right = 0;
         }
-        let (bias, bias_layout) = match inp.bias {
-            Some(b) => {
-                if !b.dtype().is_float() {
-                    return Err(Error::DType { arg: "bias", expected: "f16, bf16, f32 or f64".into(), got: b.dtype() });
-                }
-                others.push(("bias", b));
-                match inp.seqs {
-                    None => (Some(broadcast_shape(b, "bias", &dims)?), None),
-                    Some(seqs) => {
-                        let (shape, layout) = packed_layout(b, "bias", seqs, &dims)?;
-                        (Some(shape), Some(layout))
-                    }
-                }
-            }
-            None => (None, None),
-        };
-        for (arg, t) in others {
+        let (bias, packed_bias) = bias_shape(inp, &dims)?;
+        let operands = [("k", Some(inp.k)), ("v", Some(inp.v)), ("mask", inp.mask), ("indices", inp.indices), ("bias", inp.bias)];
+        for (arg, t) in operands.into_iter().filter_map(|(arg, t)| Some((arg, t?))) {
             if !t.device().same(&device) {
                 return Err(Error::Device { arg, expected: format!("{device} (the device of q)"), got: t.device().to_string() });
             }
         }
-        let scale = inp.scale.unwrap_or(1.0 / (head_dim as f64).sqrt());
+        let scale = inp.scale.unwrap_or(1.0 / (dims.head_dim as f64).sqrt());
         if !(scale.is_finite() && scale > 0.0) {
             return Err(Error::Param { arg: "scale", reason: format!("{scale} is not a finite positive number") });
         }
         if !(inp.softcap.is_finite() && inp.softcap >= 0.0) {
             return Err(Error::Param { arg: "softcap", reason: format!("{} is not finite and >= 0", inp.softcap) });
         }
-        Ok(Problem { dims, dtype, mask, bias, band, scale, softcap: inp.softcap, deterministic: inp.deterministic, seqs: inp.seqs.cloned(), packed_bias: bias_layout, packed_mask, pages })
+        Ok(Problem { dims, dtype, mask, bias, band, scale, softcap: inp.softcap, deterministic: inp.deterministic, seqs: inp.seqs.cloned(), packed_bias, packed_mask, pages })
     }
+}
+
+/// The problem's dimensions from q and k (v must have k's shape): none empty (a packed batch's
+/// sequences may be), the query heads a multiple of the kv heads.
+fn qkv_dims(inp: &Inputs) -> Result<Dims> {
+    let (q, k) = qk_shapes(inp)?;
+    let [batch, seqlen_q, heads, head_dim] = q;
+    if inp.v.shape() != inp.k.shape() {
+        return Err(Error::Shape { arg: "v", expected: format!("{:?} (the shape of k)", inp.k.shape()), got: inp.v.shape().to_vec() });
+    }
+    let [_, seqlen_k, kv_heads, _] = k;
+    // A packed batch's sequences may be empty; heads and head_dim may not.
+    let empty = if inp.seqs.is_some() { q[2] == 0 || q[3] == 0 || k[2] == 0 } else { q.iter().chain(&k).any(|&n| n == 0) };
+    if empty {
+        let (arg, got) = if q.contains(&0) { ("q", q) } else { ("k", k) };
+        return Err(Error::Shape { arg, expected: "every dimension at least 1".into(), got: got.to_vec() });
+    }
+    if heads % kv_heads != 0 {
+        return Err(Error::Shape { arg: "k", expected: format!("kv_heads dividing the {heads} query heads"), got: inp.k.shape().to_vec() });
+    }
+    Ok(Dims { batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim })
+}
+
+/// q's dtype, a float one, which k and v share.
+fn qkv_dtype(inp: &Inputs) -> Result<DType> {
+    let dtype = inp.q.dtype();
+    if !dtype.is_float() {
+        return Err(Error::DType { arg: "q", expected: "f16, bf16, f32 or f64".into(), got: dtype });
+    }
+    for (arg, t) in [("k", inp.k), ("v", inp.v)] {
+        if t.dtype() != dtype {
+            return Err(Error::DType { arg, expected: format!("{dtype:?} (the dtype of q)"), got: t.dtype() });
+        }
+    }
+    Ok(dtype)
+}
+
+/// The bool mask's (batch, heads) planes, and for a packed batch its layout.
+fn mask_planes(inp: &Inputs, dims: &Dims) -> Result<(Option<[usize; 2]>, Option<PackedLayout>)> {
+    let Some(m) = inp.mask else { return Ok((None, None)) };
+    if m.dtype() != DType::Bool {
+        return Err(Error::DType { arg: "mask", expected: "Bool".into(), got: m.dtype() });
+    }
+    Ok(match inp.seqs {
+        None => {
+            let s = broadcast_shape(m, "mask", dims)?;
+            (Some([s[0], s[1]]), None)
+        }
+        Some(seqs) => {
+            let (s, layout) = packed_layout(m, "mask", seqs, dims)?;
+            (Some([1, s[1]]), Some(layout))
+        }
+    })
+}
+
+/// Index lists in place of a mask (never beside one or a sparse mask): their (batch, heads)
+/// planes; a packed batch's are prepared per sequence into the query-based layout.
+fn index_planes(
+    inp: &Inputs,
+    dims: &Dims,
+    mask: Option<[usize; 2]>,
+    packed_mask: Option<PackedLayout>,
+) -> Result<(Option<[usize; 2]>, Option<PackedLayout>)> {
+    let Some(t) = inp.indices else { return Ok((mask, packed_mask)) };
+    if mask.is_some() || inp.sparse.is_some() {
+        return Err(Error::Param { arg: "indices", reason: "given with a mask or a sparse mask: pass one of them".into() });
+    }
+    let Dims { batch, seqlen_q, heads, kv_heads, .. } = *dims;
+    let s = crate::sparse::check_indices_shape(t, seqlen_q)?;
+    if !((s[0] == 1 || s[0] == batch) && (s[1] == 1 || s[1] == kv_heads || s[1] == heads)) {
+        let expected = format!("[{{1|{batch}}}, {{1|{kv_heads}|{heads}}}, {{1|{seqlen_q}}}, w] (key indices, -1 = padding)");
+        return Err(Error::Shape { arg: "indices", expected, got: s.to_vec() });
+    }
+    Ok(if inp.seqs.is_some() { (Some([1, s[1]]), Some(PackedLayout::PerQuery)) } else { (Some([s[0], s[1]]), packed_mask) })
+}
+
+/// A sparse mask with data was prepared for this call's kind (packed for this batch's lengths,
+/// or fixed-length); a packed batch's then reads it in the query-based layout.
+fn sparse_packing(inp: &Inputs, packed_mask: Option<PackedLayout>) -> Result<Option<PackedLayout>> {
+    let Some(sp) = inp.sparse.filter(|sp| sp.data.is_some()) else { return Ok(packed_mask) };
+    match (inp.seqs, &sp.seqs) {
+        (Some(seqs), Some(prepared)) if seqs.same_lengths(prepared) => Ok(Some(PackedLayout::PerQuery)),
+        (Some(_), _) => Err(Error::Param {
+            arg: "sparse_mask",
+            reason: "its data was not prepared for this packed batch: prepare it with SparseMask::prepare_packed(&seqlens)".into(),
+        }),
+        (None, Some(_)) => Err(Error::Param {
+            arg: "sparse_mask",
+            reason: "prepared for a packed batch (prepare_packed): prepare it with SparseMask::prepare for a fixed-length call".into(),
+        }),
+        (None, None) => Ok(packed_mask),
+    }
+}
+
+/// The sparse mask's band (all keys without one) and, where it has data, its planes in place of
+/// `mask`'s. A parametric rule ANDs with a bool mask as causal does; parts with data combine
+/// only when prepared, so a bool mask beside them is an error.
+fn sparse_planes(inp: &Inputs, dims: &Dims, mask: Option<[usize; 2]>, device: &Device) -> Result<(Option<[usize; 2]>, Band)> {
+    let Some(sp) = inp.sparse else { return Ok((mask, Band::ALL)) };
+    if mask.is_some() && sp.data.is_some() {
+        return Err(Error::Param {
+            arg: "mask",
+            reason: "given with a sparse mask that has data: combine them (SparseMask::dense(mask).and(..)) and prepare that".into(),
+        });
+    }
+    let Dims { batch, seqlen_q, seqlen_k, heads, kv_heads, .. } = *dims;
+    // A packed batch's: at least its longest sequences' (preparing clamps a rule only to the
+    // lengths it is prepared for, so longer ones are exact for each sequence).
+    let fits = match inp.seqs {
+        None => (sp.seqlen_q, sp.seqlen_k) == (seqlen_q, seqlen_k),
+        Some(_) => sp.seqlen_q >= seqlen_q && sp.seqlen_k >= seqlen_k,
+    };
+    if !fits {
+        return Err(Error::Shape {
+            arg: "sparse_mask",
+            expected: format!("prepared for seqlen_q {seqlen_q} and seqlen_k {seqlen_k}"),
+            got: vec![sp.seqlen_q, sp.seqlen_k],
+        });
+    }
+    let [pb, ph] = sp.planes;
+    if !((pb == 1 || pb == batch) && (ph == 1 || ph == kv_heads || ph == heads)) {
+        return Err(Error::Shape {
+            arg: "sparse_mask",
+            expected: format!("planes [{{1|{batch}}}, {{1|{kv_heads}|{heads}}}] (batch, heads)"),
+            got: sp.planes.to_vec(),
+        });
+    }
+    if sp.data.is_some() && !sp.device().same(device) {
+        return Err(Error::Device { arg: "sparse_mask", expected: format!("{device} (the device of q)"), got: sp.device().to_string() });
+    }
+    Ok((sp.data.as_ref().map(|_| sp.planes).or(mask), sp.band))
+}
+
+/// The bias's broadcast shape, and for a packed batch its layout.
+fn bias_shape(inp: &Inputs, dims: &Dims) -> Result<(Option<[usize; 4]>, Option<PackedLayout>)> {
+    let Some(b) = inp.bias else { return Ok((None, None)) };
+    if !b.dtype().is_float() {
+        return Err(Error::DType { arg: "bias", expected: "f16, bf16, f32 or f64".into(), got: b.dtype() });
+    }
+    Ok(match inp.seqs {
+        None => (Some(broadcast_shape(b, "bias", dims)?), None),
+        Some(seqs) => {
+            let (shape, layout) = packed_layout(b, "bias", seqs, dims)?;
+            (Some(shape), Some(layout))
+        }
+    })
 }
