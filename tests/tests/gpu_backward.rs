@@ -50,7 +50,9 @@ fn placed_backward_matches_reference() {
 
 /// Many queries over few keys, where the plan itself splits the query tiles at d32/d64 (a grid
 /// of a few CTAs otherwise): causal with sq >> sk (most rows see nothing), GQA, key-side and full
-/// biases, a mask; and larger head dims, which keep one CTA per key tile.
+/// biases, a mask; and larger head dims, which keep one CTA per key tile. The sparse block mask
+/// over 200 query tiles leaves runs of more than 32 empty tiles in a key tile's column, which
+/// the walk's cursor crosses a window at a time (`TileCursor::prev`, `next`).
 #[test]
 fn long_queries_over_few_keys() {
     let Some(gpu) = gpu() else { return };
@@ -61,6 +63,8 @@ fn long_queries_over_few_keys() {
         Case { mask: Some([1, 1, 2500, 200]), mask_pattern: MaskPattern::Blocks(0.5), dtype: DType::BF16, ..Case::new(1, 2500, 200, 3, 1, 32) },
         Case { causal: true, softcap: 20.0, dtype: DType::BF16, ..Case::new(1, 3000, 1000, 1, 1, 256) },
         Case { bias: Some([1, 1, 1, 100]), causal: true, dtype: DType::BF16, ..Case::new(1, 2048, 100, 2, 1, 128) },
+        Case { mask: Some([1, 1, 12800, 256]), mask_pattern: MaskPattern::Blocks(0.03), dtype: DType::BF16, ..Case::new(1, 12800, 256, 2, 1, 64) },
+        Case { mask: Some([1, 1, 12800, 130]), mask_pattern: MaskPattern::Blocks(0.03), dtype: DType::F16, ..Case::new(1, 12800, 130, 2, 2, 128) },
     ] {
         check_gpu_backward(&case, ForwardPath::Fused, &gpu, rand::Rng::random(&mut rng), false).unwrap();
     }
