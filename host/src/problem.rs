@@ -206,8 +206,9 @@ fn packed_layout(t: &Tensor, arg: &'static str, seqs: &SeqLens, d: &Dims) -> Res
 
 impl Problem {
     /// Checks a call's inputs, in this order (the first failure is the error): the shapes of q,
-    /// k and v (and the pages'), their dtypes, the mask, index lists and sparse mask, the bias,
-    /// every operand's device, then scale and softcap.
+    /// k and v, the sequence lengths and pages (with their devices), the dtypes, the mask, index
+    /// lists and sparse mask (with its device), what paged K/V and causal exclude, the bias, the
+    /// devices of k, v, mask, index lists and bias, then scale and softcap.
     pub fn new(inp: &Inputs) -> Result<Problem> {
         let dims = qkv_dims(inp)?;
         let pages = kv_pages(inp)?;

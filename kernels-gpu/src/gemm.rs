@@ -1,9 +1,9 @@
-//! The tile products on tensor cores, the one layer every attention kernel's matrix work goes
-//! through: [`mma_tiles`] (a warp's `mma.sync` from fragments it loads) and [`wgmma_tiles`]
-//! (sm_90a: a warpgroup's `wgmma` from shared-memory descriptors), and on them the attention's two products, S = QKᵀ
-//! ([`scores_product`]) and O += PV ([`pv_product`]), as the forward and decoding kernels use
-//! them. The backward's five products call the first two directly, their operands read straight
-//! or transposed out of its shared tiles.
+//! The tile products on tensor cores: [`mma_tiles`] (a warp's `mma.sync` from fragments it
+//! loads) and [`wgmma_tiles`] (sm_90a: a warpgroup's `wgmma` from shared-memory descriptors),
+//! and the attention's two products as the forward and decoding kernels use them, S = QKᵀ
+//! ([`scores_product`]) and O += PV ([`pv_product`], whose Hopper path issues register-A
+//! `wgmma`s itself). The backward's five products call the first two directly, their operands
+//! read straight or transposed out of its shared tiles.
 use crate::arch::{wgmma_commit, wgmma_fence};
 use crate::elem::{Elem, wgmma_wait};
 use crate::tile::{Fragments, SmemTile};

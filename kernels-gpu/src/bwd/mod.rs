@@ -248,12 +248,13 @@ pub unsafe fn backward<
 /// The CTA's query tile after `after` in its walk (its first where `None`): the tiles with a
 /// visible score from `Visibility::query_tile_begin` (a split CTA's share from its first tile,
 /// `seq::localize_split`) to the block map's end, up from the first or, where `down`, down from
-/// the last. Down is FlashAttention's order: the CTAs of one kv head's key tiles end their
-/// walks together (at the last query tile, under causal, compressed and band masks alike), so
-/// started together they add to the same dQ tiles while those are in L2. Walking up, CTAs
-/// whose walks start at different tiles (a compressed mask's: key tile n from query tile 4n
-/// under cf 4) add to tiles spread over the sequence, and dQ's f32 lines go to memory and back
-/// between additions. The deterministic kernels walk up: their dQ turns pass in tile order.
+/// the last. Down is FlashAttention's order: under causal and compressed masks (a band bounded
+/// on the right only) every key tile's walk reaches the last query tile, so CTAs started
+/// together begin there together and add to the same dQ tiles while those are in L2. Walking
+/// up, their walks start at different tiles (key tile n at query tile 4n under cf 4), the
+/// tiles in flight spread over the sequence, and dQ's f32 lines go to memory and back between
+/// additions. A left-bounded window's walks are equally spread either way. The deterministic
+/// kernels walk up: their dQ turns pass in tile order.
 #[inline(always)]
 fn next_query_tile<const BM: usize, const BN: usize>(
     cursor: &mut TileCursor,
