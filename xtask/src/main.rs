@@ -5,6 +5,7 @@ mod pack;
 mod plot;
 mod ptx;
 mod ptxas;
+mod ptxdiff;
 mod report;
 
 use clap::{Parser, Subcommand};
@@ -29,6 +30,13 @@ enum Task {
         /// Only check that the committed modules are that build, byte for byte.
         #[arg(long)]
         check: bool,
+    },
+    /// Compares the committed PTX (host/ptx, after `ptx`) with the modules committed at `--base`,
+    /// kernel by kernel: unchanged, renumbered (registers and labels only), reordered, or the
+    /// instruction counts and opcodes that changed.
+    PtxDiff {
+        #[arg(long, default_value = "HEAD")]
+        base: String,
     },
     /// Assembles the PTX with ptxas for each architecture (the Hopper module for sm_90a) and
     /// fails on register spills.
@@ -96,6 +104,7 @@ fn main() -> ExitCode {
     let result = match Cli::parse().task {
         Task::Demo => demo::run(),
         Task::Ptx { check } => ptx::run(check),
+        Task::PtxDiff { base } => ptxdiff::run(&base),
         Task::Ptxas { ptxas, arch } => ptxas::run(ptxas, &arch),
         Task::GpuPack { out, candle } => pack::run(&out, candle),
         Task::Bench { quick, groups, from, results, font } => bench::run(&bench::Options { quick, groups, from, results, font }),

@@ -24,7 +24,7 @@ fn build(sources: &KernelSources, module: &Module) -> Result<String, String> {
 }
 
 /// The committed text of `module`.
-fn committed(module: &Module) -> Result<String, String> {
+pub fn committed(module: &Module) -> Result<String, String> {
     let path = committed_dir().join(format!("{}.zst", module.file()));
     let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     let text = zstd::decode_all(&bytes[..]).map_err(|e| format!("{}: {e}", path.display()))?;
