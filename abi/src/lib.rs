@@ -117,19 +117,25 @@ impl DeviceElem {
 mod tests {
     use super::*;
 
-    /// The Hopper forward tiles have the portable ones' shapes (the work-order kernels, built
-    /// once per head dim, count tiles of that shape), a warpgroup per 64 rows, and fit the
-    /// shared memory the portable tiles take.
+    /// The Hopper forward tiles with modifiers have the portable ones' shapes (the work-order
+    /// kernels, built once per head dim, count tiles of that shape; the lean variant is never
+    /// ordered), a warpgroup per 64 rows, and fit the shared memory of one CTA. The lean ones are
+    /// warp-specialised: two consumer warpgroups and the producer.
     #[test]
     fn hopper_forward_tiles_match_the_portable_shapes() {
         for v in FWD_TILES_SM90 {
             let p = fwd_variants(v.mods.head_dim).unwrap();
             for (h, t) in [(v.mods, p.mods), (v.plain.unwrap(), p.plain.unwrap())].into_iter().chain(v.gather_narrow.zip(p.gather_narrow)) {
                 assert!(h.wgmma && !t.wgmma);
-                assert_eq!((h.head_dim, h.block_m, h.block_n), (t.head_dim, t.block_m, t.block_n));
+                assert_eq!((h.head_dim, h.block_m), (t.head_dim, t.block_m));
+                assert!(h.producer || h.block_n == t.block_n);
                 assert_eq!((h.m_tiles_per_warp(), h.block_m % 64), (1, 0));
                 assert!(h.smem_bytes() <= 227 * 1024);
             }
+            let lean = v.plain.unwrap();
+            assert!(lean.producer && !v.mods.producer);
+            assert_eq!((lean.block_m, lean.threads()), (128, FWD_WS_THREADS));
+            assert!(2 * 128 * FWD_WS_CONSUMER_REGS + 128 * FWD_WS_PRODUCER_REGS <= 65536);
             assert_eq!(fwd_variants_for(v.mods.head_dim, true), Some(v));
             assert_eq!(fwd_variants_for(v.mods.head_dim, false), Some(p));
         }

@@ -203,24 +203,24 @@ pub const LAUNCH_BOUNDS: [(&str, u32, u32); 28] = [
     (names::FWD_F16_D64_GATHER_NARROW, 128, GATHER_NARROW_CTAS_PER_SM),
     (names::FWD_SM90_BF16_D64_GATHER_NARROW, 128, GATHER_NARROW_CTAS_PER_SM),
     (names::FWD_SM90_F16_D64_GATHER_NARROW, 128, GATHER_NARROW_CTAS_PER_SM),
-    ("dmattn_fwd_sm90_bf16_d64", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_bf16_d64", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_bf16_d64_mods", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d64_mods_gather", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d64_mods_packed", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d64_mods_paged", 256, FWD_SM90_CTAS_PER_SM),
-    ("dmattn_fwd_sm90_f16_d64", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_f16_d64", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_f16_d64_mods", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d64_mods_gather", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d64_mods_packed", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d64_mods_paged", 256, FWD_SM90_CTAS_PER_SM),
-    ("dmattn_fwd_sm90_bf16_d128", 256, FWD_SM90_CTAS_PER_SM),
-    ("dmattn_fwd_sm90_bf16_d128_packed", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_bf16_d128", FWD_WS_THREADS, 1),
+    ("dmattn_fwd_sm90_bf16_d128_packed", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_bf16_d128_mods", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d128_mods_gather", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d128_mods_packed", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d128_mods_paged", 256, FWD_SM90_CTAS_PER_SM),
-    ("dmattn_fwd_sm90_f16_d128", 256, FWD_SM90_CTAS_PER_SM),
-    ("dmattn_fwd_sm90_f16_d128_packed", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_f16_d128", FWD_WS_THREADS, 1),
+    ("dmattn_fwd_sm90_f16_d128_packed", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_f16_d128_mods", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d128_mods_gather", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d128_mods_packed", 256, FWD_SM90_CTAS_PER_SM),
@@ -254,10 +254,30 @@ pub struct FwdTile {
     /// Hopper variant (sm_90a module, [`FWD_TILES_SM90`]): S = QKᵀ and O += PV are warpgroup
     /// `wgmma`s (Q, K and V read from shared memory, P from registers), one warp per 16 query rows.
     pub wgmma: bool,
+    /// Warp-specialised (sm_90a, [`FWD_WS_STAGES`]-deep K/V ring): a producer warpgroup of its
+    /// own copies the K and V tiles; the `warps` are the consumers.
+    pub producer: bool,
 }
+
+/// K/V tiles in flight in a warp-specialised forward: the consumers multiply one while the
+/// producer fills the next.
+pub const FWD_WS_STAGES: u32 = 2;
+
+/// Register limits (`setmaxnreg`) of a warp-specialised forward's warpgroups: the producer keeps
+/// what its copies' addresses need, two consumer warpgroups the rest of the 64K (one CTA per
+/// SM, launched at 384 threads, 168 registers each).
+pub const FWD_WS_PRODUCER_REGS: u32 = 40;
+pub const FWD_WS_CONSUMER_REGS: u32 = 232;
+
+/// Threads of a warp-specialised forward CTA: two consumer warpgroups and the producer.
+pub const FWD_WS_THREADS: u32 = 384;
 
 impl FwdTile {
     pub const fn threads(&self) -> u32 {
+        self.consumer_threads() + if self.producer { 128 } else { 0 }
+    }
+    /// The threads that compute (all of them, but for a warp-specialised tile's producer).
+    pub const fn consumer_threads(&self) -> u32 {
         self.warps * 32
     }
     /// Query rows each warp owns, in 16-row MMA tiles.
@@ -268,6 +288,12 @@ impl FwdTile {
     /// the gather variant's key positions, the CTA's grid position, then the online softmax's
     /// running state.
     pub const fn smem_bytes(&self) -> u32 {
+        if self.producer {
+            // Q, the K and V rings, the softmax state, the ring's barriers (one Q, a full and
+            // an empty one per slot of each ring).
+            let qkv = (self.block_m + 2 * FWD_WS_STAGES * self.block_n) * self.head_dim * 2;
+            return qkv + self.softmax_state_bytes() + 8 * (1 + 4 * FWD_WS_STAGES);
+        }
         let qkv = (self.block_m + 2 * self.block_n) * self.head_dim * 2;
         qkv + self.bias_tile_bytes() + self.mask_tile_bytes() + self.key_pos_bytes() + POSITION_BYTES + self.softmax_state_bytes()
     }
@@ -277,7 +303,7 @@ impl FwdTile {
     }
     /// A running max and sum (f32) per thread per row it holds: two rows per 16-row MMA tile.
     pub const fn softmax_state_bytes(&self) -> u32 {
-        self.threads() * self.m_tiles_per_warp() * 2 * 2 * 4
+        self.consumer_threads() * self.m_tiles_per_warp() * 2 * 2 * 4
     }
     pub const fn bias_tile_bytes(&self) -> u32 {
         self.block_m * self.block_n * 2
@@ -320,13 +346,18 @@ pub const fn gather_tile(v: &FwdVariants, ctas: u64, sms: u32) -> (FwdTile, bool
 }
 
 const fn tile(head_dim: u32, block_m: u32, block_n: u32, warps: u32) -> FwdTile {
-    FwdTile { head_dim, block_m, block_n, warps, wgmma: false }
+    FwdTile { head_dim, block_m, block_n, warps, wgmma: false, producer: false }
 }
 
 /// A Hopper forward tile: a warpgroup per 64 query rows, so that each warp's 16 rows are its
 /// share of the warpgroup's m64 products.
 const fn wgmma_tile(head_dim: u32, block_m: u32, block_n: u32) -> FwdTile {
-    FwdTile { head_dim, block_m, block_n, warps: block_m / 16, wgmma: true }
+    FwdTile { head_dim, block_m, block_n, warps: block_m / 16, wgmma: true, producer: false }
+}
+
+/// A warp-specialised Hopper forward tile: [`wgmma_tile`]'s consumers and a producer warpgroup.
+const fn ws_tile(head_dim: u32, block_m: u32, block_n: u32) -> FwdTile {
+    FwdTile { producer: true, ..wgmma_tile(head_dim, block_m, block_n) }
 }
 
 /// The shipped forward tiles. Shapes are chosen per head dim so that no variant spills under
@@ -349,8 +380,8 @@ pub const FWD_TILES: [FwdVariants; 6] = [
 /// shapes, so that the work orders, key splits and gather tile choice are theirs, with a warp per
 /// 16 query rows.
 pub const FWD_TILES_SM90: [FwdVariants; 2] = [
-    FwdVariants { plain: Some(wgmma_tile(64, 128, 128)), mods: wgmma_tile(64, 128, 128), gather_narrow: Some(wgmma_tile(64, 64, 128)) },
-    FwdVariants { plain: Some(wgmma_tile(128, 128, 64)), mods: wgmma_tile(128, 128, 64), gather_narrow: None },
+    FwdVariants { plain: Some(ws_tile(64, 128, 128)), mods: wgmma_tile(64, 128, 128), gather_narrow: Some(wgmma_tile(64, 64, 128)) },
+    FwdVariants { plain: Some(ws_tile(128, 128, 128)), mods: wgmma_tile(128, 128, 64), gather_narrow: None },
 ];
 
 /// The forward kernels for a head dimension: the Hopper module's where `wgmma` (the GPU runs

@@ -138,6 +138,71 @@ pub fn wgmma_commit() {
     unsafe { asm!("wgmma.commit_group.sync.aligned;", options(nostack)) };
 }
 
+/// Sets up the `mbarrier` at shared address `at` for `count` arrivals a phase. One thread
+/// initialises; a CTA barrier must follow before any thread uses it.
+#[cfg_attr(not(target_feature = "sm_90a"), allow(dead_code))]
+#[inline(always)]
+pub unsafe fn mbarrier_init(at: u32, count: u32) {
+    unsafe { asm!("mbarrier.init.shared::cta.b64 [{0}], {1};", in(reg32) at, in(reg32) count, options(nostack)) };
+}
+
+/// This thread's arrival on the `mbarrier` at `at`, with release semantics: its earlier memory
+/// accesses are visible to the threads that see the phase complete.
+#[cfg_attr(not(target_feature = "sm_90a"), allow(dead_code))]
+#[inline(always)]
+pub unsafe fn mbarrier_arrive(at: u32) {
+    unsafe { asm!("mbarrier.arrive.shared::cta.b64 _, [{0}];", in(reg32) at, options(nostack)) };
+}
+
+/// Waits (acquire) until the phase of parity `parity` of the `mbarrier` at `at` has completed.
+/// A fresh barrier is in phase 0, and the phase before it (parity 1) counts as complete.
+#[cfg_attr(not(target_feature = "sm_90a"), allow(dead_code))]
+#[inline(always)]
+pub unsafe fn mbarrier_wait(at: u32, parity: u32) {
+    loop {
+        // `try_wait` itself suspends the thread for a while before answering no.
+        let done: u32;
+        unsafe {
+            asm!("{{ .reg .pred d; mbarrier.try_wait.parity.shared::cta.b64 d, [{1}], {2}; selp.u32 {0}, 1, 0, d; }}",
+                out(reg32) done, in(reg32) at, in(reg32) parity, options(nostack))
+        };
+        if done != 0 {
+            return;
+        }
+    }
+}
+
+/// Raises (`INC`) or lowers this warpgroup's per-thread register limit to `N` (sm_90a,
+/// warpgroup-collective): producer warpgroups give registers to the consumers.
+#[cfg_attr(not(target_feature = "sm_90a"), allow(dead_code))]
+#[inline(always)]
+pub fn setmaxnreg<const INC: bool, const N: u32>() {
+    const { assert!(N >= 24 && N <= 256 && N % 8 == 0) };
+    unsafe {
+        if INC {
+            asm!("setmaxnreg.inc.sync.aligned.u32 {n};", n = const N, options(nostack))
+        } else {
+            asm!("setmaxnreg.dec.sync.aligned.u32 {n};", n = const N, options(nostack))
+        }
+    }
+}
+
+/// Barrier `id` (1..16; 0 is [`sync_threads`]'s) among `threads` threads, whole warps
+/// (collective for those threads).
+#[cfg_attr(not(target_feature = "sm_90a"), allow(dead_code))]
+#[inline(always)]
+pub fn named_barrier(id: u32, threads: u32) {
+    unsafe { asm!("bar.sync {0}, {1};", in(reg32) id, in(reg32) threads, options(nostack)) };
+}
+
+/// Arrival on barrier `id` (of `threads` threads) without waiting: the threads that
+/// [`named_barrier`] on it wait for this one.
+#[cfg_attr(not(target_feature = "sm_90a"), allow(dead_code))]
+#[inline(always)]
+pub fn named_barrier_arrive(id: u32, threads: u32) {
+    unsafe { asm!("bar.arrive {0}, {1};", in(reg32) id, in(reg32) threads, options(nostack)) };
+}
+
 #[inline(always)]
 pub fn cp_async_commit() {
     unsafe { asm!("cp.async.commit_group;", options(nostack)) };

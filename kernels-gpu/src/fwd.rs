@@ -374,9 +374,9 @@ pub unsafe fn forward<
 }
 
 /// Epilogue: O normalised and stored, and each row's LSE. Every warp passed the loop's last
-/// barrier after its last read of Q, so the Q tile can hold O for a coalesced store. A row with
-/// nothing visible gets O = 0 and LSE = -inf. Opaque indices again, or LLVM merges these
-/// addresses with the prologue's identical ones and holds them across the whole loop.
+/// barrier after its last read of Q, so the Q tile can hold O for a coalesced store. Opaque
+/// indices again, or LLVM merges these addresses with the prologue's identical ones and holds
+/// them across the whole loop.
 #[inline(always)]
 unsafe fn store_output<E: Elem, const BM: usize, const MT: usize, const DT: usize, const MODS: bool, const PACKED: bool>(
     p: &FwdParams,
@@ -387,24 +387,42 @@ unsafe fn store_output<E: Elem, const BM: usize, const MT: usize, const DT: usiz
 ) {
     let tid = opaque(tid);
     let b = BlockInfo::new::<MODS, PACKED>(p, BM as u32, reread_position::<MODS>(sm.position));
+    let softmax = OnlineSoftmax::<MT>::at(sm.softmax, tid, threads);
+    unsafe { write_output::<E, MT, DT>(p, &b, sm.q, softmax, o, tid, threads, sync_threads) };
+}
+
+/// O normalised by `softmax`'s sums, staged through `q` (free: the `threads` threads' rows of it
+/// read for the last time) and stored, and each row's LSE; `barrier` orders the staging among
+/// the `threads`. A row with nothing visible gets O = 0 and LSE = -inf.
+#[inline(always)]
+pub unsafe fn write_output<E: Elem, const MT: usize, const DT: usize>(
+    p: &FwdParams,
+    b: &BlockInfo,
+    q: SmemTile,
+    softmax: OnlineSoftmax<MT>,
+    o: &[[[f32; 4]; DT]; MT],
+    tid: u32,
+    threads: u32,
+    barrier: impl Fn(),
+) {
     let lane = tid % 32;
     let (g, t) = (lane / 4, lane % 4);
     let warp_row0 = (tid / 32) * (MT as u32) * 16;
-    let (inv, lse) = OnlineSoftmax::<MT>::at(sm.softmax, tid, threads).finish();
-    let o_at = sm.q.chunk(g, 0) + 4 * t;
+    let (inv, lse) = softmax.finish();
+    let o_at = q.chunk(g, 0) + 4 * t;
     for mt in 0..MT {
         for h in 0..2 {
             let dr = warp_row0 + 16 * mt as u32 + 8 * h as u32;
             for dt in 0..DT {
                 let v = &o[mt][dt];
                 let packed = E::pack(v[2 * h] * inv[mt][h], v[2 * h + 1] * inv[mt][h]);
-                unsafe { st_shared_u32(sm.q.shift(o_at, dr, dt as u32), packed) };
+                unsafe { st_shared_u32(q.shift(o_at, dr, dt as u32), packed) };
             }
             if t == 0 && dr + g < b.rows_valid {
                 unsafe { *(p.lse as *mut f32).add(b.lse_index(dr + g) as usize) = lse[mt][h] };
             }
         }
     }
-    sync_threads();
-    unsafe { sm.q.store(b.o(), 2 * p.o.stride[1], b.rows_valid, tid, threads) };
+    barrier();
+    unsafe { q.store(b.o(), 2 * p.o.stride[1], b.rows_valid, tid, threads) };
 }

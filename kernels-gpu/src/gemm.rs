@@ -98,3 +98,28 @@ pub unsafe fn pv_product<E: Elem, const MT: usize, const NT: usize, const DT: us
         mma_tiles::<E, MT, DT, 1>(o, |mt, _| p_frag(mt as usize, kk), |dp, _| unsafe { v_frag.b_trans(16 * kk as u32, 2 * dp) });
     }
 }
+
+/// `o += P V` (sm_90a) over `KP` k16 steps of a V tile, P a warp's probabilities already packed
+/// into A fragments (`p[kk]`, keys `16 kk..16 kk + 16`): register-A `wgmma`s, committed as one
+/// group and not waited for (P's registers stay live until [`wgmma_wait`]).
+#[cfg_attr(not(target_feature = "sm_90a"), allow(dead_code))]
+#[inline(always)]
+pub fn wgmma_pv<E: Elem, const KP: usize, const DT: usize>(o: &mut [[f32; 4]; DT], p: &[[u32; 4]; KP], v: SmemTile) {
+    wgmma_fence();
+    for kk in 0..KP {
+        E::wgmma_ra::<DT, 1>(o, &p[kk], v.wgmma_mn_major(kk as u32, 0));
+    }
+    wgmma_commit();
+}
+
+/// A warp's probabilities `s` (m16 x `8 NT`, accumulator layout) as the A fragments of
+/// [`wgmma_pv`] (`KP = NT / 2`): the accumulator layout is the A-fragment layout.
+#[cfg_attr(not(target_feature = "sm_90a"), allow(dead_code))]
+#[inline(always)]
+pub fn pack_p<E: Elem, const NT: usize, const KP: usize>(s: &[[f32; 4]; NT]) -> [[u32; 4]; KP] {
+    const { assert!(2 * KP == NT) };
+    core::array::from_fn(|kk| {
+        let (lo, hi) = (&s[2 * kk], &s[2 * kk + 1]);
+        [E::pack(lo[0], lo[1]), E::pack(lo[2], lo[3]), E::pack(hi[0], hi[1]), E::pack(hi[2], hi[3])]
+    })
+}

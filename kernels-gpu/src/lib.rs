@@ -23,6 +23,8 @@ mod decode;
 mod lists;
 mod elem;
 mod fwd;
+#[cfg(target_feature = "sm_90a")]
+mod fwd_ws;
 mod gather;
 mod gemm;
 mod mask;
@@ -261,12 +263,27 @@ fwd_gather_narrow! { variants:
     F16, 64: dmattn_fwd_f16_d64_mods_gather_narrow;
 }
 
+/// The Hopper module's lean forward (`dmattn_fwd_sm90_<elem>_d<dim>[_packed]`): warp-specialised
+/// (`fwd_ws`), on the lean tile of `FWD_TILES_SM90`.
+macro_rules! fwd_ws_kernel {
+    ($name:ident, $elem:ty, $d:literal, $packed:literal) => {
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: FwdParams) {
+            const T: FwdTile = match sm90_variants($d).plain { Some(t) if t.producer => t, _ => panic!() };
+            unsafe {
+                fwd_ws::forward::<$elem, $d, { T.block_m as usize }, { T.block_n as usize }, { T.block_n as usize / 8 }, { $d / 16 },
+                    { $d / 8 }, { T.block_n as usize / 16 }, $packed>(&p)
+            }
+        }
+    };
+}
+
 /// The Hopper forward (`dmattn_fwd_sm90_<elem>_d<dim>[_packed|_mods[_gather[_narrow]|_packed|_paged]]`,
-/// `names::FWD_WGMMA_PREFIX`): the portable forward's variants on `wgmma` products, and where
+/// `names::FWD_WGMMA_PREFIX`): the lean one warp-specialised, the portable forward's other variants on `wgmma` products, and where
 /// `fwd_sm90_lean_packed` says so a lean packed-batch variant (no mask, bias or softcap).
 macro_rules! fwd_wgmma_kernels {
     ($($elem:ty, $d:literal: $plain:ident, $mods:ident, $gather:ident, $packed:ident, $paged:ident $(, $narrow:ident)?;)*) => {$(
-        fwd_kernels!(@one $plain, $elem, $d, match sm90_variants($d).plain { Some(t) => t, None => panic!() }, false, false, false, false);
+        fwd_ws_kernel!($plain, $elem, $d, false);
         fwd_kernels!(@one $mods, $elem, $d, sm90_variants($d).mods, true, false, false, false);
         fwd_kernels!(@one $gather, $elem, $d, sm90_variants($d).mods, true, true, false, false);
         fwd_kernels!(@one $packed, $elem, $d, sm90_variants($d).mods, true, false, true, false);
@@ -287,7 +304,7 @@ fwd_wgmma_kernels! {
 macro_rules! fwd_lean_packed {
     ($($elem:ty, $d:literal: $name:ident;)*) => {$(
         const _: () = assert!(dmattn_abi::fwd_sm90_lean_packed($d));
-        fwd_kernels!(@one $name, $elem, $d, match sm90_variants($d).plain { Some(t) => t, None => panic!() }, false, false, true, false);
+        fwd_ws_kernel!($name, $elem, $d, true);
     )*};
 }
 

@@ -11,6 +11,18 @@ fn forward_matches_reference() {
     gpu_property(2000, 300, |(case, seed)| check_gpu_forward(&case, ForwardPath::Fused, &gpu, &case.inputs(&mut seeded_rng(seed))));
 }
 
+/// Lean calls (no mask, bias or softcap) at d64 and d128: on Hopper the warp-specialised
+/// forward, whose K/V ring of two slots wraps every two key tiles (up to 5 of 128 keys here).
+#[test]
+fn lean_forward_matches_reference() {
+    let Some(gpu) = gpu() else { return };
+    gpu_property(2000, 600, |(case, seed)| {
+        let head_dim = if seed % 2 == 0 { 64 } else { 128 };
+        let case = Case { mask: None, bias: None, softcap: 0.0, head_dim, ..case };
+        check_gpu_forward(&case, ForwardPath::Fused, &gpu, &case.inputs(&mut seeded_rng(seed)))
+    });
+}
+
 /// A small case of each forward kernel the call can pick (every head dim and element type; the
 /// lean variant, the modifier variant with a mask, a bias, causal and a softcap, its gather
 /// variant, and split-KV decoding), for the sanitizer run (`run.sh sanitize`) as much as for itself: on Hopper, d64
