@@ -196,7 +196,7 @@ const fn bwd_tile_in(tiles: &[BwdTile], head_dim: u32, modifiers: u8) -> Option<
 /// `__launch_bounds__`: (kernel name, threads per block, CTAs per SM to fit). ptxas then keeps
 /// each thread's registers within what that many CTAs leave; the host launches these kernels
 /// with exactly these threads.
-pub const LAUNCH_BOUNDS: [(&str, u32, u32); 28] = [
+pub const LAUNCH_BOUNDS: [(&str, u32, u32); 30] = [
     (names::SELECT_KEYS_16, SELECT_THREADS, select_ctas_per_sm(2)),
     (names::SELECT_KEYS_32, SELECT_THREADS, select_ctas_per_sm(4)),
     (names::FWD_BF16_D64_GATHER_NARROW, 128, GATHER_NARROW_CTAS_PER_SM),
@@ -204,11 +204,13 @@ pub const LAUNCH_BOUNDS: [(&str, u32, u32); 28] = [
     (names::FWD_SM90_BF16_D64_GATHER_NARROW, 128, GATHER_NARROW_CTAS_PER_SM),
     (names::FWD_SM90_F16_D64_GATHER_NARROW, 128, GATHER_NARROW_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d64", FWD_WS_THREADS, 1),
+    ("dmattn_fwd_sm90_bf16_d64_packed", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_bf16_d64_mods", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d64_mods_gather", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d64_mods_packed", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d64_mods_paged", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d64", FWD_WS_THREADS, 1),
+    ("dmattn_fwd_sm90_f16_d64_packed", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_f16_d64_mods", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d64_mods_gather", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d64_mods_packed", 256, FWD_SM90_CTAS_PER_SM),
@@ -228,14 +230,16 @@ pub const LAUNCH_BOUNDS: [(&str, u32, u32); 28] = [
 ];
 
 /// Whether the Hopper module has a lean packed-batch forward for `head_dim`
-/// (`dmattn_fwd_sm90_<elem>_d<dim>_packed`: packed batches without mask, bias or softcap; the
-/// others run the modifier variant's packed kernel). At d64 the sequence bounds' loads spilled
-/// it (8 bytes at its 128-register cap).
+/// (`dmattn_fwd_sm90_<elem>_d<dim>_packed`: packed batches without mask, bias or softcap, on the
+/// warp-specialised kernel; the others run the modifier variant's packed kernel): every head dim
+/// it has tiles for. (On the earlier lean kernel, at two CTAs an SM, d64's sequence bounds
+/// spilled it at its 128-register cap.)
 pub const fn fwd_sm90_lean_packed(head_dim: u32) -> bool {
-    head_dim == 128
+    matches!(head_dim, 64 | 128)
 }
 
-/// CTAs per SM the Hopper forward's 128-row tiles are compiled for. Each CTA's two warpgroups
+/// CTAs per SM the Hopper forward's 128-row tiles with modifiers (and the gather ones) are
+/// compiled for; the lean ones are warp-specialised, one CTA an SM. Each CTA's two warpgroups
 /// meet at the same barriers and so reach their products and softmaxes together; a second CTA
 /// on the SM, on its own schedule, keeps the tensor cores busy through one CTA's softmax (one
 /// CTA per SM, at 166-188 registers, was slower than `mma.sync`: H100, b2 h32 hk8 8K, d64

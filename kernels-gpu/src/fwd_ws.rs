@@ -195,39 +195,35 @@ struct Rows {
     lane: u32,
 }
 
-/// Key tile `n`'s S = QKᵀ issued into `s` (ring position `r`, once its K has landed), on the
-/// band's start values (-inf where the band or the key bound hide a score); committed, not
-/// waited for.
+/// Key tile `n`'s score start values in `s`: -inf where the band or the key bound hide a
+/// score, else 0.
 #[inline(always)]
-unsafe fn issue_scores<E: Elem, const D: usize, const BM: usize, const BN: usize, const NT: usize, const KT: usize>(
-    b: &BlockInfo,
-    sm: &Smem,
-    at: Rows,
-    s: &mut [[[f32; 4]; NT]; 1],
-    n: u32,
-    r: Ring,
-) {
+fn start_scores<E: Elem, const BM: usize, const BN: usize, const NT: usize>(b: &BlockInfo, sm: &Smem, at: Rows, s: &mut [[[f32; 4]; NT]; 1], n: u32) {
     let col0 = n * BN as u32;
     let check = b.vis.tile_needs_check(b.row0, b.rows_valid.min(BM as u32), col0, BN as u32);
     let band = b.vis.at_tile(b.row0, col0).shifted(at.warp_row0 + at.lane / 4, 2 * (at.lane % 4)).rows_bits::<1>(check);
     // No bias or mask: the start values are the band's alone (the bias tile is never read).
     let warp = WarpScores::new::<NT>(sm.q, false, 0, 0, at.warp_row0, 0, at.lane);
-    let mods = Mods::of(b.p, modifiers::NONE);
-    warp.init::<E, 1, NT>(s, &mods, &band, check, false);
-    unsafe { mbarrier_wait(sm.bar(FULL_K, r.slot()), r.parity()) };
+    warp.init::<E, 1, NT>(s, &Mods::of(b.p, modifiers::NONE), &band, check, false);
+}
+
+/// Waits for the tile of barrier `role` (`FULL_K` or `FULL_V`) at ring position `r` to land.
+#[inline(always)]
+fn landed(sm: &Smem, role: u32, r: Ring) {
+    unsafe { mbarrier_wait(sm.bar(role, r.slot()), r.parity()) };
+}
+
+/// S += QKᵀ over the K tile at ring position `r` (landed), for the warpgroup's rows; committed,
+/// not waited for.
+#[inline(always)]
+fn issue_scores<E: Elem, const D: usize, const BN: usize, const NT: usize, const KT: usize>(sm: &Smem, at: Rows, s: &mut [[[f32; 4]; NT]; 1], r: Ring) {
     let k = sm.k::<D, BN>(r.slot());
     wgmma_tiles::<E, NT, KT, 0, 0>(&mut s[0], |ks| sm.q.wgmma_k_major(at.group_row0, ks), |ks| k.wgmma_k_major(0, ks));
 }
 
-/// O += P V over the V tile of ring position `r` (once it has landed); committed, not waited for.
+/// O += P V over the V tile at ring position `r` (landed); committed, not waited for.
 #[inline(always)]
-unsafe fn issue_pv<E: Elem, const D: usize, const BN: usize, const KP: usize, const DT: usize>(
-    sm: &Smem,
-    o: &mut [[f32; 4]; DT],
-    p: &[[u32; 4]; KP],
-    r: Ring,
-) {
-    unsafe { mbarrier_wait(sm.bar(FULL_V, r.slot()), r.parity()) };
+fn issue_pv<E: Elem, const D: usize, const BN: usize, const KP: usize, const DT: usize>(sm: &Smem, o: &mut [[f32; 4]; DT], p: &[[u32; 4]; KP], r: Ring) {
     wgmma_pv::<E, KP, DT>(o, p, sm.v::<D, BN>(r.slot()));
 }
 
@@ -253,9 +249,12 @@ unsafe fn consume<E: Elem, const D: usize, const BM: usize, const BN: usize, con
     let mut n = tiles.next_candidate(0);
     if n < tiles.end {
         let turns = Turns::new(ctid / 128);
-        // The first tile alone: its probabilities need no output to rescale.
+        // The first tile alone: its probabilities need no output to rescale. A turn holds
+        // only the products' issue: start values and waits for data come before it.
+        start_scores::<E, BM, BN, NT>(&b, sm, at, &mut s, n);
+        landed(sm, FULL_K, Ring(0));
         turns.take();
-        unsafe { issue_scores::<E, D, BM, BN, NT, KT>(&b, sm, at, &mut s, n, Ring(0)) };
+        issue_scores::<E, D, BN, NT, KT>(sm, at, &mut s, Ring(0));
         turns.pass(false);
         wgmma_wait::<0, NT>(&mut s[0]);
         unsafe { mbarrier_arrive(sm.bar(EMPTY_K, 0)) };
@@ -268,11 +267,12 @@ unsafe fn consume<E: Elem, const D: usize, const BM: usize, const BN: usize, con
                 break;
             }
             let (r, prev) = (Ring(i), Ring(i - 1));
+            start_scores::<E, BM, BN, NT>(&b, sm, at, &mut s, n);
+            landed(sm, FULL_K, r);
+            landed(sm, FULL_V, prev);
             turns.take();
-            unsafe {
-                issue_scores::<E, D, BM, BN, NT, KT>(&b, sm, at, &mut s, n, r);
-                issue_pv::<E, D, BN, KP, DT>(sm, &mut o[0], &probs, prev);
-            }
+            issue_scores::<E, D, BN, NT, KT>(sm, at, &mut s, r);
+            issue_pv::<E, D, BN, KP, DT>(sm, &mut o[0], &probs, prev);
             turns.pass(false);
             // This tile's scores (the older group) are in: its softmax runs under the PV.
             wgmma_wait::<1, NT>(&mut s[0]);
@@ -290,8 +290,9 @@ unsafe fn consume<E: Elem, const D: usize, const BM: usize, const BN: usize, con
             probs = pack_p::<E, NT, KP>(&s[0]);
             i += 1;
         }
+        landed(sm, FULL_V, Ring(i - 1));
         turns.take();
-        unsafe { issue_pv::<E, D, BN, KP, DT>(sm, &mut o[0], &probs, Ring(i - 1)) };
+        issue_pv::<E, D, BN, KP, DT>(sm, &mut o[0], &probs, Ring(i - 1));
         turns.pass(true);
         wgmma_wait::<0, DT>(&mut o[0]);
     }

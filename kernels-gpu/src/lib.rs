@@ -310,6 +310,8 @@ macro_rules! fwd_lean_packed {
 
 #[cfg(target_feature = "sm_90a")]
 fwd_lean_packed! {
+    Bf16, 64: dmattn_fwd_sm90_bf16_d64_packed;
+    F16, 64: dmattn_fwd_sm90_f16_d64_packed;
     Bf16, 128: dmattn_fwd_sm90_bf16_d128_packed;
     F16, 128: dmattn_fwd_sm90_f16_d128_packed;
 }

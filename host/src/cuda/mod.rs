@@ -1045,7 +1045,8 @@ mod tests {
 
     /// A packed batch runs the modifier variant's packed kernel (the others serve fixed lengths
     /// only), over the longest sequence's query tiles and every sequence; with paged K/V, its
-    /// paged kernel. Without mask, bias or softcap, the Hopper module's lean packed kernel.
+    /// paged kernel. Without mask, bias or softcap, the Hopper module's lean packed kernel (d64
+    /// and d128).
     #[test]
     fn packed_batches_run_the_modifier_variant() {
         let seqs = crate::SeqLens::from_lengths(&[100, 3000, 0], &[100, 3000, 7], &crate::Device::Cpu).unwrap();
@@ -1060,7 +1061,9 @@ mod tests {
             let lean = fwd_plan(gpu, &d128(packed(8, false)), DeviceElem::Bf16, FwdMask::None).unwrap();
             let want = if gpu.wgmma { "dmattn_fwd_sm90_bf16_d128_packed" } else { "dmattn_fwd_bf16_d128_mods_packed" };
             assert_eq!((lean.kernel.as_str(), lean.ordered), (want, !gpu.wgmma));
-            assert!(fwd_plan(gpu, &packed(8, false), DeviceElem::Bf16, FwdMask::None).unwrap().kernel.ends_with("_d64_mods_packed"));
+            let lean64 = fwd_plan(gpu, &packed(8, false), DeviceElem::Bf16, FwdMask::None).unwrap();
+            let want = if gpu.wgmma { "dmattn_fwd_sm90_bf16_d64_packed" } else { "dmattn_fwd_bf16_d64_mods_packed" };
+            assert_eq!(lean64.kernel, want);
             // Less: grid order (and split keys, which only the modifier variant takes).
             let plan = fwd_plan(gpu, &packed(1, false), DeviceElem::Bf16, FwdMask::None).unwrap();
             assert!(!plan.ordered && plan.splits > 1 && plan.kernel.ends_with("_d64_mods_packed"));
