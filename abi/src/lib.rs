@@ -133,13 +133,20 @@ mod tests {
                 assert!(h.smem_bytes() <= 227 * 1024);
             }
             let lean = v.plain.unwrap();
-            assert!(lean.producer && !v.mods.producer);
+            assert!(lean.producer && !lean.modifiers && !v.mods.producer);
+            // The fixed-length modifier kernel, where warp-specialised: on the modifier tile's shape.
+            if let Some(ws) = v.mods_ws {
+                assert!(ws.producer && ws.modifiers && ws.smem_bytes() <= 227 * 1024);
+                assert_eq!((ws.head_dim, ws.block_m, ws.block_n, ws.threads()), (v.mods.head_dim, v.mods.block_m, v.mods.block_n, FWD_WS_THREADS));
+            }
+            assert!(2 * 128 * FWD_WS_MODS_CONSUMER_REGS + 128 * FWD_WS_MODS_PRODUCER_REGS <= 65536);
             assert_eq!((lean.block_m, lean.threads()), (128, FWD_WS_THREADS));
             assert!(2 * 128 * FWD_WS_CONSUMER_REGS + 128 * FWD_WS_PRODUCER_REGS <= 65536);
             assert_eq!(fwd_variants_for(v.mods.head_dim, true), Some(v));
             assert_eq!(fwd_variants_for(v.mods.head_dim, false), Some(p));
         }
         assert_eq!(fwd_variants_for(96, true), fwd_variants(96));
+        assert!(fwd_variants_for(128, true).unwrap().mods_ws.is_some());
     }
 
     #[test]

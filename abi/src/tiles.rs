@@ -217,13 +217,13 @@ pub const LAUNCH_BOUNDS: [(&str, u32, u32); 30] = [
     ("dmattn_fwd_sm90_f16_d64_mods_paged", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d128", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_bf16_d128_packed", FWD_WS_THREADS, 1),
-    ("dmattn_fwd_sm90_bf16_d128_mods", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_bf16_d128_mods", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_bf16_d128_mods_gather", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d128_mods_packed", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d128_mods_paged", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d128", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_f16_d128_packed", FWD_WS_THREADS, 1),
-    ("dmattn_fwd_sm90_f16_d128_mods", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_f16_d128_mods", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_f16_d128_mods_gather", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d128_mods_packed", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d128_mods_paged", 256, FWD_SM90_CTAS_PER_SM),
@@ -261,6 +261,10 @@ pub struct FwdTile {
     /// Warp-specialised (sm_90a, [`FWD_WS_STAGES`]-deep K/V ring): a producer warpgroup of its
     /// own copies the K and V tiles; the `warps` are the consumers.
     pub producer: bool,
+    /// A warp-specialised tile whose kernel takes the score modifiers (mask, bias, softcap,
+    /// split-KV, work order): each ring slot also holds a bias and a packed-mask tile, and the
+    /// producer passes each key tile's index and fullness to the consumers.
+    pub modifiers: bool,
 }
 
 /// K/V tiles in flight in a warp-specialised forward: the consumers multiply one while the
@@ -272,6 +276,11 @@ pub const FWD_WS_STAGES: u32 = 2;
 /// SM, launched at 384 threads, 168 registers each).
 pub const FWD_WS_PRODUCER_REGS: u32 = 40;
 pub const FWD_WS_CONSUMER_REGS: u32 = 232;
+/// The same with modifiers: the producer also walks the block map and loads bias and mask tiles
+/// (at 56 registers the d128 kernel spilled 4 bytes; its consumers need far fewer than these,
+/// holding a 64-key S).
+pub const FWD_WS_MODS_PRODUCER_REGS: u32 = 64;
+pub const FWD_WS_MODS_CONSUMER_REGS: u32 = 216;
 
 /// Threads of a warp-specialised forward CTA: two consumer warpgroups and the producer.
 pub const FWD_WS_THREADS: u32 = 384;
@@ -293,10 +302,16 @@ impl FwdTile {
     /// running state.
     pub const fn smem_bytes(&self) -> u32 {
         if self.producer {
-            // Q, the K and V rings, the softmax state, the ring's barriers (one Q, a full and
-            // an empty one per slot of each ring).
+            // Q, the K and V rings, with modifiers the bias and mask rings, the tiles' indices
+            // and the grid position, then the softmax state and the ring's barriers (one Q, a
+            // full and an empty one per slot of each ring).
             let qkv = (self.block_m + 2 * FWD_WS_STAGES * self.block_n) * self.head_dim * 2;
-            return qkv + self.softmax_state_bytes() + 8 * (1 + 4 * FWD_WS_STAGES);
+            let mods = if self.modifiers {
+                FWD_WS_STAGES * (self.bias_tile_bytes() + self.mask_tile_bytes() + 4) + POSITION_BYTES
+            } else {
+                0
+            };
+            return qkv + mods + self.softmax_state_bytes() + 8 * (1 + 4 * FWD_WS_STAGES);
         }
         let qkv = (self.block_m + 2 * self.block_n) * self.head_dim * 2;
         qkv + self.bias_tile_bytes() + self.mask_tile_bytes() + self.key_pos_bytes() + POSITION_BYTES + self.softmax_state_bytes()
@@ -325,6 +340,11 @@ pub struct FwdVariants {
     pub plain: Option<FwdTile>,
     /// The variant with score modifiers.
     pub mods: FwdTile,
+    /// The modifier variant's warp-specialised tile for fixed-length calls that gather nothing
+    /// (the Hopper module; the same shape as `mods`, so the same splits and work order). d128
+    /// only: at d64 it was no faster (H100, b2 h32 hk8 8K, same-run A/B: 50 % blocks 1.86 ->
+    /// 1.89 ms, + bias 2.56 -> 2.56, causal + bias 2.66 -> 2.81), where at d128 it gained 3-7 %.
+    pub mods_ws: Option<FwdTile>,
     /// A tile of fewer query rows for the gather variant, where the modifier tile's grid would
     /// leave the GPU under two CTAs per SM ([`gather_tile`]).
     pub gather_narrow: Option<FwdTile>,
@@ -350,18 +370,23 @@ pub const fn gather_tile(v: &FwdVariants, ctas: u64, sms: u32) -> (FwdTile, bool
 }
 
 const fn tile(head_dim: u32, block_m: u32, block_n: u32, warps: u32) -> FwdTile {
-    FwdTile { head_dim, block_m, block_n, warps, wgmma: false, producer: false }
+    FwdTile { head_dim, block_m, block_n, warps, wgmma: false, producer: false, modifiers: false }
 }
 
 /// A Hopper forward tile: a warpgroup per 64 query rows, so that each warp's 16 rows are its
 /// share of the warpgroup's m64 products.
 const fn wgmma_tile(head_dim: u32, block_m: u32, block_n: u32) -> FwdTile {
-    FwdTile { head_dim, block_m, block_n, warps: block_m / 16, wgmma: true, producer: false }
+    FwdTile { head_dim, block_m, block_n, warps: block_m / 16, wgmma: true, producer: false, modifiers: false }
 }
 
 /// A warp-specialised Hopper forward tile: [`wgmma_tile`]'s consumers and a producer warpgroup.
 const fn ws_tile(head_dim: u32, block_m: u32, block_n: u32) -> FwdTile {
     FwdTile { producer: true, ..wgmma_tile(head_dim, block_m, block_n) }
+}
+
+/// [`ws_tile`] for the modifier variant.
+const fn ws_mods_tile(head_dim: u32, block_m: u32, block_n: u32) -> FwdTile {
+    FwdTile { modifiers: true, ..ws_tile(head_dim, block_m, block_n) }
 }
 
 /// The shipped forward tiles. Shapes are chosen per head dim so that no variant spills under
@@ -372,20 +397,20 @@ const fn ws_tile(head_dim: u32, block_m: u32, block_n: u32) -> FwdTile {
 /// per-tile bookkeeping per key, ~15 % faster on training shapes, though 28 % slower on
 /// sparse decoding at 512K keys, where each visited tile carries twice the keys.
 pub const FWD_TILES: [FwdVariants; 6] = [
-    FwdVariants { plain: Some(tile(32, 128, 64, 4)), mods: tile(32, 128, 64, 4), gather_narrow: None },
-    FwdVariants { plain: Some(tile(64, 128, 128, 4)), mods: tile(64, 128, 128, 4), gather_narrow: Some(tile(64, 64, 128, 4)) },
-    FwdVariants { plain: Some(tile(96, 128, 64, 4)), mods: tile(96, 128, 64, 4), gather_narrow: None },
-    FwdVariants { plain: Some(tile(128, 128, 64, 4)), mods: tile(128, 128, 64, 4), gather_narrow: None },
-    FwdVariants { plain: Some(tile(192, 64, 64, 4)), mods: tile(192, 64, 64, 4), gather_narrow: None },
-    FwdVariants { plain: Some(tile(256, 128, 64, 8)), mods: tile(256, 128, 64, 8), gather_narrow: None },
+    FwdVariants { plain: Some(tile(32, 128, 64, 4)), mods: tile(32, 128, 64, 4), mods_ws: None, gather_narrow: None },
+    FwdVariants { plain: Some(tile(64, 128, 128, 4)), mods: tile(64, 128, 128, 4), mods_ws: None, gather_narrow: Some(tile(64, 64, 128, 4)) },
+    FwdVariants { plain: Some(tile(96, 128, 64, 4)), mods: tile(96, 128, 64, 4), mods_ws: None, gather_narrow: None },
+    FwdVariants { plain: Some(tile(128, 128, 64, 4)), mods: tile(128, 128, 64, 4), mods_ws: None, gather_narrow: None },
+    FwdVariants { plain: Some(tile(192, 64, 64, 4)), mods: tile(192, 64, 64, 4), mods_ws: None, gather_narrow: None },
+    FwdVariants { plain: Some(tile(256, 128, 64, 8)), mods: tile(256, 128, 64, 8), mods_ws: None, gather_narrow: None },
 ];
 
 /// The Hopper forward tiles (sm_90a module, `names::FWD_WGMMA_PREFIX`): the portable tiles'
 /// shapes, so that the work orders, key splits and gather tile choice are theirs, with a warp per
 /// 16 query rows.
 pub const FWD_TILES_SM90: [FwdVariants; 2] = [
-    FwdVariants { plain: Some(ws_tile(64, 128, 128)), mods: wgmma_tile(64, 128, 128), gather_narrow: Some(wgmma_tile(64, 64, 128)) },
-    FwdVariants { plain: Some(ws_tile(128, 128, 128)), mods: wgmma_tile(128, 128, 64), gather_narrow: None },
+    FwdVariants { plain: Some(ws_tile(64, 128, 128)), mods: wgmma_tile(64, 128, 128), mods_ws: None, gather_narrow: Some(wgmma_tile(64, 64, 128)) },
+    FwdVariants { plain: Some(ws_tile(128, 128, 128)), mods: wgmma_tile(128, 128, 64), mods_ws: Some(ws_mods_tile(128, 128, 64)), gather_narrow: None },
 ];
 
 /// The forward kernels for a head dimension: the Hopper module's where `wgmma` (the GPU runs

@@ -19,7 +19,7 @@ use dmattn_abi::{FwdParams, POSITION_BYTES, View4, flags, mask_tile_bytes, modif
 /// `BN / 64` words a row, unswizzled: a warp reads 8 rows x 4 half-words of one word column, 64
 /// distinct bytes.
 #[derive(Clone, Copy)]
-struct Smem {
+pub struct Smem {
     q: SmemTile,
     k: SmemTile,
     v: SmemTile,
@@ -43,6 +43,14 @@ impl Smem {
         let key_pos = mask + mask_tile_bytes(bm as u32, bn as u32);
         let position = key_pos + 2 * 4 * bn as u32;
         Self { q, k, v, bias, mask, key_pos, position, softmax: position + POSITION_BYTES }
+    }
+
+    /// Another kernel's K-side tiles (K, bias, packed mask) seen as this layout, for
+    /// [`load_k_side`] of a fixed-length variant that gathers nothing, which touches no other.
+    #[cfg_attr(not(target_feature = "sm_90a"), allow(dead_code))]
+    #[inline(always)]
+    pub fn k_side(k: SmemTile, bias: SmemTile, mask: u32) -> Self {
+        Self { q: k, k, v: k, bias, mask, key_pos: 0, position: 0, softmax: 0 }
     }
 
     /// Shared address of key tile `n`'s positions (gather variant).
@@ -112,7 +120,7 @@ unsafe fn load_bias_at_keys<const BN: usize>(sm: &Smem, row: u64, key_stride: u6
 /// Starts the copies of key tile `tile`'s K and the bias and packed-mask tiles that go with it
 /// (no mask copy for a full tile), keys from `keys_end` on zero-filled. All threads call this.
 #[inline(always)]
-unsafe fn load_k_side<const D: usize, const BM: usize, const BN: usize, const GATHER: bool, const PACKED: bool, const PAGED: bool>(
+pub unsafe fn load_k_side<const D: usize, const BM: usize, const BN: usize, const GATHER: bool, const PACKED: bool, const PAGED: bool>(
     b: &BlockInfo,
     sm: &Smem,
     mods: Mods,

@@ -1,22 +1,30 @@
-//! The Hopper forward for lean calls (no mask, bias or softcap; the band, GQA, fixed lengths or
-//! a packed batch), warp-specialised (sm_90a). A producer warpgroup copies Q and a ring of K and
-//! V tiles (`cp.async`) and announces each on an `mbarrier`; two consumer warpgroups, 64 query
-//! rows each, wait for them alone (no CTA-wide barrier in the loop) and run S = QKᵀ and O += PV
-//! on `wgmma`. Each consumer keeps two products in flight: key tile i's QKᵀ and tile i-1's PV are
-//! issued together, and tile i's softmax runs while PV still multiplies (FlashAttention-3's
-//! intra-warpgroup overlap); and the two consumers take turns issuing ([`Turns`], its ping-pong),
-//! so that one's softmax runs under the other's products. The producer hands most of its
-//! registers to the consumers (`setmaxnreg`).
+//! The Hopper forward for fixed-length calls and lean packed ones, warp-specialised (sm_90a). A
+//! producer warpgroup copies Q and a ring of K and V tiles (`cp.async`; with modifiers the bias
+//! and packed-mask tiles too) and announces each on an `mbarrier`; two consumer warpgroups, 64
+//! query rows each, wait for them alone (no CTA-wide barrier in the loop) and run S = QKᵀ and
+//! O += PV on `wgmma`. Each consumer keeps two products in flight: key tile i's QKᵀ and tile
+//! i-1's PV are issued together, and tile i's softmax runs while PV still multiplies
+//! (FlashAttention-3's intra-warpgroup overlap); and the two consumers take turns issuing
+//! ([`Turns`], its ping-pong), so that one's softmax runs under the other's products. The
+//! producer hands most of its registers to the consumers (`setmaxnreg`).
+//!
+//! Lean calls (no mask, bias or softcap) visit every key tile of the band, which producer and
+//! consumers each work out; with modifiers (`MODS`: mask, bias, softcap, split-KV, work order)
+//! the producer walks the block map and passes each visited tile's index and fullness to the
+//! consumers beside its K.
 use crate::arch::*;
-use crate::block_info::BlockInfo;
+use crate::block_info::{BlockInfo, position};
 use crate::elem::{Elem, wgmma_wait};
-use crate::fwd::write_output;
+use crate::fwd::{self, load_k_side, write_output};
 use crate::gemm::{pack_p, wgmma_pv, wgmma_tiles};
-use crate::mask::KeyTiles;
+use crate::mask::{KeyTiles, MapRows, Tile, TileCursor, TileLine};
 use crate::scores::{Mods, WarpScores};
 use crate::softmax::OnlineSoftmax;
 use crate::tile::SmemTile;
-use dmattn_abi::{FWD_WS_CONSUMER_REGS, FWD_WS_PRODUCER_REGS, FWD_WS_STAGES, FwdParams, modifiers};
+use dmattn_abi::{
+    FWD_WS_CONSUMER_REGS, FWD_WS_MODS_CONSUMER_REGS, FWD_WS_MODS_PRODUCER_REGS, FWD_WS_PRODUCER_REGS, FWD_WS_STAGES, FwdParams, POSITION_BYTES,
+    flags, mask_tile_bytes, modifiers,
+};
 
 const STAGES: u32 = FWD_WS_STAGES;
 const PRODUCERS: u32 = 128;
@@ -72,25 +80,34 @@ impl Turns {
     }
 }
 
-/// Shared memory: Q, the K ring, the V ring, the consumers' softmax state, the barriers
-/// (`FwdTile::smem_bytes`).
+/// Shared memory: Q, the K ring, the V ring, with modifiers the bias and packed-mask rings, the
+/// tiles' words (see [`TileWord`]) and the grid position, then the consumers' softmax state and
+/// the barriers (`FwdTile::smem_bytes`).
 #[derive(Clone, Copy)]
 struct Smem {
     q: SmemTile,
     ring: u32,
     tile_bytes: u32,
+    bias: u32,
+    mask: u32,
+    words: u32,
+    position: u32,
     softmax: u32,
     bars: u32,
 }
 
 impl Smem {
     #[inline(always)]
-    fn new<const D: usize, const BM: usize, const BN: usize>() -> Self {
+    fn new<const D: usize, const BM: usize, const BN: usize, const MODS: bool>() -> Self {
         let q = SmemTile::new(smem_base(), BM, D * 2);
         let tile_bytes = (BN * D * 2) as u32;
         let ring = q.base + q.bytes();
-        let softmax = ring + 2 * STAGES * tile_bytes;
-        Self { q, ring, tile_bytes, softmax, bars: softmax + CONSUMERS * 16 }
+        let bias = ring + 2 * STAGES * tile_bytes;
+        let mask = bias + if MODS { STAGES * (BM * BN * 2) as u32 } else { 0 };
+        let words = mask + if MODS { STAGES * mask_tile_bytes(BM as u32, BN as u32) } else { 0 };
+        let position = words + if MODS { 4 * STAGES } else { 0 };
+        let softmax = position + if MODS { POSITION_BYTES } else { 0 };
+        Self { q, ring, tile_bytes, bias, mask, words, position, softmax, bars: softmax + CONSUMERS * 16 }
     }
 
     #[inline(always)]
@@ -103,10 +120,46 @@ impl Smem {
         SmemTile::new(self.ring + (STAGES + slot) * self.tile_bytes, BN, D * 2)
     }
 
+    /// The bias tile of ring slot `slot` (modifiers only).
+    #[inline(always)]
+    fn bias<const BM: usize, const BN: usize>(&self, slot: u32) -> SmemTile {
+        SmemTile::new(self.bias + slot * (BM * BN * 2) as u32, BM, BN * 2)
+    }
+
+    /// The packed mask tile of ring slot `slot` (modifiers only).
+    #[inline(always)]
+    fn mask<const BM: usize, const BN: usize>(&self, slot: u32) -> u32 {
+        self.mask + slot * mask_tile_bytes(BM as u32, BN as u32)
+    }
+
+    /// The [`TileWord`] of ring slot `slot` (modifiers only).
+    #[inline(always)]
+    fn word(&self, slot: u32) -> u32 {
+        self.words + 4 * slot
+    }
+
     /// Barrier `role` (of slot `slot`, for the ring's).
     #[inline(always)]
     fn bar(&self, role: u32, slot: u32) -> u32 {
         self.bars + 8 * (role + slot)
+    }
+}
+
+/// How the producer tells the consumers which key tile a ring slot holds (modifiers only): its
+/// index, bit 31 its fullness; [`TileWord::END`] past the last, a slot with no tile.
+struct TileWord;
+
+impl TileWord {
+    const END: u32 = u32::MAX;
+
+    #[inline(always)]
+    fn of(t: Option<Tile>) -> u32 {
+        t.map_or(Self::END, |t| t.n | (t.full as u32) << 31)
+    }
+
+    #[inline(always)]
+    fn tile(w: u32) -> Option<Tile> {
+        (w != Self::END).then_some(Tile { n: w & !(1 << 31), full: w >> 31 != 0 })
     }
 }
 
@@ -134,10 +187,17 @@ impl Ring {
     }
 }
 
-/// The key tiles the query tile visits: the band's (the sink tiles, then an interval).
+/// The key tiles a lean call's query tile visits: the band's (the sink tiles, then an interval).
 #[inline(always)]
 fn key_tiles<const BM: usize, const BN: usize>(b: &BlockInfo) -> KeyTiles {
     b.vis.key_tiles(b.row0, BM as u32, BN as u32)
+}
+
+/// The first tile of `tiles` at or after `n`.
+#[inline(always)]
+fn band_tile(tiles: &KeyTiles, n: u32) -> Option<Tile> {
+    let n = tiles.next_candidate(n);
+    (n < tiles.end).then_some(Tile { n, full: true })
 }
 
 /// Waits for this thread's copies but the newest group, makes them visible to `wgmma` (the
@@ -149,26 +209,49 @@ unsafe fn announce(bar: u32) {
     unsafe { mbarrier_arrive(bar) };
 }
 
-/// The producer warpgroup (`ptid` 0..128): Q, then each visited key tile's K and V into the
-/// next ring slot once the consumers have freed it. Copies go in as groups Q, K0, V0, K1, ...;
-/// after issuing one it announces the one before, so one copy is always in flight.
+/// The producer warpgroup (`ptid` 0..128): Q, then each visited key tile's K (with modifiers its
+/// bias and mask tiles and its [`TileWord`]) and V into the next ring slot once the consumers have
+/// freed it. Copies go in as groups Q, K0, V0, K1, ...; after issuing one it announces the one
+/// before, so one copy is always in flight. With modifiers a last slot says the walk is over.
 #[inline(always)]
-unsafe fn produce<const D: usize, const BM: usize, const BN: usize, const PACKED: bool>(p: &FwdParams, sm: &Smem, ptid: u32) {
-    let b = BlockInfo::new::<false, PACKED>(p, BM as u32, block_idx());
-    let tiles = key_tiles::<BM, BN>(&b);
+unsafe fn produce<const D: usize, const BM: usize, const BN: usize, const PACKED: bool, const MODS: bool>(
+    p: &FwdParams,
+    sm: &Smem,
+    pos: (u32, u32, u32),
+    ptid: u32,
+) {
+    let b = BlockInfo::new::<MODS, PACKED>(p, BM as u32, pos);
+    let mods = Mods::of(p, if MODS { modifiers::ALL } else { modifiers::NONE });
     let row_bytes = (D * 2) as u32;
     let (k_row, v_row) = (2 * p.k.stride[1], 2 * p.v.stride[1]);
+    // The walk: with modifiers the block map's non-empty tiles within the band and this CTA's
+    // split share (each warp runs the cursor, warp-collective, to the same answers).
+    let tiles = key_tiles::<BM, BN>(&b);
+    let map = MapRows::<BM, BN>::new(&p.block_map, b.block_map(), b.m_block, &b.vis);
+    let (first, end) = b.key_tiles(0, map.end());
+    let line = map.until(end);
+    let mut cursor = TileCursor::new();
+    let mut next = |n: u32| if MODS { cursor.next(line.next_candidate(n.max(first)), ptid % 32, &line) } else { band_tile(&tiles, n) };
     unsafe { sm.q.load_async(b.q(), 2 * p.q.stride[1], b.rows_valid, row_bytes, ptid, PRODUCERS) };
     cp_async_commit();
     let mut pending = sm.bar(BAR_Q, 0);
-    let mut n = tiles.next_candidate(0);
+    let mut tile = next(0);
     let mut i = 0;
-    while n < tiles.end {
-        let (r, col0) = (Ring(i), n * BN as u32);
+    while let Some(t) = tile {
+        let (r, col0) = (Ring(i), t.n * BN as u32);
         let keys = b.keys() - col0;
         unsafe {
             mbarrier_wait(sm.bar(EMPTY_K, r.slot()), r.free_parity());
-            sm.k::<D, BN>(r.slot()).load_async(b.k() + col0 as u64 * k_row, k_row, keys, row_bytes, ptid, PRODUCERS);
+            if MODS {
+                // The portable forward's K-side copies (K, bias and mask tiles) into this slot.
+                let slot = fwd::Smem::k_side(sm.k::<D, BN>(r.slot()), sm.bias::<BM, BN>(r.slot()), sm.mask::<BM, BN>(r.slot()));
+                load_k_side::<D, BM, BN, false, PACKED, false>(&b, &slot, mods, t, b.keys(), ptid, PRODUCERS);
+                if ptid == 0 {
+                    st_shared_u32(sm.word(r.slot()), TileWord::of(Some(t)));
+                }
+            } else {
+                sm.k::<D, BN>(r.slot()).load_async(b.k() + col0 as u64 * k_row, k_row, keys, row_bytes, ptid, PRODUCERS);
+            }
             cp_async_commit();
             announce(pending);
             mbarrier_wait(sm.bar(EMPTY_V, r.slot()), r.free_parity());
@@ -177,12 +260,22 @@ unsafe fn produce<const D: usize, const BM: usize, const BN: usize, const PACKED
             announce(sm.bar(FULL_K, r.slot()));
         }
         pending = sm.bar(FULL_V, r.slot());
-        n = tiles.next_candidate(n + 1);
+        tile = next(t.n + 1);
         i += 1;
     }
     cp_async_wait_all();
     fence_proxy_async();
     unsafe { mbarrier_arrive(pending) };
+    if MODS {
+        let r = Ring(i);
+        unsafe {
+            mbarrier_wait(sm.bar(EMPTY_K, r.slot()), r.free_parity());
+            if ptid == 0 {
+                st_shared_u32(sm.word(r.slot()), TileWord::of(None));
+            }
+            mbarrier_arrive(sm.bar(FULL_K, r.slot()));
+        }
+    }
 }
 
 /// One consumer warp's view: its rows, its warpgroup's, and its lane's place in them.
@@ -195,16 +288,52 @@ struct Rows {
     lane: u32,
 }
 
-/// Key tile `n`'s score start values in `s`: -inf where the band or the key bound hide a
-/// score, else 0.
+/// Key tile `tile`'s score start values in `s` (ring position `r`; with modifiers its bias and
+/// mask tiles have landed): -inf where the mask, the band or the key bound hide a score, the bias
+/// where it folds in, else 0. Returns the warp's view of the slot's bias for the logits.
 #[inline(always)]
-fn start_scores<E: Elem, const BM: usize, const BN: usize, const NT: usize>(b: &BlockInfo, sm: &Smem, at: Rows, s: &mut [[[f32; 4]; NT]; 1], n: u32) {
-    let col0 = n * BN as u32;
-    let check = b.vis.tile_needs_check(b.row0, b.rows_valid.min(BM as u32), col0, BN as u32);
+fn start_scores<E: Elem, const BM: usize, const BN: usize, const NT: usize, const MODS: bool>(
+    b: &BlockInfo,
+    sm: &Smem,
+    at: Rows,
+    mods: &Mods,
+    s: &mut [[[f32; 4]; NT]; 1],
+    tile: Tile,
+    r: Ring,
+) -> WarpScores {
+    let col0 = tile.n * BN as u32;
+    let check = !tile.full || b.vis.tile_needs_check(b.row0, b.rows_valid.min(BM as u32), col0, BN as u32);
     let band = b.vis.at_tile(b.row0, col0).shifted(at.warp_row0 + at.lane / 4, 2 * (at.lane % 4)).rows_bits::<1>(check);
-    // No bias or mask: the start values are the band's alone (the bias tile is never read).
-    let warp = WarpScores::new::<NT>(sm.q, false, 0, 0, at.warp_row0, 0, at.lane);
-    warp.init::<E, 1, NT>(s, &Mods::of(b.p, modifiers::NONE), &band, check, false);
+    // A lean call has no bias or mask tiles (the Q tile stands in, never read).
+    let bias = if MODS { sm.bias::<BM, BN>(r.slot()) } else { sm.q };
+    let bias_rows = b.p.flags & flags::BIAS_ROW == 0;
+    let warp = WarpScores::new::<NT>(bias, bias_rows, sm.mask::<BM, BN>(r.slot()), (BN / 8) as u32, at.warp_row0, 0, at.lane);
+    warp.init::<E, 1, NT>(s, mods, &band, check, mods.mask && !tile.full);
+    warp
+}
+
+/// The scores to base-2 logits where a softcap needs them first (reading the slot's bias):
+/// returns the scale the softmax applies (1 after the cap, else the scale itself).
+#[inline(always)]
+fn logits<E: Elem, const NT: usize>(warp: &WarpScores, mods: &Mods, s: &mut [[[f32; 4]; NT]; 1]) -> f32 {
+    if mods.softcap > 0.0 {
+        warp.to_logits::<E, 1, NT>(s, mods);
+        1.0
+    } else {
+        mods.scale_log2
+    }
+}
+
+/// The key tile at ring position `r`, after `prev`: with modifiers what the producer wrote there
+/// (its K side has landed), else the band's next.
+#[inline(always)]
+fn fetch<const MODS: bool>(sm: &Smem, tiles: &KeyTiles, prev: Option<u32>, r: Ring) -> Option<Tile> {
+    if MODS {
+        landed(sm, FULL_K, r);
+        TileWord::tile(unsafe { ld_shared_u32(sm.word(r.slot())) })
+    } else {
+        band_tile(tiles, prev.map_or(0, |n| n + 1))
+    }
 }
 
 /// Waits for the tile of barrier `role` (`FULL_K` or `FULL_V`) at ring position `r` to land.
@@ -230,44 +359,53 @@ fn issue_pv<E: Elem, const D: usize, const BN: usize, const KP: usize, const DT:
 /// A consumer thread (`ctid` 0..256): its warpgroup's 64 rows through every visited key tile,
 /// then the epilogue.
 #[inline(always)]
-unsafe fn consume<E: Elem, const D: usize, const BM: usize, const BN: usize, const NT: usize, const KT: usize, const DT: usize, const KP: usize, const PACKED: bool>(
+unsafe fn consume<
+    E: Elem,
+    const D: usize,
+    const BM: usize,
+    const BN: usize,
+    const NT: usize,
+    const KT: usize,
+    const DT: usize,
+    const KP: usize,
+    const PACKED: bool,
+    const MODS: bool,
+>(
     p: &FwdParams,
     sm: &Smem,
+    pos: (u32, u32, u32),
     ctid: u32,
 ) {
-    let b = BlockInfo::new::<false, PACKED>(p, BM as u32, block_idx());
+    let b = BlockInfo::new::<MODS, PACKED>(p, BM as u32, pos);
+    let mods = Mods::of(p, if MODS { modifiers::ALL } else { modifiers::NONE });
     let lane = ctid % 32;
     let warp_row0 = (ctid / 32) * 16;
     let at = Rows { warp_row0, group_row0: warp_row0 & !63, lane };
     let softmax = OnlineSoftmax::<1>::at(sm.softmax, ctid, CONSUMERS);
     softmax.reset();
-    let scale = p.scale_log2;
     let tiles = key_tiles::<BM, BN>(&b);
     let mut o = [[[0f32; 4]; DT]; 1];
     let mut s = [[[0f32; 4]; NT]; 1];
     unsafe { mbarrier_wait(sm.bar(BAR_Q, 0), 0) };
-    let mut n = tiles.next_candidate(0);
-    if n < tiles.end {
+    if let Some(mut tile) = fetch::<MODS>(sm, &tiles, None, Ring(0)) {
         let turns = Turns::new(ctid / 128);
         // The first tile alone: its probabilities need no output to rescale. A turn holds
         // only the products' issue: start values and waits for data come before it.
-        start_scores::<E, BM, BN, NT>(&b, sm, at, &mut s, n);
+        let warp = start_scores::<E, BM, BN, NT, MODS>(&b, sm, at, &mods, &mut s, tile, Ring(0));
         landed(sm, FULL_K, Ring(0));
         turns.take();
         issue_scores::<E, D, BN, NT, KT>(sm, at, &mut s, Ring(0));
         turns.pass(false);
         wgmma_wait::<0, NT>(&mut s[0]);
+        let scale = logits::<E, NT>(&warp, &mods, &mut s);
         unsafe { mbarrier_arrive(sm.bar(EMPTY_K, 0)) };
         softmax.update(&mut s, scale);
         let mut probs = pack_p::<E, NT, KP>(&s[0]);
         let mut i = 1;
-        loop {
-            n = tiles.next_candidate(n + 1);
-            if n >= tiles.end {
-                break;
-            }
+        while let Some(next) = fetch::<MODS>(sm, &tiles, Some(tile.n), Ring(i)) {
+            tile = next;
             let (r, prev) = (Ring(i), Ring(i - 1));
-            start_scores::<E, BM, BN, NT>(&b, sm, at, &mut s, n);
+            let warp = start_scores::<E, BM, BN, NT, MODS>(&b, sm, at, &mods, &mut s, tile, r);
             landed(sm, FULL_K, r);
             landed(sm, FULL_V, prev);
             turns.take();
@@ -276,6 +414,7 @@ unsafe fn consume<E: Elem, const D: usize, const BM: usize, const BN: usize, con
             turns.pass(false);
             // This tile's scores (the older group) are in: its softmax runs under the PV.
             wgmma_wait::<1, NT>(&mut s[0]);
+            let scale = logits::<E, NT>(&warp, &mods, &mut s);
             unsafe { mbarrier_arrive(sm.bar(EMPTY_K, r.slot())) };
             let correction = softmax.update(&mut s, scale);
             wgmma_wait::<0, DT>(&mut o[0]);
@@ -302,18 +441,32 @@ unsafe fn consume<E: Elem, const D: usize, const BM: usize, const BN: usize, con
 
 /// Const parameters: head dim `D`, tile `BM x BN` (`BM` = 128, two consumer warpgroups),
 /// `NT = BN / 8`, `KT = D / 16`, `DT = D / 8`, `KP = BN / 16` (spelled out: no const-generic
-/// arithmetic); `PACKED` for a packed batch. Launched with 384 threads (`FWD_WS_THREADS`).
+/// arithmetic); `PACKED` for a packed batch (lean only), `MODS` for the modifier variant.
+/// Launched with 384 threads (`FWD_WS_THREADS`).
 #[inline(always)]
-pub unsafe fn forward<E: Elem, const D: usize, const BM: usize, const BN: usize, const NT: usize, const KT: usize, const DT: usize, const KP: usize, const PACKED: bool>(
+pub unsafe fn forward<
+    E: Elem,
+    const D: usize,
+    const BM: usize,
+    const BN: usize,
+    const NT: usize,
+    const KT: usize,
+    const DT: usize,
+    const KP: usize,
+    const PACKED: bool,
+    const MODS: bool,
+>(
     p: &FwdParams,
 ) {
     const {
         assert!(BM == 128 && NT * 8 == BN && KT * 16 == D && DT * 8 == D && KP * 2 == NT);
         assert!(matches!(NT, 4 | 8 | 16) && matches!(DT, 4 | 8 | 16));
+        assert!(!(PACKED && MODS));
     }
     let tid = thread_idx();
-    let sm = Smem::new::<D, BM, BN>();
-    if !BlockInfo::new::<false, PACKED>(p, BM as u32, block_idx()).has_rows() {
+    let sm = Smem::new::<D, BM, BN, MODS>();
+    let pos = position::<MODS>(p, sm.position);
+    if !BlockInfo::new::<MODS, PACKED>(p, BM as u32, pos).has_rows() {
         return;
     }
     if tid == 0 {
@@ -324,10 +477,18 @@ pub unsafe fn forward<E: Elem, const D: usize, const BM: usize, const BN: usize,
     }
     sync_threads();
     if tid < PRODUCERS {
-        setmaxnreg::<false, FWD_WS_PRODUCER_REGS>();
-        unsafe { produce::<D, BM, BN, PACKED>(p, &sm, tid) };
+        if MODS {
+            setmaxnreg::<false, FWD_WS_MODS_PRODUCER_REGS>();
+        } else {
+            setmaxnreg::<false, FWD_WS_PRODUCER_REGS>();
+        }
+        unsafe { produce::<D, BM, BN, PACKED, MODS>(p, &sm, pos, tid) };
     } else {
-        setmaxnreg::<true, FWD_WS_CONSUMER_REGS>();
-        unsafe { consume::<E, D, BM, BN, NT, KT, DT, KP, PACKED>(p, &sm, tid - PRODUCERS) };
+        if MODS {
+            setmaxnreg::<true, FWD_WS_MODS_CONSUMER_REGS>();
+        } else {
+            setmaxnreg::<true, FWD_WS_CONSUMER_REGS>();
+        }
+        unsafe { consume::<E, D, BM, BN, NT, KT, DT, KP, PACKED, MODS>(p, &sm, pos, tid - PRODUCERS) };
     }
 }

@@ -263,28 +263,35 @@ fwd_gather_narrow! { variants:
     F16, 64: dmattn_fwd_f16_d64_mods_gather_narrow;
 }
 
-/// The Hopper module's lean forward (`dmattn_fwd_sm90_<elem>_d<dim>[_packed]`): warp-specialised
-/// (`fwd_ws`), on the lean tile of `FWD_TILES_SM90`.
+/// The Hopper module's warp-specialised forward (`fwd_ws`): the lean one
+/// (`dmattn_fwd_sm90_<elem>_d<dim>[_packed]`, the lean tile of `FWD_TILES_SM90`) and the
+/// fixed-length modifier one (`.._mods`, its `mods_ws` tile).
 macro_rules! fwd_ws_kernel {
     ($name:ident, $elem:ty, $d:literal, $packed:literal) => {
+        fwd_ws_kernel!(@tile $name, $elem, $d, $packed, false, sm90_variants($d).plain);
+    };
+    (mods $name:ident, $elem:ty, $d:literal) => {
+        fwd_ws_kernel!(@tile $name, $elem, $d, false, true, sm90_variants($d).mods_ws);
+    };
+    (@tile $name:ident, $elem:ty, $d:literal, $packed:literal, $mods:literal, $tile:expr) => {
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: FwdParams) {
-            const T: FwdTile = match sm90_variants($d).plain { Some(t) if t.producer => t, _ => panic!() };
+            const T: FwdTile = match $tile { Some(t) if t.producer && t.modifiers == $mods => t, _ => panic!() };
             unsafe {
                 fwd_ws::forward::<$elem, $d, { T.block_m as usize }, { T.block_n as usize }, { T.block_n as usize / 8 }, { $d / 16 },
-                    { $d / 8 }, { T.block_n as usize / 16 }, $packed>(&p)
+                    { $d / 8 }, { T.block_n as usize / 16 }, $packed, $mods>(&p)
             }
         }
     };
 }
 
 /// The Hopper forward (`dmattn_fwd_sm90_<elem>_d<dim>[_packed|_mods[_gather[_narrow]|_packed|_paged]]`,
-/// `names::FWD_WGMMA_PREFIX`): the lean one warp-specialised, the portable forward's other variants on `wgmma` products, and where
+/// `names::FWD_WGMMA_PREFIX`): the lean and fixed-length modifier ones warp-specialised, the portable forward's other variants on `wgmma` products, and where
 /// `fwd_sm90_lean_packed` says so a lean packed-batch variant (no mask, bias or softcap).
 macro_rules! fwd_wgmma_kernels {
-    ($($elem:ty, $d:literal: $plain:ident, $mods:ident, $gather:ident, $packed:ident, $paged:ident $(, $narrow:ident)?;)*) => {$(
+    ($($elem:ty, $d:literal: $plain:ident, $mods:ident ($mods_kind:ident), $gather:ident, $packed:ident, $paged:ident $(, $narrow:ident)?;)*) => {$(
         fwd_ws_kernel!($plain, $elem, $d, false);
-        fwd_kernels!(@one $mods, $elem, $d, sm90_variants($d).mods, true, false, false, false);
+        fwd_mods_kernel!($mods_kind $mods, $elem, $d);
         fwd_kernels!(@one $gather, $elem, $d, sm90_variants($d).mods, true, true, false, false);
         fwd_kernels!(@one $packed, $elem, $d, sm90_variants($d).mods, true, false, true, false);
         fwd_kernels!(@one $paged, $elem, $d, sm90_variants($d).mods, true, false, true, true);
@@ -292,12 +299,24 @@ macro_rules! fwd_wgmma_kernels {
     )*};
 }
 
+/// The Hopper fixed-length modifier kernel: warp-specialised (`ws`, where `FWD_TILES_SM90` has a
+/// `mods_ws` tile) or the `wgmma` forward at two CTAs an SM (`wgmma`).
+macro_rules! fwd_mods_kernel {
+    (ws $name:ident, $elem:ty, $d:literal) => {
+        fwd_ws_kernel!(mods $name, $elem, $d);
+    };
+    (wgmma $name:ident, $elem:ty, $d:literal) => {
+        const _: () = assert!(sm90_variants($d).mods_ws.is_none());
+        fwd_kernels!(@one $name, $elem, $d, sm90_variants($d).mods, true, false, false, false);
+    };
+}
+
 #[cfg(target_feature = "sm_90a")]
 fwd_wgmma_kernels! {
-    Bf16, 64: dmattn_fwd_sm90_bf16_d64, dmattn_fwd_sm90_bf16_d64_mods, dmattn_fwd_sm90_bf16_d64_mods_gather, dmattn_fwd_sm90_bf16_d64_mods_packed, dmattn_fwd_sm90_bf16_d64_mods_paged, dmattn_fwd_sm90_bf16_d64_mods_gather_narrow;
-    F16, 64: dmattn_fwd_sm90_f16_d64, dmattn_fwd_sm90_f16_d64_mods, dmattn_fwd_sm90_f16_d64_mods_gather, dmattn_fwd_sm90_f16_d64_mods_packed, dmattn_fwd_sm90_f16_d64_mods_paged, dmattn_fwd_sm90_f16_d64_mods_gather_narrow;
-    Bf16, 128: dmattn_fwd_sm90_bf16_d128, dmattn_fwd_sm90_bf16_d128_mods, dmattn_fwd_sm90_bf16_d128_mods_gather, dmattn_fwd_sm90_bf16_d128_mods_packed, dmattn_fwd_sm90_bf16_d128_mods_paged;
-    F16, 128: dmattn_fwd_sm90_f16_d128, dmattn_fwd_sm90_f16_d128_mods, dmattn_fwd_sm90_f16_d128_mods_gather, dmattn_fwd_sm90_f16_d128_mods_packed, dmattn_fwd_sm90_f16_d128_mods_paged;
+    Bf16, 64: dmattn_fwd_sm90_bf16_d64, dmattn_fwd_sm90_bf16_d64_mods (wgmma), dmattn_fwd_sm90_bf16_d64_mods_gather, dmattn_fwd_sm90_bf16_d64_mods_packed, dmattn_fwd_sm90_bf16_d64_mods_paged, dmattn_fwd_sm90_bf16_d64_mods_gather_narrow;
+    F16, 64: dmattn_fwd_sm90_f16_d64, dmattn_fwd_sm90_f16_d64_mods (wgmma), dmattn_fwd_sm90_f16_d64_mods_gather, dmattn_fwd_sm90_f16_d64_mods_packed, dmattn_fwd_sm90_f16_d64_mods_paged, dmattn_fwd_sm90_f16_d64_mods_gather_narrow;
+    Bf16, 128: dmattn_fwd_sm90_bf16_d128, dmattn_fwd_sm90_bf16_d128_mods (ws), dmattn_fwd_sm90_bf16_d128_mods_gather, dmattn_fwd_sm90_bf16_d128_mods_packed, dmattn_fwd_sm90_bf16_d128_mods_paged;
+    F16, 128: dmattn_fwd_sm90_f16_d128, dmattn_fwd_sm90_f16_d128_mods (ws), dmattn_fwd_sm90_f16_d128_mods_gather, dmattn_fwd_sm90_f16_d128_mods_packed, dmattn_fwd_sm90_f16_d128_mods_paged;
 }
 
 /// The Hopper module's lean packed-batch forward (`dmattn_fwd_sm90_<elem>_d<dim>_packed`).

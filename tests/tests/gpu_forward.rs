@@ -23,6 +23,19 @@ fn lean_forward_matches_reference() {
     });
 }
 
+/// Every modifier (mask, bias, softcap, causal) at d64 and d128, up to 600 keys: on Hopper the
+/// warp-specialised modifier kernel, whose producer walks the block map and passes each tile to
+/// the consumers through a two-slot ring.
+#[test]
+fn modifier_forward_matches_reference() {
+    let Some(gpu) = gpu() else { return };
+    gpu_property(2000, 600, |(case, seed)| {
+        let head_dim = if seed % 2 == 0 { 64 } else { 128 };
+        let case = Case { head_dim, ..case };
+        check_gpu_forward(&case, ForwardPath::Fused, &gpu, &case.inputs(&mut seeded_rng(seed)))
+    });
+}
+
 /// A small case of each forward kernel the call can pick (every head dim and element type; the
 /// lean variant, the modifier variant with a mask, a bias, causal and a softcap, its gather
 /// variant, and split-KV decoding), for the sanitizer run (`run.sh sanitize`) as much as for itself: on Hopper, d64

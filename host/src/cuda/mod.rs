@@ -354,6 +354,9 @@ pub(crate) fn fwd_plan(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: FwdMask) -
     let (tile, mods) = match variants.plain {
         _ if gathered => (gather_tile, true),
         Some(plain) if modifiers_of(p) == modifiers::NONE && splits == 1 && lean_serves => (plain, false),
+        // Fixed lengths on Hopper, where it has one (d128): the warp-specialised modifier
+        // kernel (the same tile shape, so the same splits and work order).
+        _ if p.seqs.is_none() && variants.mods_ws.is_some() => (variants.mods_ws.unwrap_or(variants.mods), true),
         _ => (variants.mods, true),
     };
     check_limits(&d, tile.block_m)?;
@@ -1094,9 +1097,14 @@ mod tests {
                 assert_eq!((hopper.tile.block_m, hopper.grid, hopper.splits, hopper.ordered), (portable.tile.block_m, portable.grid, portable.splits, portable.ordered));
                 // The lean calls run the warp-specialised kernel (its own key tile); the others
                 // the portable tile shapes.
+                // The lean calls, and at d128 the fixed-length modifier ones that gather nothing,
+                // run the warp-specialised kernels (the lean one on its own key tile); the
+                // others the portable tile shapes.
                 let lean = !bias && mask == FwdMask::None;
-                assert_eq!(hopper.tile.producer, wgmma && lean);
-                assert!(hopper.tile.producer || hopper.tile.block_n == portable.tile.block_n);
+                let ws_mods = head_dim == 128 && !lean && mask != FwdMask::Gathered;
+                assert_eq!(hopper.tile.producer, wgmma && (lean || ws_mods));
+                assert_eq!(hopper.tile.modifiers, ws_mods);
+                assert!(lean || hopper.tile.block_n == portable.tile.block_n);
             }
         }
     }
