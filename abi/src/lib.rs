@@ -139,9 +139,12 @@ mod tests {
                 assert!(ws.producer && ws.modifiers && ws.smem_bytes() <= 227 * 1024);
                 assert_eq!((ws.head_dim, ws.block_m, ws.block_n, ws.threads()), (v.mods.head_dim, v.mods.block_m, v.mods.block_n, FWD_WS_THREADS));
             }
-            assert!(2 * 128 * FWD_WS_MODS_CONSUMER_REGS + 128 * FWD_WS_MODS_PRODUCER_REGS <= 65536);
             assert_eq!((lean.block_m, lean.threads()), (128, FWD_WS_THREADS));
-            assert!(2 * 128 * FWD_WS_CONSUMER_REGS + 128 * FWD_WS_PRODUCER_REGS <= 65536);
+            // The registers the CTA is launched with: 384 threads at ptxas's 168 (65536 / 384,
+            // rounded down to 8); `setmaxnreg.inc` waits forever for more than that.
+            let pool = FWD_WS_THREADS * (65536 / FWD_WS_THREADS / 8 * 8);
+            assert!(2 * 128 * FWD_WS_CONSUMER_REGS + 128 * FWD_WS_PRODUCER_REGS <= pool);
+            assert!(2 * 128 * FWD_WS_MODS_CONSUMER_REGS + 128 * FWD_WS_MODS_PRODUCER_REGS <= pool);
             assert_eq!(fwd_variants_for(v.mods.head_dim, true), Some(v));
             assert_eq!(fwd_variants_for(v.mods.head_dim, false), Some(p));
         }

@@ -27,6 +27,8 @@ use dmattn_abi::{
 };
 
 const STAGES: u32 = FWD_WS_STAGES;
+// The tile words (4 bytes a slot) keep the position slot and the barriers 8-byte aligned.
+const _: () = assert!(STAGES % 2 == 0);
 const PRODUCERS: u32 = 128;
 const CONSUMERS: u32 = 256;
 
@@ -48,7 +50,9 @@ const EPILOGUE_BARRIER: u32 = 1;
 /// that one's softmax runs while the other's products keep the tensor cores busy.
 const TURN: u32 = 2;
 
-/// A consumer warpgroup's turns at issuing products (see [`TURN`]).
+/// A consumer warpgroup's turns at issuing products (see [`TURN`]). Both warpgroups visit the
+/// same key tiles (the CTA's), so both take as many turns; a warpgroup skipping a tile alone
+/// would hang the other.
 #[derive(Clone, Copy)]
 struct Turns {
     group: u32,
@@ -200,19 +204,22 @@ fn band_tile(tiles: &KeyTiles, n: u32) -> Option<Tile> {
     (n < tiles.end).then_some(Tile { n, full: true })
 }
 
-/// Waits for this thread's copies but the newest group, makes them visible to `wgmma` (the
-/// async proxy) and arrives on `bar`: the group before the newest has landed.
+/// Waits for this thread's copies but the newest `PENDING` groups, makes them visible to `wgmma`
+/// (the async proxy) and arrives on `bar`: the group it announces has landed.
 #[inline(always)]
-unsafe fn announce(bar: u32) {
-    cp_async_wait_group::<1>();
+unsafe fn announce<const PENDING: u32>(bar: u32) {
+    cp_async_wait_group::<PENDING>();
     fence_proxy_async();
     unsafe { mbarrier_arrive(bar) };
 }
 
 /// The producer warpgroup (`ptid` 0..128): Q, then each visited key tile's K (with modifiers its
 /// bias and mask tiles and its [`TileWord`]) and V into the next ring slot once the consumers have
-/// freed it. Copies go in as groups Q, K0, V0, K1, ...; after issuing one it announces the one
-/// before, so one copy is always in flight. With modifiers a last slot says the walk is over.
+/// freed it. Copies go in as groups Q, K0, V0, K1, ...: after issuing K(i) it announces V(i-1)
+/// (or Q), then K(i) as soon as it lands, before waiting for V(i)'s slot, which the consumers
+/// free only after their softmax of tile i-1; announcing K(i) after V(i)'s issue held each
+/// consumer's QKᵀ(i) back until both had finished that softmax, defeating their turns. With
+/// modifiers a last slot says the walk is over.
 #[inline(always)]
 unsafe fn produce<const D: usize, const BM: usize, const BN: usize, const PACKED: bool, const MODS: bool>(
     p: &FwdParams,
@@ -253,11 +260,11 @@ unsafe fn produce<const D: usize, const BM: usize, const BN: usize, const PACKED
                 sm.k::<D, BN>(r.slot()).load_async(b.k() + col0 as u64 * k_row, k_row, keys, row_bytes, ptid, PRODUCERS);
             }
             cp_async_commit();
-            announce(pending);
+            announce::<1>(pending);
+            announce::<0>(sm.bar(FULL_K, r.slot()));
             mbarrier_wait(sm.bar(EMPTY_V, r.slot()), r.free_parity());
             sm.v::<D, BN>(r.slot()).load_async(b.v() + col0 as u64 * v_row, v_row, keys, row_bytes, ptid, PRODUCERS);
             cp_async_commit();
-            announce(sm.bar(FULL_K, r.slot()));
         }
         pending = sm.bar(FULL_V, r.slot());
         tile = next(t.n + 1);
