@@ -238,8 +238,9 @@ pub const fn fwd_sm90_lean_packed(head_dim: u32) -> bool {
     matches!(head_dim, 64 | 128)
 }
 
-/// CTAs per SM the Hopper forward's 128-row tiles with modifiers (and the gather ones) are
-/// compiled for; the lean ones are warp-specialised, one CTA an SM. Each CTA's two warpgroups
+/// CTAs per SM the Hopper forward's 128-row `fwd.rs` tiles are compiled for: the gather, packed
+/// and paged modifier variants, and d64's fixed-length one (the lean variants and d128's
+/// fixed-length modifier one are warp-specialised, one CTA an SM). Each CTA's two warpgroups
 /// meet at the same barriers and so reach their products and softmaxes together; a second CTA
 /// on the SM, on its own schedule, keeps the tensor cores busy through one CTA's softmax (one
 /// CTA per SM, at 166-188 registers, was slower than `mma.sync`: H100, b2 h32 hk8 8K, d64
