@@ -407,8 +407,9 @@ pub const FWD_TILES: [FwdVariants; 6] = [
 ];
 
 /// The Hopper forward tiles (sm_90a module, `names::FWD_WGMMA_PREFIX`): the portable tiles'
-/// shapes, so that the work orders, key splits and gather tile choice are theirs, with a warp per
-/// 16 query rows.
+/// shapes for the modifier and gather variants, so that the work orders, key splits and gather
+/// tile choice are theirs, with a warp per 16 query rows; the lean variant's warp-specialised
+/// tile takes 128 keys at d128 too (it is never ordered or split).
 pub const FWD_TILES_SM90: [FwdVariants; 2] = [
     FwdVariants { plain: Some(ws_tile(64, 128, 128)), mods: wgmma_tile(64, 128, 128), mods_ws: None, gather_narrow: Some(wgmma_tile(64, 64, 128)) },
     FwdVariants { plain: Some(ws_tile(128, 128, 128)), mods: wgmma_tile(128, 128, 64), mods_ws: Some(ws_mods_tile(128, 128, 64)), gather_narrow: None },

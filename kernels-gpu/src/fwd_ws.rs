@@ -16,7 +16,7 @@ use crate::arch::*;
 use crate::block_info::{BlockInfo, position};
 use crate::elem::{Elem, wgmma_wait};
 use crate::fwd::{self, load_k_side, write_output};
-use crate::gemm::{pack_p, wgmma_pv, wgmma_tiles};
+use crate::gemm::{pack_p, wgmma_pv, wgmma_scores};
 use crate::mask::{KeyTiles, MapRows, Tile, TileCursor, TileLine};
 use crate::scores::{Mods, WarpScores};
 use crate::softmax::OnlineSoftmax;
@@ -354,13 +354,13 @@ fn landed(sm: &Smem, role: u32, r: Ring) {
 #[inline(always)]
 fn issue_scores<E: Elem, const D: usize, const BN: usize, const NT: usize, const KT: usize>(sm: &Smem, at: Rows, s: &mut [[[f32; 4]; NT]; 1], r: Ring) {
     let k = sm.k::<D, BN>(r.slot());
-    wgmma_tiles::<E, NT, KT, 0, 0>(&mut s[0], |ks| sm.q.wgmma_k_major(at.group_row0, ks), |ks| k.wgmma_k_major(0, ks));
+    wgmma_scores::<E, NT, KT>(&mut s[0], sm.q, k, at.group_row0);
 }
 
 /// O += P V over the V tile at ring position `r` (landed); committed, not waited for.
 #[inline(always)]
 fn issue_pv<E: Elem, const D: usize, const BN: usize, const KP: usize, const DT: usize>(sm: &Smem, o: &mut [[f32; 4]; DT], p: &[[u32; 4]; KP], r: Ring) {
-    wgmma_pv::<E, KP, DT>(o, p, sm.v::<D, BN>(r.slot()));
+    wgmma_pv::<E, DT>(o, KP, |kk| p[kk], sm.v::<D, BN>(r.slot()));
 }
 
 /// A consumer thread (`ctid` 0..256): its warpgroup's 64 rows through every visited key tile,

@@ -1,8 +1,9 @@
 //! The tile products on tensor cores: [`mma_tiles`] (a warp's `mma.sync` from fragments it
 //! loads) and [`wgmma_tiles`] (sm_90a: a warpgroup's `wgmma` from shared-memory descriptors),
 //! and the attention's two products as the forward and decoding kernels use them, S = QKᵀ
-//! ([`scores_product`]) and O += PV ([`pv_product`], whose Hopper path issues register-A
-//! `wgmma`s itself). The backward's five products call the first two directly, their operands
+//! ([`scores_product`]) and O += PV ([`pv_product`]), waited for; on Hopper both are
+//! [`wgmma_scores`] and [`wgmma_pv`] (register-A), which the warp-specialised forward issues
+//! without waiting. The backward's five products call the first two directly, their operands
 //! read straight or transposed out of its shared tiles.
 use crate::arch::{wgmma_commit, wgmma_fence};
 use crate::elem::{Elem, wgmma_wait};
@@ -60,8 +61,7 @@ pub unsafe fn scores_product<E: Elem, const MT: usize, const NT: usize, const KT
 ) {
     if WGMMA {
         // The warpgroup's 64 rows; each of its warps holds its own 16 of them.
-        let rows = warp_row0 & !63;
-        wgmma_tiles::<E, NT, KT, 0, 0>(&mut s[0], |ks| q.wgmma_k_major(rows, ks), |ks| k.wgmma_k_major(0, ks));
+        wgmma_scores::<E, NT, KT>(&mut s[0], q, k, warp_row0 & !63);
         wgmma_wait::<0, NT>(&mut s[0]);
         return;
     }
@@ -79,18 +79,9 @@ pub unsafe fn pv_product<E: Elem, const MT: usize, const NT: usize, const DT: us
     v: SmemTile,
     v_frag: Fragments,
 ) {
-    let p_frag = |mt: usize, kk: usize| {
-        let (lo, hi) = (&s[mt][2 * kk], &s[mt][2 * kk + 1]);
-        [E::pack(lo[0], lo[1]), E::pack(lo[2], lo[3]), E::pack(hi[0], hi[1]), E::pack(hi[2], hi[3])]
-    };
+    let p_frag = |mt: usize, kk: usize| p_frag::<E, NT>(&s[mt], kk);
     if WGMMA {
-        // A step count of `NT / 2` cannot be a const argument of a helper (no generic const
-        // expressions); the loop over P's k16 steps stays here, as in the `mma.sync` path.
-        wgmma_fence();
-        for kk in 0..NT / 2 {
-            E::wgmma_ra::<DT, 1>(&mut o[0], &p_frag(0, kk), v.wgmma_mn_major(kk as u32, 0));
-        }
-        wgmma_commit();
+        wgmma_pv::<E, DT>(&mut o[0], NT / 2, |kk| p_frag(0, kk), v);
         wgmma_wait::<0, DT>(&mut o[0]);
         return;
     }
@@ -99,27 +90,39 @@ pub unsafe fn pv_product<E: Elem, const MT: usize, const NT: usize, const DT: us
     }
 }
 
-/// `o += P V` (sm_90a) over `KP` k16 steps of a V tile, P a warp's probabilities already packed
-/// into A fragments (`p[kk]`, keys `16 kk..16 kk + 16`): register-A `wgmma`s, committed as one
-/// group and not waited for (P's registers stay live until [`wgmma_wait`]).
-#[cfg_attr(not(target_feature = "sm_90a"), allow(dead_code))]
+/// `s += Q Kᵀ` (sm_90a) for the warpgroup whose 64 query rows start at `rows` (of the Q tile)
+/// over the K tile: committed as one group, not waited for.
 #[inline(always)]
-pub fn wgmma_pv<E: Elem, const KP: usize, const DT: usize>(o: &mut [[f32; 4]; DT], p: &[[u32; 4]; KP], v: SmemTile) {
+pub fn wgmma_scores<E: Elem, const NT: usize, const KT: usize>(s: &mut [[f32; 4]; NT], q: SmemTile, k: SmemTile, rows: u32) {
+    wgmma_tiles::<E, NT, KT, 0, 0>(s, |ks| q.wgmma_k_major(rows, ks), |ks| k.wgmma_k_major(0, ks));
+}
+
+/// `o += P V` (sm_90a) over `steps` k16 steps of a V tile (a constant where called, so the loop
+/// unrolls), `p(kk)` the warp's A fragment of P for keys `16 kk..16 kk + 16`: register-A
+/// `wgmma`s, committed as one group and not waited for (P's registers stay live until
+/// [`wgmma_wait`]).
+#[inline(always)]
+pub fn wgmma_pv<E: Elem, const DT: usize>(o: &mut [[f32; 4]; DT], steps: usize, p: impl Fn(usize) -> [u32; 4], v: SmemTile) {
     wgmma_fence();
-    for kk in 0..KP {
-        E::wgmma_ra::<DT, 1>(o, &p[kk], v.wgmma_mn_major(kk as u32, 0));
+    for kk in 0..steps {
+        E::wgmma_ra::<DT, 1>(o, &p(kk), v.wgmma_mn_major(kk as u32, 0));
     }
     wgmma_commit();
 }
 
-/// A warp's probabilities `s` (m16 x `8 NT`, accumulator layout) as the A fragments of
-/// [`wgmma_pv`] (`KP = NT / 2`): the accumulator layout is the A-fragment layout.
+/// The A fragment, for keys `16 kk..16 kk + 16`, of a warp's probabilities `s` (m16 x `8 NT`,
+/// accumulator layout, which is the A-fragment layout), rounded to `E`.
+#[inline(always)]
+fn p_frag<E: Elem, const NT: usize>(s: &[[f32; 4]; NT], kk: usize) -> [u32; 4] {
+    let (lo, hi) = (&s[2 * kk], &s[2 * kk + 1]);
+    [E::pack(lo[0], lo[1]), E::pack(lo[2], lo[3]), E::pack(hi[0], hi[1]), E::pack(hi[2], hi[3])]
+}
+
+/// All of a warp's P fragments at once ([`p_frag`] for `kk < KP = NT / 2`), for a P that must
+/// outlive the accumulators it came from.
 #[cfg_attr(not(target_feature = "sm_90a"), allow(dead_code))]
 #[inline(always)]
 pub fn pack_p<E: Elem, const NT: usize, const KP: usize>(s: &[[f32; 4]; NT]) -> [[u32; 4]; KP] {
     const { assert!(2 * KP == NT) };
-    core::array::from_fn(|kk| {
-        let (lo, hi) = (&s[2 * kk], &s[2 * kk + 1]);
-        [E::pack(lo[0], lo[1]), E::pack(lo[2], lo[3]), E::pack(hi[0], hi[1]), E::pack(hi[2], hi[3])]
-    })
+    core::array::from_fn(|kk| p_frag::<E, NT>(s, kk))
 }

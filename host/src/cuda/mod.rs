@@ -351,13 +351,16 @@ pub(crate) fn fwd_plan(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: FwdMask) -
     // The forward's variants: the gather variant, lean, or every modifier. Packed batches have a
     // lean kernel in the Hopper module only, at d128 (over contiguous K/V).
     let lean_serves = p.seqs.is_none() || (variants.plain.is_some_and(|t| t.wgmma) && dmattn_abi::fwd_sm90_lean_packed(d.head_dim as u32) && p.pages.is_none());
+    // Fixed lengths on Hopper, where it has one (d128): the warp-specialised modifier kernel
+    // (the same tile shape, so the same splits and work order).
+    let mods_tile = match variants.mods_ws {
+        Some(ws) if p.seqs.is_none() => ws,
+        _ => variants.mods,
+    };
     let (tile, mods) = match variants.plain {
         _ if gathered => (gather_tile, true),
         Some(plain) if modifiers_of(p) == modifiers::NONE && splits == 1 && lean_serves => (plain, false),
-        // Fixed lengths on Hopper, where it has one (d128): the warp-specialised modifier
-        // kernel (the same tile shape, so the same splits and work order).
-        _ if p.seqs.is_none() && variants.mods_ws.is_some() => (variants.mods_ws.unwrap_or(variants.mods), true),
-        _ => (variants.mods, true),
+        _ => (mods_tile, true),
     };
     check_limits(&d, tile.block_m)?;
     let prefix = if tile.wgmma { dmattn_abi::names::FWD_WGMMA_PREFIX } else { dmattn_abi::names::FWD_PREFIX };
