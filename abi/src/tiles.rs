@@ -196,7 +196,7 @@ const fn bwd_tile_in(tiles: &[BwdTile], head_dim: u32, modifiers: u8) -> Option<
 /// `__launch_bounds__`: (kernel name, threads per block, CTAs per SM to fit). ptxas then keeps
 /// each thread's registers within what that many CTAs leave; the host launches these kernels
 /// with exactly these threads.
-pub const LAUNCH_BOUNDS: [(&str, u32, u32); 30] = [
+pub const LAUNCH_BOUNDS: [(&str, u32, u32); 34] = [
     (names::SELECT_KEYS_16, SELECT_THREADS, select_ctas_per_sm(2)),
     (names::SELECT_KEYS_32, SELECT_THREADS, select_ctas_per_sm(4)),
     (names::FWD_BF16_D64_GATHER_NARROW, 128, GATHER_NARROW_CTAS_PER_SM),
@@ -205,24 +205,28 @@ pub const LAUNCH_BOUNDS: [(&str, u32, u32); 30] = [
     (names::FWD_SM90_F16_D64_GATHER_NARROW, 128, GATHER_NARROW_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d64", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_bf16_d64_packed", FWD_WS_THREADS, 1),
+    ("dmattn_fwd_sm90_bf16_d64_paged", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_bf16_d64_mods", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d64_mods_gather", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d64_mods_packed", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d64_mods_paged", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d64", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_f16_d64_packed", FWD_WS_THREADS, 1),
+    ("dmattn_fwd_sm90_f16_d64_paged", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_f16_d64_mods", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d64_mods_gather", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d64_mods_packed", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d64_mods_paged", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d128", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_bf16_d128_packed", FWD_WS_THREADS, 1),
+    ("dmattn_fwd_sm90_bf16_d128_paged", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_bf16_d128_mods", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_bf16_d128_mods_gather", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d128_mods_packed", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d128_mods_paged", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d128", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_f16_d128_packed", FWD_WS_THREADS, 1),
+    ("dmattn_fwd_sm90_f16_d128_paged", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_f16_d128_mods", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_f16_d128_mods_gather", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d128_mods_packed", 256, FWD_SM90_CTAS_PER_SM),
@@ -230,8 +234,9 @@ pub const LAUNCH_BOUNDS: [(&str, u32, u32); 30] = [
 ];
 
 /// Whether the Hopper module has a lean packed-batch forward for `head_dim`
-/// (`dmattn_fwd_sm90_<elem>_d<dim>_packed`: packed batches without mask, bias or softcap, on the
-/// warp-specialised kernel; the others run the modifier variant's packed kernel): every head dim
+/// (`dmattn_fwd_sm90_<elem>_d<dim>_packed`, and `.._paged` over paged K/V: packed batches
+/// without mask, bias or softcap, on the warp-specialised kernel; the others run the modifier
+/// variant's packed or paged kernel, whose tiles then give both the same bits): every head dim
 /// it has tiles for. (On the earlier lean kernel, at two CTAs an SM, d64's sequence bounds
 /// spilled it at its 128-register cap.)
 pub const fn fwd_sm90_lean_packed(head_dim: u32) -> bool {
@@ -277,9 +282,10 @@ pub const FWD_WS_STAGES: u32 = 2;
 /// SM, launched at 384 threads, 168 registers each).
 pub const FWD_WS_PRODUCER_REGS: u32 = 40;
 pub const FWD_WS_CONSUMER_REGS: u32 = 232;
-/// The same with modifiers: the producer also walks the block map and loads bias and mask tiles
-/// (at 56 registers the d128 kernel spilled 4 bytes; its consumers need far fewer than these,
-/// holding a 64-key S).
+/// The same with modifiers, where the producer also walks the block map and loads bias and mask
+/// tiles (at 56 registers the d128 kernel spilled 4 bytes; its consumers need far fewer than
+/// these, holding a 64-key S), and over paged K/V, where it looks up each row's page (at 40
+/// registers d128 spilled 100 bytes).
 pub const FWD_WS_MODS_PRODUCER_REGS: u32 = 64;
 pub const FWD_WS_MODS_CONSUMER_REGS: u32 = 216;
 

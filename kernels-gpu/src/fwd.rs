@@ -93,7 +93,7 @@ unsafe fn load_kv<const D: usize, const BN: usize, const GATHER: bool>(sm: &Smem
 /// The paged variant's [`load_kv`]: K or V (`t`) rows of key tile `n`, each where its page holds
 /// it.
 #[inline(always)]
-unsafe fn load_kv_paged<const BN: usize>(b: &BlockInfo, tile: SmemTile, t: &View4, n: u32, keys: u32, tid: u32, threads: u32) {
+pub unsafe fn load_kv_paged<const BN: usize>(b: &BlockInfo, tile: SmemTile, t: &View4, n: u32, keys: u32, tid: u32, threads: u32) {
     let (col0, base) = (n * BN as u32, b.paged_base(t));
     unsafe { tile.load_rows_async(|r| base + b.paged_row(&t.stride, col0 + r), keys, tid, threads) };
 }

@@ -8,14 +8,14 @@
 //! ([`Turns`], its ping-pong), so that one's softmax runs under the other's products. The
 //! producer hands most of its registers to the consumers (`setmaxnreg`).
 //!
-//! Lean calls (no mask, bias or softcap) visit every key tile of the band, which producer and
-//! consumers each work out; with modifiers (`MODS`: mask, bias, softcap, split-KV, work order)
+//! Lean calls (no mask, bias or softcap; fixed lengths, packed batches, or packed over paged K/V)
+//! visit every key tile of the band, which producer and consumers each work out; with modifiers (`MODS`: mask, bias, softcap, split-KV, work order)
 //! the producer walks the block map and passes each visited tile's index and fullness to the
 //! consumers beside its K.
 use crate::arch::*;
 use crate::block_info::{BlockInfo, position};
 use crate::elem::{Elem, wgmma_wait};
-use crate::fwd::{self, load_k_side, write_output};
+use crate::fwd::{self, load_k_side, load_kv_paged, write_output};
 use crate::gemm::{pack_p, wgmma_pv, wgmma_scores};
 use crate::mask::{KeyTiles, MapRows, Tile, TileCursor, TileLine};
 use crate::scores::{Mods, WarpScores};
@@ -221,7 +221,7 @@ unsafe fn announce<const PENDING: u32>(bar: u32) {
 /// consumer's QKᵀ(i) back until both had finished that softmax, defeating their turns. With
 /// modifiers a last slot says the walk is over.
 #[inline(always)]
-unsafe fn produce<const D: usize, const BM: usize, const BN: usize, const PACKED: bool, const MODS: bool>(
+unsafe fn produce<const D: usize, const BM: usize, const BN: usize, const PACKED: bool, const PAGED: bool, const MODS: bool>(
     p: &FwdParams,
     sm: &Smem,
     pos: (u32, u32, u32),
@@ -256,6 +256,8 @@ unsafe fn produce<const D: usize, const BM: usize, const BN: usize, const PACKED
                 if ptid == 0 {
                     st_shared_u32(sm.word(r.slot()), TileWord::of(Some(t)));
                 }
+            } else if PAGED {
+                load_kv_paged::<BN>(&b, sm.k::<D, BN>(r.slot()), &p.k, t.n, keys, ptid, PRODUCERS);
             } else {
                 sm.k::<D, BN>(r.slot()).load_async(b.k() + col0 as u64 * k_row, k_row, keys, row_bytes, ptid, PRODUCERS);
             }
@@ -263,7 +265,11 @@ unsafe fn produce<const D: usize, const BM: usize, const BN: usize, const PACKED
             announce::<1>(pending);
             announce::<0>(sm.bar(FULL_K, r.slot()));
             mbarrier_wait(sm.bar(EMPTY_V, r.slot()), r.free_parity());
-            sm.v::<D, BN>(r.slot()).load_async(b.v() + col0 as u64 * v_row, v_row, keys, row_bytes, ptid, PRODUCERS);
+            if PAGED {
+                load_kv_paged::<BN>(&b, sm.v::<D, BN>(r.slot()), &p.v, t.n, keys, ptid, PRODUCERS);
+            } else {
+                sm.v::<D, BN>(r.slot()).load_async(b.v() + col0 as u64 * v_row, v_row, keys, row_bytes, ptid, PRODUCERS);
+            }
             cp_async_commit();
         }
         pending = sm.bar(FULL_V, r.slot());
@@ -448,7 +454,8 @@ unsafe fn consume<
 
 /// Const parameters: head dim `D`, tile `BM x BN` (`BM` = 128, two consumer warpgroups),
 /// `NT = BN / 8`, `KT = D / 16`, `DT = D / 8`, `KP = BN / 16` (spelled out: no const-generic
-/// arithmetic); `PACKED` for a packed batch (lean only), `MODS` for the modifier variant.
+/// arithmetic); `PACKED` for a packed batch (lean only), `PAGED` (with `PACKED`) over paged K/V,
+/// `MODS` for the modifier variant.
 /// Launched with 384 threads (`FWD_WS_THREADS`).
 #[inline(always)]
 pub unsafe fn forward<
@@ -461,6 +468,7 @@ pub unsafe fn forward<
     const DT: usize,
     const KP: usize,
     const PACKED: bool,
+    const PAGED: bool,
     const MODS: bool,
 >(
     p: &FwdParams,
@@ -468,7 +476,7 @@ pub unsafe fn forward<
     const {
         assert!(BM == 128 && NT * 8 == BN && KT * 16 == D && DT * 8 == D && KP * 2 == NT);
         assert!(matches!(NT, 4 | 8 | 16) && matches!(DT, 4 | 8 | 16));
-        assert!(!(PACKED && MODS));
+        assert!(!(PACKED && MODS) && (!PAGED || PACKED));
     }
     let tid = thread_idx();
     let sm = Smem::new::<D, BM, BN, MODS>();
@@ -483,15 +491,18 @@ pub unsafe fn forward<
         }
     }
     sync_threads();
+    // The producer's walk of the block map and its bias and mask tiles, or its page lookups,
+    // take more registers than a lean producer's contiguous copies.
+    let big_producer = MODS || PAGED;
     if tid < PRODUCERS {
-        if MODS {
+        if big_producer {
             setmaxnreg::<false, FWD_WS_MODS_PRODUCER_REGS>();
         } else {
             setmaxnreg::<false, FWD_WS_PRODUCER_REGS>();
         }
-        unsafe { produce::<D, BM, BN, PACKED, MODS>(p, &sm, pos, tid) };
+        unsafe { produce::<D, BM, BN, PACKED, PAGED, MODS>(p, &sm, pos, tid) };
     } else {
-        if MODS {
+        if big_producer {
             setmaxnreg::<true, FWD_WS_MODS_CONSUMER_REGS>();
         } else {
             setmaxnreg::<true, FWD_WS_CONSUMER_REGS>();

@@ -264,22 +264,22 @@ fwd_gather_narrow! { variants:
 }
 
 /// The Hopper module's warp-specialised forward (`fwd_ws`): the lean one
-/// (`dmattn_fwd_sm90_<elem>_d<dim>[_packed]`, the lean tile of `FWD_TILES_SM90`) and the
+/// (`dmattn_fwd_sm90_<elem>_d<dim>[_packed|_paged]`, the lean tile of `FWD_TILES_SM90`) and the
 /// fixed-length modifier one (`.._mods`, its `mods_ws` tile).
 macro_rules! fwd_ws_kernel {
-    ($name:ident, $elem:ty, $d:literal, $packed:literal) => {
-        fwd_ws_kernel!(@tile $name, $elem, $d, $packed, false, sm90_variants($d).plain);
+    ($name:ident, $elem:ty, $d:literal, $packed:literal, $paged:literal) => {
+        fwd_ws_kernel!(@tile $name, $elem, $d, $packed, $paged, false, sm90_variants($d).plain);
     };
     (mods $name:ident, $elem:ty, $d:literal) => {
-        fwd_ws_kernel!(@tile $name, $elem, $d, false, true, sm90_variants($d).mods_ws);
+        fwd_ws_kernel!(@tile $name, $elem, $d, false, false, true, sm90_variants($d).mods_ws);
     };
-    (@tile $name:ident, $elem:ty, $d:literal, $packed:literal, $mods:literal, $tile:expr) => {
+    (@tile $name:ident, $elem:ty, $d:literal, $packed:literal, $paged:literal, $mods:literal, $tile:expr) => {
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: FwdParams) {
             const T: FwdTile = match $tile { Some(t) if t.producer && t.modifiers == $mods => t, _ => panic!() };
             unsafe {
                 fwd_ws::forward::<$elem, $d, { T.block_m as usize }, { T.block_n as usize }, { T.block_n as usize / 8 }, { $d / 16 },
-                    { $d / 8 }, { T.block_n as usize / 16 }, $packed, $mods>(&p)
+                    { $d / 8 }, { T.block_n as usize / 16 }, $packed, $paged, $mods>(&p)
             }
         }
     };
@@ -290,7 +290,7 @@ macro_rules! fwd_ws_kernel {
 /// `fwd_sm90_lean_packed` says so a lean packed-batch variant (no mask, bias or softcap).
 macro_rules! fwd_wgmma_kernels {
     ($($elem:ty, $d:literal: $plain:ident, $mods:ident ($mods_kind:ident), $gather:ident, $packed:ident, $paged:ident $(, $narrow:ident)?;)*) => {$(
-        fwd_ws_kernel!($plain, $elem, $d, false);
+        fwd_ws_kernel!($plain, $elem, $d, false, false);
         fwd_mods_kernel!($mods_kind $mods, $elem, $d);
         fwd_kernels!(@one $gather, $elem, $d, sm90_variants($d).mods, true, true, false, false);
         fwd_kernels!(@one $packed, $elem, $d, sm90_variants($d).mods, true, false, true, false);
@@ -319,20 +319,23 @@ fwd_wgmma_kernels! {
     F16, 128: dmattn_fwd_sm90_f16_d128, dmattn_fwd_sm90_f16_d128_mods (ws), dmattn_fwd_sm90_f16_d128_mods_gather, dmattn_fwd_sm90_f16_d128_mods_packed, dmattn_fwd_sm90_f16_d128_mods_paged;
 }
 
-/// The Hopper module's lean packed-batch forward (`dmattn_fwd_sm90_<elem>_d<dim>_packed`).
+/// The Hopper module's lean packed-batch forward (`dmattn_fwd_sm90_<elem>_d<dim>_packed`) and
+/// its paged-K/V kernel (`.._paged`): the same products, so paged and contiguous K/V give the
+/// same bits.
 macro_rules! fwd_lean_packed {
-    ($($elem:ty, $d:literal: $name:ident;)*) => {$(
+    ($($elem:ty, $d:literal: $packed:ident, $paged:ident;)*) => {$(
         const _: () = assert!(dmattn_abi::fwd_sm90_lean_packed($d));
-        fwd_ws_kernel!($name, $elem, $d, true);
+        fwd_ws_kernel!($packed, $elem, $d, true, false);
+        fwd_ws_kernel!($paged, $elem, $d, true, true);
     )*};
 }
 
 #[cfg(target_feature = "sm_90a")]
 fwd_lean_packed! {
-    Bf16, 64: dmattn_fwd_sm90_bf16_d64_packed;
-    F16, 64: dmattn_fwd_sm90_f16_d64_packed;
-    Bf16, 128: dmattn_fwd_sm90_bf16_d128_packed;
-    F16, 128: dmattn_fwd_sm90_f16_d128_packed;
+    Bf16, 64: dmattn_fwd_sm90_bf16_d64_packed, dmattn_fwd_sm90_bf16_d64_paged;
+    F16, 64: dmattn_fwd_sm90_f16_d64_packed, dmattn_fwd_sm90_f16_d64_paged;
+    Bf16, 128: dmattn_fwd_sm90_bf16_d128_packed, dmattn_fwd_sm90_bf16_d128_paged;
+    F16, 128: dmattn_fwd_sm90_f16_d128_packed, dmattn_fwd_sm90_f16_d128_paged;
 }
 
 /// Backward entry points per (element type, head dim): `dmattn_bwd_<elem>_d<dim>[_mods][_det]`

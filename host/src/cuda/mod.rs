@@ -349,8 +349,9 @@ pub(crate) fn fwd_plan(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: FwdMask) -
     let split_tile = if gathered { gather_tile } else { variants.mods };
     let (splits, split_tiles) = key_splits(sms, &d, split_tile.block_m, split_tile.block_n);
     // The forward's variants: the gather variant, lean, or every modifier. Packed batches have a
-    // lean kernel in the Hopper module only, at d128 (over contiguous K/V).
-    let lean_serves = p.seqs.is_none() || (variants.plain.is_some_and(|t| t.wgmma) && dmattn_abi::fwd_sm90_lean_packed(d.head_dim as u32) && p.pages.is_none());
+    // lean kernel in the Hopper module only (contiguous or paged K/V alike, so that both take the
+    // same products and give the same bits).
+    let lean_serves = p.seqs.is_none() || (variants.plain.is_some_and(|t| t.wgmma) && dmattn_abi::fwd_sm90_lean_packed(d.head_dim as u32));
     // Fixed lengths on Hopper, where it has one (d128): the warp-specialised modifier kernel
     // (the same tile shape, so the same splits and work order).
     let mods_tile = match variants.mods_ws {
@@ -365,8 +366,8 @@ pub(crate) fn fwd_plan(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: FwdMask) -
     check_limits(&d, tile.block_m)?;
     let prefix = if tile.wgmma { dmattn_abi::names::FWD_WGMMA_PREFIX } else { dmattn_abi::names::FWD_PREFIX };
     let mut kernel = kernel_name(prefix, elem, d.head_dim, if mods { modifiers::ALL } else { modifiers::NONE });
-    // A packed batch: the variant's packed kernel, or over paged K/V the modifier variant's paged
-    // one (the fixed-length kernels hold no sequence bounds).
+    // A packed batch: the variant's packed kernel, or over paged K/V its paged one (the
+    // fixed-length kernels hold no sequence bounds).
     if p.seqs.is_some() {
         kernel += if p.pages.is_some() { dmattn_abi::names::PAGED_SUFFIX } else { dmattn_abi::names::PACKED_SUFFIX };
     }
@@ -1052,7 +1053,7 @@ mod tests {
     /// A packed batch runs the modifier variant's packed kernel (the others serve fixed lengths
     /// only), over the longest sequence's query tiles and every sequence; with paged K/V, its
     /// paged kernel. Without mask, bias or softcap, the Hopper module's lean packed kernel (d64
-    /// and d128).
+    /// and d128), or its paged twin.
     #[test]
     fn packed_batches_run_the_modifier_variant() {
         let seqs = crate::SeqLens::from_lengths(&[100, 3000, 0], &[100, 3000, 7], &crate::Device::Cpu).unwrap();
@@ -1067,6 +1068,11 @@ mod tests {
             let lean = fwd_plan(gpu, &d128(packed(8, false)), DeviceElem::Bf16, FwdMask::None).unwrap();
             let want = if gpu.wgmma { "dmattn_fwd_sm90_bf16_d128_packed" } else { "dmattn_fwd_bf16_d128_mods_packed" };
             assert_eq!((lean.kernel.as_str(), lean.ordered), (want, !gpu.wgmma));
+            // Over paged K/V the same kernel's paged twin, on the same grid: the same bits.
+            let table = crate::PageTable::new(&[0; 3 * 47], 3, &crate::Device::Cpu).unwrap();
+            let pages = Some(crate::problem::KvPages { table, page_size: 64 });
+            let lean_paged = fwd_plan(gpu, &Problem { pages: pages.clone(), ..d128(packed(8, false)) }, DeviceElem::Bf16, FwdMask::None).unwrap();
+            assert_eq!((lean_paged.kernel.clone(), lean_paged.grid, lean_paged.tile), (lean.kernel.replace("_packed", "_paged"), lean.grid, lean.tile));
             let lean64 = fwd_plan(gpu, &packed(8, false), DeviceElem::Bf16, FwdMask::None).unwrap();
             let want = if gpu.wgmma { "dmattn_fwd_sm90_bf16_d64_packed" } else { "dmattn_fwd_bf16_d64_mods_packed" };
             assert_eq!(lean64.kernel, want);
@@ -1074,12 +1080,11 @@ mod tests {
             let plan = fwd_plan(gpu, &packed(1, false), DeviceElem::Bf16, FwdMask::None).unwrap();
             assert!(!plan.ordered && plan.splits > 1 && plan.kernel.ends_with("_d64_mods_packed"));
             // Paged K/V: the same plan on the modifier variant's paged kernel.
-            let table = crate::PageTable::new(&[0; 3 * 47], 3, &crate::Device::Cpu).unwrap();
-            let paged = Problem { pages: Some(crate::problem::KvPages { table, page_size: 64 }), ..packed(1, false) };
+            let paged = Problem { pages: pages.clone(), ..packed(1, false) };
             let paged_plan = fwd_plan(gpu, &paged, DeviceElem::Bf16, FwdMask::None).unwrap();
             assert_eq!(paged_plan.kernel, plan.kernel.replace("_packed", "_paged"));
             assert_eq!((paged_plan.grid, paged_plan.splits, paged_plan.split_tiles, paged_plan.tile), (plan.grid, plan.splits, plan.split_tiles, plan.tile));
-            let paged8 = Problem { pages: paged.pages.clone(), ..packed(8, false) };
+            let paged8 = Problem { pages: paged.pages.clone(), ..packed(8, true) };
             assert!(fwd_plan(gpu, &paged8, DeviceElem::Bf16, FwdMask::None).unwrap().kernel.ends_with("_d64_mods_paged"));
         }
     }
