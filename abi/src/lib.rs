@@ -119,16 +119,16 @@ mod tests {
 
     /// The Hopper forward tiles with modifiers have the portable ones' shapes (the work-order
     /// kernels, built once per head dim, count tiles of that shape; the lean variant is never
-    /// ordered), a warpgroup per 64 rows, and fit the shared memory of one CTA. The lean ones are
-    /// warp-specialised: two consumer warpgroups and the producer.
+    /// ordered or split), a warpgroup per 64 rows, and fit the shared memory of one CTA. The lean
+    /// ones are warp-specialised: two or three consumer warpgroups and the producer.
     #[test]
     fn hopper_forward_tiles_match_the_portable_shapes() {
         for v in FWD_TILES_SM90 {
             let p = fwd_variants(v.mods.head_dim).unwrap();
             for (h, t) in [(v.mods, p.mods), (v.plain.unwrap(), p.plain.unwrap())].into_iter().chain(v.gather_narrow.zip(p.gather_narrow)) {
                 assert!(h.wgmma && !t.wgmma);
-                assert_eq!((h.head_dim, h.block_m), (t.head_dim, t.block_m));
-                assert!(h.producer || h.block_n == t.block_n);
+                assert_eq!(h.head_dim, t.head_dim);
+                assert!(h.producer || (h.block_m, h.block_n) == (t.block_m, t.block_n));
                 assert_eq!((h.m_tiles_per_warp(), h.block_m % 64), (1, 0));
                 assert!(h.smem_bytes() <= 227 * 1024);
             }
@@ -139,12 +139,19 @@ mod tests {
                 assert!(ws.producer && ws.modifiers && ws.smem_bytes() <= 227 * 1024);
                 assert_eq!((ws.head_dim, ws.block_m, ws.block_n, ws.threads()), (v.mods.head_dim, v.mods.block_m, v.mods.block_n, FWD_WS_THREADS));
             }
-            assert_eq!((lean.block_m, lean.threads()), (128, FWD_WS_THREADS));
-            // The registers the CTA is launched with: 384 threads at ptxas's 168 (65536 / 384,
+            assert!(matches!(lean.block_m, 128 | 192) && lean.threads() == fwd_ws_lean_threads(lean.head_dim));
+            // The registers each CTA is launched with: ptxas's per-thread share (65536 / threads,
             // rounded down to 8); `setmaxnreg.inc` waits forever for more than that.
-            let pool = FWD_WS_THREADS * (65536 / FWD_WS_THREADS / 8 * 8);
-            assert!(2 * 128 * FWD_WS_CONSUMER_REGS + 128 * FWD_WS_PRODUCER_REGS <= pool);
-            assert!(2 * 128 * FWD_WS_MODS_CONSUMER_REGS + 128 * FWD_WS_MODS_PRODUCER_REGS <= pool);
+            let packed = fwd_ws_packed_tile(&v).unwrap();
+            assert_eq!((packed.block_m, packed.block_n, packed.threads()), (128, lean.block_n, FWD_WS_THREADS));
+            for t in [Some(lean), Some(packed), v.mods_ws].into_iter().flatten() {
+                let pool = t.threads() * (65536 / t.threads() / 8 * 8);
+                // The paged and modifier kernels' big producer: two consumer warpgroups only.
+                for big in [false, t.warps == 8] {
+                    let (producer, consumer) = t.ws_registers(big);
+                    assert!(t.consumer_threads() * consumer + 128 * producer <= pool, "{t:?}");
+                }
+            }
             assert_eq!(fwd_variants_for(v.mods.head_dim, true), Some(v));
             assert_eq!(fwd_variants_for(v.mods.head_dim, false), Some(p));
         }

@@ -203,14 +203,14 @@ pub const LAUNCH_BOUNDS: [(&str, u32, u32); 34] = [
     (names::FWD_F16_D64_GATHER_NARROW, 128, GATHER_NARROW_CTAS_PER_SM),
     (names::FWD_SM90_BF16_D64_GATHER_NARROW, 128, GATHER_NARROW_CTAS_PER_SM),
     (names::FWD_SM90_F16_D64_GATHER_NARROW, 128, GATHER_NARROW_CTAS_PER_SM),
-    ("dmattn_fwd_sm90_bf16_d64", FWD_WS_THREADS, 1),
+    ("dmattn_fwd_sm90_bf16_d64", fwd_ws_lean_threads(64), 1),
     ("dmattn_fwd_sm90_bf16_d64_packed", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_bf16_d64_paged", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_bf16_d64_mods", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d64_mods_gather", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d64_mods_packed", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d64_mods_paged", 256, FWD_SM90_CTAS_PER_SM),
-    ("dmattn_fwd_sm90_f16_d64", FWD_WS_THREADS, 1),
+    ("dmattn_fwd_sm90_f16_d64", fwd_ws_lean_threads(64), 1),
     ("dmattn_fwd_sm90_f16_d64_packed", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_f16_d64_paged", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_f16_d64_mods", 256, FWD_SM90_CTAS_PER_SM),
@@ -288,9 +288,33 @@ pub const FWD_WS_CONSUMER_REGS: u32 = 232;
 /// registers d128 spilled 100 bytes).
 pub const FWD_WS_MODS_PRODUCER_REGS: u32 = 64;
 pub const FWD_WS_MODS_CONSUMER_REGS: u32 = 216;
+/// Three consumer warpgroups (512 threads, launched at 128 registers each): the lean producer
+/// and consumers split the 64K exactly (FlashAttention-3's split). A paged producer's lookups
+/// need more, which three consumers cannot spare (at 152 registers they spilled 48 bytes at
+/// d64): packed batches take two ([`fwd_ws_packed_tile`]).
+pub const FWD_WS3_PRODUCER_REGS: u32 = 32;
+pub const FWD_WS3_CONSUMER_REGS: u32 = 160;
 
-/// Threads of a warp-specialised forward CTA: two consumer warpgroups and the producer.
+/// Threads of a warp-specialised forward CTA of two consumer warpgroups and the producer.
 pub const FWD_WS_THREADS: u32 = 384;
+
+/// The Hopper lean forward's tile for packed batches, contiguous or paged (both on one tile, so
+/// that they give the same bits): the fixed-length lean tile's keys with two consumer warpgroups
+/// (see [`FWD_WS3_PRODUCER_REGS`]).
+pub const fn fwd_ws_packed_tile(v: &FwdVariants) -> Option<FwdTile> {
+    match v.plain {
+        Some(t) if t.producer => Some(ws_tile(t.head_dim, 128, t.block_n)),
+        _ => None,
+    }
+}
+
+/// The Hopper lean forward's threads at `head_dim` (its warp-specialised tile's).
+pub const fn fwd_ws_lean_threads(head_dim: u32) -> u32 {
+    match fwd_variants_for(head_dim, true) {
+        Some(FwdVariants { plain: Some(t), .. }) if t.producer => t.threads(),
+        _ => panic!("no warp-specialised lean forward at this head dim"),
+    }
+}
 
 impl FwdTile {
     pub const fn threads(&self) -> u32 {
@@ -326,6 +350,16 @@ impl FwdTile {
     /// The gather variant's key positions of two key tiles (the current one's and the next's).
     pub const fn key_pos_bytes(&self) -> u32 {
         2 * self.block_n * 4
+    }
+    /// Registers (`setmaxnreg`) of a warp-specialised tile's producer warpgroup and of each
+    /// consumer one: `big_producer` where the producer walks a block map or looks up pages.
+    pub const fn ws_registers(&self, big_producer: bool) -> (u32, u32) {
+        match (self.warps / 4, big_producer) {
+            (2, false) => (FWD_WS_PRODUCER_REGS, FWD_WS_CONSUMER_REGS),
+            (2, true) => (FWD_WS_MODS_PRODUCER_REGS, FWD_WS_MODS_CONSUMER_REGS),
+            (3, false) => (FWD_WS3_PRODUCER_REGS, FWD_WS3_CONSUMER_REGS),
+            _ => panic!("no register split for this many consumer warpgroups"),
+        }
     }
     /// A running max and sum (f32) per thread per row it holds: two rows per 16-row MMA tile.
     pub const fn softmax_state_bytes(&self) -> u32 {
@@ -414,10 +448,13 @@ pub const FWD_TILES: [FwdVariants; 6] = [
 
 /// The Hopper forward tiles (sm_90a module, `names::FWD_WGMMA_PREFIX`): the portable tiles'
 /// shapes for the modifier and gather variants, so that the work orders, key splits and gather
-/// tile choice are theirs, with a warp per 16 query rows; the lean variant's warp-specialised
-/// tile takes 128 keys at d128 too (it is never ordered or split).
+/// tile choice are theirs, with a warp per 16 query rows. The lean variant's warp-specialised
+/// tile (never ordered or split) takes 128 keys at d128 too, and 192 query rows at d64: three
+/// consumer warpgroups taking turns, so that each one's softmax, which at d64 outlasts one
+/// warpgroup's products, runs under the other two's (FlashAttention-3's d64 shape); packed
+/// batches take [`fwd_ws_packed_tile`].
 pub const FWD_TILES_SM90: [FwdVariants; 2] = [
-    FwdVariants { plain: Some(ws_tile(64, 128, 128)), mods: wgmma_tile(64, 128, 128), mods_ws: None, gather_narrow: Some(wgmma_tile(64, 64, 128)) },
+    FwdVariants { plain: Some(ws_tile(64, 192, 128)), mods: wgmma_tile(64, 128, 128), mods_ws: None, gather_narrow: Some(wgmma_tile(64, 64, 128)) },
     FwdVariants { plain: Some(ws_tile(128, 128, 128)), mods: wgmma_tile(128, 128, 64), mods_ws: Some(ws_mods_tile(128, 128, 64)), gather_narrow: None },
 ];
 

@@ -1,11 +1,11 @@
 //! The Hopper forward for fixed-length calls and lean packed ones, warp-specialised (sm_90a). A
 //! producer warpgroup copies Q and a ring of K and V tiles (`cp.async`; with modifiers the bias
-//! and packed-mask tiles too) and announces each on an `mbarrier`; two consumer warpgroups, 64
-//! query rows each, wait for them alone (no CTA-wide barrier in the loop) and run S = QKᵀ and
-//! O += PV on `wgmma`. Each consumer keeps two products in flight: key tile i's QKᵀ and tile
-//! i-1's PV are issued together, and tile i's softmax runs while PV still multiplies
-//! (FlashAttention-3's intra-warpgroup overlap); and the two consumers take turns issuing
-//! ([`Turns`], its ping-pong), so that one's softmax runs under the other's products. The
+//! and packed-mask tiles too) and announces each on an `mbarrier`; two or three consumer
+//! warpgroups, 64 query rows each, wait for them alone (no CTA-wide barrier in the loop) and run
+//! S = QKᵀ and O += PV on `wgmma`. Each consumer keeps two products in flight: key tile i's QKᵀ
+//! and tile i-1's PV are issued together, and tile i's softmax runs while PV still multiplies
+//! (FlashAttention-3's intra-warpgroup overlap); and the consumers take turns issuing
+//! ([`Turns`], its ping-pong), so that one's softmax runs under the others' products. The
 //! producer hands most of its registers to the consumers (`setmaxnreg`).
 //!
 //! Lean calls (no mask, bias or softcap; fixed lengths, packed batches, or packed over paged K/V)
@@ -21,16 +21,20 @@ use crate::mask::{KeyTiles, MapRows, Tile, TileCursor, TileLine};
 use crate::scores::{Mods, WarpScores};
 use crate::softmax::OnlineSoftmax;
 use crate::tile::SmemTile;
-use dmattn_abi::{
-    FWD_WS_CONSUMER_REGS, FWD_WS_MODS_CONSUMER_REGS, FWD_WS_MODS_PRODUCER_REGS, FWD_WS_PRODUCER_REGS, FWD_WS_STAGES, FwdParams, POSITION_BYTES,
-    flags, mask_tile_bytes, modifiers,
-};
+use dmattn_abi::{FWD_WS_STAGES, FwdParams, POSITION_BYTES, flags, mask_tile_bytes, modifiers};
 
 const STAGES: u32 = FWD_WS_STAGES;
 // The tile words (4 bytes a slot) keep the position slot and the barriers 8-byte aligned.
 const _: () = assert!(STAGES % 2 == 0);
 const PRODUCERS: u32 = 128;
-const CONSUMERS: u32 = 256;
+/// Threads of a warpgroup (a consumer warpgroup's 64 rows).
+const GROUP: u32 = 128;
+
+/// The consumer threads of a `BM`-row tile: a warpgroup per 64 rows.
+#[inline(always)]
+const fn consumers<const BM: usize>() -> u32 {
+    BM as u32 / 64 * GROUP
+}
 
 /// The barriers, by role: Q landed; per ring slot, its K (V) tile landed (`FULL_*`, the
 /// producer's threads arrive once their copies have) or read (`EMPTY_*`, the consumers' threads
@@ -45,41 +49,48 @@ const BARRIERS: u32 = EMPTY_V + STAGES;
 /// The consumers' barrier before the epilogue's store (0 is the CTA's).
 const EPILOGUE_BARRIER: u32 = 1;
 
-/// The consumer warpgroups take turns issuing their products (FlashAttention-3's ping-pong):
-/// warpgroup `w` waits on barrier `TURN + w` before issuing and then lets the other go, so
-/// that one's softmax runs while the other's products keep the tensor cores busy.
+/// The consumer warpgroups take turns issuing their products (FlashAttention-3's ping-pong, a
+/// round robin of three where there are three): warpgroup `w` waits on barrier `TURN + w`
+/// before issuing and then lets the next go, so that one's softmax runs while the others'
+/// products keep the tensor cores busy. Each turn barrier joins the waiting warpgroup and the
+/// one before it.
 const TURN: u32 = 2;
+const TURN_THREADS: u32 = 2 * GROUP;
 
-/// A consumer warpgroup's turns at issuing products (see [`TURN`]). Both warpgroups visit the
-/// same key tiles (the CTA's), so both take as many turns; a warpgroup skipping a tile alone
-/// would hang the other.
+/// A consumer warpgroup's turns at issuing products (see [`TURN`]). All warpgroups visit the
+/// same key tiles (the CTA's), so all take as many turns; a warpgroup skipping a tile alone
+/// would hang the others. A warpgroup cannot pass twice before the next has taken its turn:
+/// its next pass waits for a whole round.
 #[derive(Clone, Copy)]
 struct Turns {
     group: u32,
+    groups: u32,
 }
 
 impl Turns {
-    /// Warpgroup 1 starts by letting warpgroup 0 have the first turn.
+    /// The last warpgroup starts by letting warpgroup 0 have the first turn.
     #[inline(always)]
-    fn new(group: u32) -> Self {
-        if group == 1 {
-            named_barrier_arrive(TURN, CONSUMERS);
+    fn new(group: u32, groups: u32) -> Self {
+        if group == groups - 1 {
+            named_barrier_arrive(TURN, TURN_THREADS);
         }
-        Turns { group }
+        Turns { group, groups }
     }
 
     /// Waits for this warpgroup's turn.
     #[inline(always)]
     fn take(self) {
-        named_barrier(TURN + self.group, CONSUMERS);
+        named_barrier(TURN + self.group, TURN_THREADS);
     }
 
-    /// Hands the turn over; `last`: this warpgroup's final turn, after which warpgroup 1 owes
-    /// warpgroup 0 nothing (warpgroup 0 takes as many turns as it was given).
+    /// Hands the turn to the next warpgroup; `last`: this warpgroup's final turn, after which
+    /// the last warpgroup owes warpgroup 0 nothing (warpgroup 0 takes as many turns as it was
+    /// given).
     #[inline(always)]
     fn pass(self, last: bool) {
-        if !(last && self.group == 1) {
-            named_barrier_arrive(TURN + (self.group ^ 1), CONSUMERS);
+        if !(last && self.group == self.groups - 1) {
+            let next = if self.group + 1 == self.groups { 0 } else { self.group + 1 };
+            named_barrier_arrive(TURN + next, TURN_THREADS);
         }
     }
 }
@@ -111,7 +122,7 @@ impl Smem {
         let words = mask + if MODS { STAGES * mask_tile_bytes(BM as u32, BN as u32) } else { 0 };
         let position = words + if MODS { 4 * STAGES } else { 0 };
         let softmax = position + if MODS { POSITION_BYTES } else { 0 };
-        Self { q, ring, tile_bytes, bias, mask, words, position, softmax, bars: softmax + CONSUMERS * 16 }
+        Self { q, ring, tile_bytes, bias, mask, words, position, softmax, bars: softmax + consumers::<BM>() * 16 }
     }
 
     #[inline(always)]
@@ -369,8 +380,8 @@ fn issue_pv<E: Elem, const D: usize, const BN: usize, const KP: usize, const DT:
     wgmma_pv::<E, DT>(o, KP, |kk| p[kk], sm.v::<D, BN>(r.slot()));
 }
 
-/// A consumer thread (`ctid` 0..256): its warpgroup's 64 rows through every visited key tile,
-/// then the epilogue.
+/// A consumer thread (`ctid` 0..`BM / 64 * 128`): its warpgroup's 64 rows through every
+/// visited key tile, then the epilogue.
 #[inline(always)]
 unsafe fn consume<
     E: Elem,
@@ -394,14 +405,15 @@ unsafe fn consume<
     let lane = ctid % 32;
     let warp_row0 = (ctid / 32) * 16;
     let at = Rows { warp_row0, group_row0: warp_row0 & !63, lane };
-    let softmax = OnlineSoftmax::<1>::at(sm.softmax, ctid, CONSUMERS);
+    let consumers = consumers::<BM>();
+    let softmax = OnlineSoftmax::<1>::at(sm.softmax, ctid, consumers);
     softmax.reset();
     let tiles = key_tiles::<BM, BN>(&b);
     let mut o = [[[0f32; 4]; DT]; 1];
     let mut s = [[[0f32; 4]; NT]; 1];
     unsafe { mbarrier_wait(sm.bar(BAR_Q, 0), 0) };
     if let Some(mut tile) = fetch::<MODS>(sm, &tiles, None, Ring(0)) {
-        let turns = Turns::new(ctid / 128);
+        let turns = Turns::new(ctid / GROUP, consumers / GROUP);
         // The first tile alone: its probabilities need no output to rescale. A turn holds
         // only the products' issue: start values and waits for data come before it.
         let warp = start_scores::<E, BM, BN, NT, MODS>(&b, sm, at, &mods, &mut s, tile, Ring(0));
@@ -449,14 +461,16 @@ unsafe fn consume<
         wgmma_wait::<0, DT>(&mut o[0]);
     }
     // This warpgroup's QKᵀ were its last reads of its Q rows: they stage its O.
-    unsafe { write_output::<E, 1, DT>(p, &b, sm.q, softmax, &o, ctid, CONSUMERS, || named_barrier(EPILOGUE_BARRIER, CONSUMERS)) };
+    unsafe { write_output::<E, 1, DT>(p, &b, sm.q, softmax, &o, ctid, consumers, || named_barrier(EPILOGUE_BARRIER, consumers)) };
 }
 
-/// Const parameters: head dim `D`, tile `BM x BN` (`BM` = 128, two consumer warpgroups),
+/// Const parameters: head dim `D`, tile `BM x BN` (`BM` = 128 or 192, two or three consumer
+/// warpgroups),
 /// `NT = BN / 8`, `KT = D / 16`, `DT = D / 8`, `KP = BN / 16` (spelled out: no const-generic
 /// arithmetic); `PACKED` for a packed batch (lean only), `PAGED` (with `PACKED`) over paged K/V,
-/// `MODS` for the modifier variant.
-/// Launched with 384 threads (`FWD_WS_THREADS`).
+/// `MODS` for the modifier variant; `setmaxnreg` gives the producer warpgroup `PRODUCER_REGS`
+/// registers and each consumer one `CONSUMER_REGS` (`FwdTile::ws_registers`). Launched with
+/// `BM / 64 * 128 + 128` threads (`FwdTile::threads`).
 #[inline(always)]
 pub unsafe fn forward<
     E: Elem,
@@ -470,11 +484,13 @@ pub unsafe fn forward<
     const PACKED: bool,
     const PAGED: bool,
     const MODS: bool,
+    const PRODUCER_REGS: u32,
+    const CONSUMER_REGS: u32,
 >(
     p: &FwdParams,
 ) {
     const {
-        assert!(BM == 128 && NT * 8 == BN && KT * 16 == D && DT * 8 == D && KP * 2 == NT);
+        assert!(matches!(BM, 128 | 192) && NT * 8 == BN && KT * 16 == D && DT * 8 == D && KP * 2 == NT);
         assert!(matches!(NT, 4 | 8 | 16) && matches!(DT, 4 | 8 | 16));
         assert!(!(PACKED && MODS) && (!PAGED || PACKED));
     }
@@ -486,27 +502,16 @@ pub unsafe fn forward<
     }
     if tid == 0 {
         for role in 0..BARRIERS {
-            let count = if role >= EMPTY_K { CONSUMERS } else { PRODUCERS };
+            let count = if role >= EMPTY_K { consumers::<BM>() } else { PRODUCERS };
             unsafe { mbarrier_init(sm.bar(role, 0), count) };
         }
     }
     sync_threads();
-    // The producer's walk of the block map and its bias and mask tiles, or its page lookups,
-    // take more registers than a lean producer's contiguous copies.
-    let big_producer = MODS || PAGED;
     if tid < PRODUCERS {
-        if big_producer {
-            setmaxnreg::<false, FWD_WS_MODS_PRODUCER_REGS>();
-        } else {
-            setmaxnreg::<false, FWD_WS_PRODUCER_REGS>();
-        }
+        setmaxnreg::<false, PRODUCER_REGS>();
         unsafe { produce::<D, BM, BN, PACKED, PAGED, MODS>(p, &sm, pos, tid) };
     } else {
-        if big_producer {
-            setmaxnreg::<true, FWD_WS_MODS_CONSUMER_REGS>();
-        } else {
-            setmaxnreg::<true, FWD_WS_CONSUMER_REGS>();
-        }
+        setmaxnreg::<true, CONSUMER_REGS>();
         unsafe { consume::<E, D, BM, BN, NT, KT, DT, KP, PACKED, MODS>(p, &sm, pos, tid - PRODUCERS) };
     }
 }

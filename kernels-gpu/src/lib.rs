@@ -279,7 +279,8 @@ macro_rules! fwd_ws_kernel {
             const T: FwdTile = match $tile { Some(t) if t.producer && t.modifiers == $mods => t, _ => panic!() };
             unsafe {
                 fwd_ws::forward::<$elem, $d, { T.block_m as usize }, { T.block_n as usize }, { T.block_n as usize / 8 }, { $d / 16 },
-                    { $d / 8 }, { T.block_n as usize / 16 }, $packed, $paged, $mods>(&p)
+                    { $d / 8 }, { T.block_n as usize / 16 }, $packed, $paged, $mods, { T.ws_registers($mods || $paged).0 },
+                    { T.ws_registers($mods || $paged).1 }>(&p)
             }
         }
     };
@@ -320,13 +321,13 @@ fwd_wgmma_kernels! {
 }
 
 /// The Hopper module's lean packed-batch forward (`dmattn_fwd_sm90_<elem>_d<dim>_packed`) and
-/// its paged-K/V kernel (`.._paged`): the same products, so paged and contiguous K/V give the
-/// same bits.
+/// its paged-K/V kernel (`.._paged`), both on `fwd_ws_packed_tile`: the same products, so paged
+/// and contiguous K/V give the same bits.
 macro_rules! fwd_lean_packed {
     ($($elem:ty, $d:literal: $packed:ident, $paged:ident;)*) => {$(
         const _: () = assert!(dmattn_abi::fwd_sm90_lean_packed($d));
-        fwd_ws_kernel!($packed, $elem, $d, true, false);
-        fwd_ws_kernel!($paged, $elem, $d, true, true);
+        fwd_ws_kernel!(@tile $packed, $elem, $d, true, false, false, dmattn_abi::fwd_ws_packed_tile(&sm90_variants($d)));
+        fwd_ws_kernel!(@tile $paged, $elem, $d, true, true, false, dmattn_abi::fwd_ws_packed_tile(&sm90_variants($d)));
     )*};
 }
 

@@ -360,7 +360,10 @@ pub(crate) fn fwd_plan(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: FwdMask) -
     };
     let (tile, mods) = match variants.plain {
         _ if gathered => (gather_tile, true),
-        Some(plain) if modifiers_of(p) == modifiers::NONE && splits == 1 && lean_serves => (plain, false),
+        Some(plain) if modifiers_of(p) == modifiers::NONE && splits == 1 && lean_serves => {
+            let packed = p.seqs.is_some().then(|| dmattn_abi::fwd_ws_packed_tile(&variants)).flatten();
+            (packed.unwrap_or(plain), false)
+        }
         _ => (mods_tile, true),
     };
     check_limits(&d, tile.block_m)?;
@@ -1068,6 +1071,7 @@ mod tests {
             let lean = fwd_plan(gpu, &d128(packed(8, false)), DeviceElem::Bf16, FwdMask::None).unwrap();
             let want = if gpu.wgmma { "dmattn_fwd_sm90_bf16_d128_packed" } else { "dmattn_fwd_bf16_d128_mods_packed" };
             assert_eq!((lean.kernel.as_str(), lean.ordered), (want, !gpu.wgmma));
+            assert_eq!(lean.tile.block_m, 128);
             // Over paged K/V the same kernel's paged twin, on the same grid: the same bits.
             let table = crate::PageTable::new(&[0; 3 * 47], 3, &crate::Device::Cpu).unwrap();
             let pages = Some(crate::problem::KvPages { table, page_size: 64 });
@@ -1075,7 +1079,8 @@ mod tests {
             assert_eq!((lean_paged.kernel.clone(), lean_paged.grid, lean_paged.tile), (lean.kernel.replace("_packed", "_paged"), lean.grid, lean.tile));
             let lean64 = fwd_plan(gpu, &packed(8, false), DeviceElem::Bf16, FwdMask::None).unwrap();
             let want = if gpu.wgmma { "dmattn_fwd_sm90_bf16_d64_packed" } else { "dmattn_fwd_bf16_d64_mods_packed" };
-            assert_eq!(lean64.kernel, want);
+            // Two consumer warpgroups for packed batches (the fixed-length d64 tile has three).
+            assert_eq!((lean64.kernel.as_str(), lean64.tile.block_m, lean64.tile.threads()), (want, 128, if gpu.wgmma { 384 } else { 128 }));
             // Less: grid order (and split keys, which only the modifier variant takes).
             let plan = fwd_plan(gpu, &packed(1, false), DeviceElem::Bf16, FwdMask::None).unwrap();
             assert!(!plan.ordered && plan.splits > 1 && plan.kernel.ends_with("_d64_mods_packed"));
@@ -1090,7 +1095,8 @@ mod tests {
     }
 
     /// With the Hopper module, d64 and d128 run its forward, on the portable tiles' shapes (so the
-    /// same splits, narrow gather tile and work order); other head dims the portable one.
+    /// same splits, narrow gather tile and work order) but for the lean variant's tile (never split
+    /// or ordered; 192 rows at d64); other head dims the portable one.
     #[test]
     fn hopper_forward_plans() {
         let causal = dmattn_abi::Band::CAUSAL;
@@ -1102,13 +1108,14 @@ mod tests {
                 assert_eq!(hopper.tile.wgmma, wgmma);
                 let expected = if wgmma { portable.kernel.replace("dmattn_fwd_", "dmattn_fwd_sm90_") } else { portable.kernel.clone() };
                 assert_eq!(hopper.kernel, expected);
-                assert_eq!((hopper.tile.block_m, hopper.grid, hopper.splits, hopper.ordered), (portable.tile.block_m, portable.grid, portable.splits, portable.ordered));
-                // The lean calls run the warp-specialised kernel (its own key tile); the others
-                // the portable tile shapes.
                 // The lean calls, and at d128 the fixed-length modifier ones that gather nothing,
-                // run the warp-specialised kernels (the lean one on its own key tile); the
-                // others the portable tile shapes.
+                // run the warp-specialised kernels (the lean one on its own tile); the others the
+                // portable tile shapes.
                 let lean = !bias && mask == FwdMask::None;
+                assert_eq!((hopper.splits, hopper.ordered), (portable.splits, portable.ordered));
+                let rows = if wgmma && lean && head_dim == 64 { 192 } else { portable.tile.block_m };
+                assert_eq!((hopper.tile.block_m, hopper.grid.0), (rows, d.seqlen_q.div_ceil(rows as usize) as u32));
+                assert_eq!((hopper.grid.1, hopper.grid.2), (portable.grid.1, portable.grid.2));
                 let ws_mods = head_dim == 128 && !lean && mask != FwdMask::Gathered;
                 assert_eq!(hopper.tile.producer, wgmma && (lean || ws_mods));
                 assert_eq!(hopper.tile.modifiers, ws_mods);
