@@ -464,13 +464,12 @@ unsafe fn consume<
     unsafe { write_output::<E, 1, DT>(p, &b, sm.q, softmax, &o, ctid, consumers, || named_barrier(EPILOGUE_BARRIER, consumers)) };
 }
 
-/// Const parameters: head dim `D`, tile `BM x BN` (`BM` = 128 or 192, two or three consumer
-/// warpgroups),
-/// `NT = BN / 8`, `KT = D / 16`, `DT = D / 8`, `KP = BN / 16` (spelled out: no const-generic
-/// arithmetic); `PACKED` for a packed batch (lean only), `PAGED` (with `PACKED`) over paged K/V,
-/// `MODS` for the modifier variant; `setmaxnreg` gives the producer warpgroup `PRODUCER_REGS`
-/// registers and each consumer one `CONSUMER_REGS` (`FwdTile::ws_registers`). Launched with
-/// `BM / 64 * 128 + 128` threads (`FwdTile::threads`).
+/// Const parameters: head dim `D`, tile `BM x BN` (`BM` = 128 or 192: two or three consumer
+/// warpgroups), `NT = BN / 8`, `KT = D / 16`, `DT = D / 8`, `KP = BN / 16` (spelled out: no
+/// const-generic arithmetic); `PACKED` for a packed batch (lean only), `PAGED` (with `PACKED`)
+/// over paged K/V, `MODS` for the modifier variant; `setmaxnreg` gives the producer warpgroup
+/// `PRODUCER_REGS` registers and each consumer one `CONSUMER_REGS` (`FwdTile::ws_registers`).
+/// Launched with `BM / 64 * 128 + 128` threads (`FwdTile::threads`).
 #[inline(always)]
 pub unsafe fn forward<
     E: Elem,
