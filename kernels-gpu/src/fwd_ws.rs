@@ -9,9 +9,9 @@
 //! producer hands most of its registers to the consumers (`setmaxnreg`).
 //!
 //! Lean calls (no mask, bias or softcap; fixed lengths, packed batches, or packed over paged K/V)
-//! visit every key tile of the band, which producer and consumers each work out; with modifiers (`MODS`: mask, bias, softcap, split-KV, work order)
-//! the producer walks the block map and passes each visited tile's index and fullness to the
-//! consumers beside its K.
+//! visit every key tile of the band, which producer and consumers each work out; with modifiers
+//! (`MODS`: mask, bias, softcap, split-KV, work order) the producer walks the block map and passes
+//! each visited tile's index and fullness to the consumers beside its K.
 use crate::arch::*;
 use crate::block_info::{BlockInfo, position};
 use crate::elem::{Elem, wgmma_wait};

@@ -267,8 +267,8 @@ fwd_gather_narrow! { variants:
 /// (`dmattn_fwd_sm90_<elem>_d<dim>[_packed|_paged]`, the lean tile of `FWD_TILES_SM90`) and the
 /// fixed-length modifier one (`.._mods`, its `mods_ws` tile).
 macro_rules! fwd_ws_kernel {
-    ($name:ident, $elem:ty, $d:literal, $packed:literal, $paged:literal) => {
-        fwd_ws_kernel!(@tile $name, $elem, $d, $packed, $paged, false, sm90_variants($d).plain);
+    ($name:ident, $elem:ty, $d:literal) => {
+        fwd_ws_kernel!(@tile $name, $elem, $d, false, false, false, sm90_variants($d).plain);
     };
     (mods $name:ident, $elem:ty, $d:literal) => {
         fwd_ws_kernel!(@tile $name, $elem, $d, false, false, true, sm90_variants($d).mods_ws);
@@ -291,7 +291,7 @@ macro_rules! fwd_ws_kernel {
 /// `fwd_sm90_lean_packed` says so a lean packed-batch variant (no mask, bias or softcap).
 macro_rules! fwd_wgmma_kernels {
     ($($elem:ty, $d:literal: $plain:ident, $mods:ident ($mods_kind:ident), $gather:ident, $packed:ident, $paged:ident $(, $narrow:ident)?;)*) => {$(
-        fwd_ws_kernel!($plain, $elem, $d, false, false);
+        fwd_ws_kernel!($plain, $elem, $d);
         fwd_mods_kernel!($mods_kind $mods, $elem, $d);
         fwd_kernels!(@one $gather, $elem, $d, sm90_variants($d).mods, true, true, false, false);
         fwd_kernels!(@one $packed, $elem, $d, sm90_variants($d).mods, true, false, true, false);
