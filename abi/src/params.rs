@@ -62,29 +62,23 @@ pub struct FwdParams {
 /// A tensor map for the bulk tensor copy engine (`CUtensorMap`, encoded on the host by
 /// `cuTensorMapEncodeTiled`): 128 opaque bytes, 64-byte aligned.
 #[repr(C, align(64))]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TensorMap(pub [u64; 16]);
-
-impl Default for TensorMap {
-    fn default() -> Self {
-        TensorMap([0; 16])
-    }
-}
 
 /// The parameters of the Hopper lean forward over fixed-length operands
 /// (`dmattn_fwd_sm90_<elem>_d<dim>`), whose producer brings Q, K and V in with the bulk tensor
-/// copy engine: the forward's block, then a tensor map each for Q `[b, sq, h, d]` and K and V
-/// `[b, sk, hk, d]`, seen innermost first as `(d, heads, rows, batch)` with boxes of 64 columns
-/// (128 bytes, the 128-byte swizzle: `SmemTile`'s column blocks), one head, the tile's rows and
-/// one batch; rows past the end read as zeros. The kernel takes the maps' address in parameter
-/// space (a `__grid_constant__`).
+/// copy engine: the forward's block, and the device address of three [`TensorMap`]s (Q
+/// `[b, sq, h, d]`, then K and V `[b, sk, hk, d]`), each seen innermost first as
+/// `(d, heads, rows, batch)` with boxes of 64 columns (128 bytes, the 128-byte swizzle:
+/// `SmemTile`'s column blocks), one head, the tile's rows and one batch; rows past the end read
+/// as zeros. The maps live in global memory, written before the launch: a kernel parameter
+/// cannot hold them, as rustc's nvptx kernel ABI takes no parameter aligned above 16 bytes
+/// (a 64-byte-aligned one is an internal compiler error) and a map must be 64-byte aligned.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct FwdTmaParams {
     pub fwd: FwdParams,
-    pub q: TensorMap,
-    pub k: TensorMap,
-    pub v: TensorMap,
+    pub maps: u64,
 }
 
 /// Where a sequence's rows are, for packed variable-length batches (`cu_seqlens`): q/o/dO/dQ

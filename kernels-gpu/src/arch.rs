@@ -172,6 +172,28 @@ pub unsafe fn mbarrier_wait(at: u32, parity: u32) {
     }
 }
 
+/// This thread's arrival on the `mbarrier` at `at`, announcing `bytes` that bulk copies will
+/// complete on it (`complete_tx`): its phase completes once every arrival and every byte is in.
+#[cfg_attr(not(target_feature = "sm_90a"), allow(dead_code))]
+#[inline(always)]
+pub unsafe fn mbarrier_arrive_expect_tx(at: u32, bytes: u32) {
+    unsafe { asm!("mbarrier.arrive.expect_tx.shared::cta.b64 _, [{0}], {1};", in(reg32) at, in(reg32) bytes, options(nostack)) };
+}
+
+/// Starts a bulk tensor copy (the copy engine, sm_90) of the box at `coords` (elements,
+/// innermost dimension first) of the 4-D tensor whose map is at generic address `map` into
+/// shared memory at `dst` (1024-byte aligned for the 128-byte swizzle), completing its bytes on
+/// the `mbarrier` at `bar`. Elements past the tensor's end arrive as zeros.
+#[cfg_attr(not(target_feature = "sm_90a"), allow(dead_code))]
+#[inline(always)]
+pub unsafe fn tma_load_4d(dst: u32, map: u64, coords: [u32; 4], bar: u32) {
+    unsafe {
+        asm!("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [{0}], [{1}, {{{2}, {3}, {4}, {5}}}], [{6}];",
+            in(reg32) dst, in(reg64) map, in(reg32) coords[0], in(reg32) coords[1], in(reg32) coords[2], in(reg32) coords[3],
+            in(reg32) bar, options(nostack))
+    };
+}
+
 /// Raises (`INC`) or lowers this warpgroup's per-thread register limit to `N` (sm_90a,
 /// warpgroup-collective): producer warpgroups give registers to the consumers.
 #[cfg_attr(not(target_feature = "sm_90a"), allow(dead_code))]

@@ -87,6 +87,16 @@ impl<'a> BlockInfo<'a> {
         div(self.head, self.p.mask_head_div) as u64
     }
 
+    /// The coordinates (innermost first: column, head, row, batch) of the query tile's first
+    /// element in q's tensor map and of key `col0`'s in K's and V's (`FwdTmaParams`), for a
+    /// fixed-length call.
+    #[cfg_attr(not(target_feature = "sm_90a"), allow(dead_code))]
+    #[inline(always)]
+    pub fn tma_coords(&self, col0: u32) -> ([u32; 4], [u32; 4]) {
+        let batch = self.seq.batch as u32;
+        ([0, self.head, self.row0, batch], [0, self.kv_head() as u32, col0, batch])
+    }
+
     /// Byte address of row 0 of the query tile in q (rows `2 * q.stride[1]` bytes apart).
     #[inline(always)]
     pub fn q(&self) -> u64 {

@@ -224,6 +224,50 @@ unsafe fn announce<const PENDING: u32>(bar: u32) {
     unsafe { mbarrier_arrive(bar) };
 }
 
+/// Bytes a tensor map's box covers in one 128-byte column block: `rows` rows of 128 bytes.
+const fn box_bytes(rows: usize) -> u32 {
+    rows as u32 * 128
+}
+
+/// Starts the bulk tensor copies of `tile` (`D` columns, whose 128-byte column blocks are the
+/// maps' boxes) from the map at `map` at `coords` (column 0), completing on `bar`, which the
+/// calling thread tells to expect the tile's bytes.
+#[inline(always)]
+unsafe fn tma_tile<const D: usize>(tile: SmemTile, rows: usize, map: u64, coords: [u32; 4], bar: u32) {
+    unsafe {
+        mbarrier_arrive_expect_tx(bar, (D / 64) as u32 * box_bytes(rows));
+        for block in 0..D as u32 / 64 {
+            tma_load_4d(tile.chunk(0, 8 * block), map, [64 * block, coords[1], coords[2], coords[3]], bar);
+        }
+    }
+}
+
+/// The lean fixed-length producer's copies: one thread starts each tile's bulk tensor copies
+/// (`maps`: the global address of Q's tensor map, K's and V's following; `FwdTmaParams`) into
+/// the ring as the consumers free its slots, each completing on the tile's "full" barrier; the
+/// copy engine zero-fills rows past the sequence.
+#[inline(always)]
+unsafe fn produce_tma<const D: usize, const BM: usize, const BN: usize>(p: &FwdParams, sm: &Smem, pos: (u32, u32, u32), maps: u64) {
+    let b = BlockInfo::new::<false, false>(p, BM as u32, pos);
+    let tiles = key_tiles::<BM, BN>(&b);
+    let map = |i: u64| maps + i * core::mem::size_of::<dmattn_abi::TensorMap>() as u64;
+    let (q_at, _) = b.tma_coords(0);
+    unsafe { tma_tile::<D>(sm.q, BM, map(0), q_at, sm.bar(BAR_Q, 0)) };
+    let mut tile = band_tile(&tiles, 0);
+    let mut i = 0;
+    while let Some(t) = tile {
+        let (r, (_, kv_at)) = (Ring(i), b.tma_coords(t.n * BN as u32));
+        unsafe {
+            mbarrier_wait(sm.bar(EMPTY_K, r.slot()), r.free_parity());
+            tma_tile::<D>(sm.k::<D, BN>(r.slot()), BN, map(1), kv_at, sm.bar(FULL_K, r.slot()));
+            mbarrier_wait(sm.bar(EMPTY_V, r.slot()), r.free_parity());
+            tma_tile::<D>(sm.v::<D, BN>(r.slot()), BN, map(2), kv_at, sm.bar(FULL_V, r.slot()));
+        }
+        tile = band_tile(&tiles, t.n + 1);
+        i += 1;
+    }
+}
+
 /// The producer warpgroup (`ptid` 0..128): Q, then each visited key tile's K (with modifiers its
 /// bias and mask tiles and its [`TileWord`]) and V into the next ring slot once the consumers have
 /// freed it. Copies go in as groups Q, K0, V0, K1, ...: after issuing K(i) it announces V(i-1)
@@ -464,12 +508,20 @@ unsafe fn consume<
     unsafe { write_output::<E, 1, DT>(p, &b, sm.q, softmax, &o, ctid, consumers, || named_barrier(EPILOGUE_BARRIER, consumers)) };
 }
 
+/// Whether the producer uses the bulk tensor copy engine: lean fixed-length calls (the packed
+/// ones' sequences are rows of one tensor, whose ends the engine does not know, and the paged
+/// ones' rows are anywhere).
+const fn tma<const PACKED: bool, const MODS: bool>() -> bool {
+    !PACKED && !MODS
+}
+
 /// Const parameters: head dim `D`, tile `BM x BN` (`BM` = 128 or 192: two or three consumer
 /// warpgroups), `NT = BN / 8`, `KT = D / 16`, `DT = D / 8`, `KP = BN / 16` (spelled out: no
 /// const-generic arithmetic); `PACKED` for a packed batch (lean only), `PAGED` (with `PACKED`)
 /// over paged K/V, `MODS` for the modifier variant; `setmaxnreg` gives the producer warpgroup
 /// `PRODUCER_REGS` registers and each consumer one `CONSUMER_REGS` (`FwdTile::ws_registers`).
-/// Launched with `BM / 64 * 128 + 128` threads (`FwdTile::threads`).
+/// Launched with `BM / 64 * 128 + 128` threads (`FwdTile::threads`). `maps`: where [`tma`], the
+/// global address of the Q, K and V tensor maps (`FwdTmaParams::maps`), else unused.
 #[inline(always)]
 pub unsafe fn forward<
     E: Elem,
@@ -487,6 +539,7 @@ pub unsafe fn forward<
     const CONSUMER_REGS: u32,
 >(
     p: &FwdParams,
+    maps: u64,
 ) {
     const {
         assert!(matches!(BM, 128 | 192) && NT * 8 == BN && KT * 16 == D && DT * 8 == D && KP * 2 == NT);
@@ -501,14 +554,21 @@ pub unsafe fn forward<
     }
     if tid == 0 {
         for role in 0..BARRIERS {
-            let count = if role >= EMPTY_K { consumers::<BM>() } else { PRODUCERS };
+            // The bulk copies' barriers take one arrival (with the bytes to expect).
+            let count = if role >= EMPTY_K { consumers::<BM>() } else if tma::<PACKED, MODS>() { 1 } else { PRODUCERS };
             unsafe { mbarrier_init(sm.bar(role, 0), count) };
         }
     }
     sync_threads();
     if tid < PRODUCERS {
         setmaxnreg::<false, PRODUCER_REGS>();
-        unsafe { produce::<D, BM, BN, PACKED, PAGED, MODS>(p, &sm, pos, tid) };
+        if tma::<PACKED, MODS>() {
+            if tid == 0 {
+                unsafe { produce_tma::<D, BM, BN>(p, &sm, pos, maps) };
+            }
+        } else {
+            unsafe { produce::<D, BM, BN, PACKED, PAGED, MODS>(p, &sm, pos, tid) };
+        }
     } else {
         setmaxnreg::<true, CONSUMER_REGS>();
         unsafe { consume::<E, D, BM, BN, NT, KT, DT, KP, PACKED, MODS>(p, &sm, pos, tid - PRODUCERS) };

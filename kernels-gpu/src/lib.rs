@@ -264,11 +264,20 @@ fwd_gather_narrow! { variants:
 }
 
 /// The Hopper module's warp-specialised forward (`fwd_ws`): the lean one
-/// (`dmattn_fwd_sm90_<elem>_d<dim>[_packed|_paged]`, the lean tile of `FWD_TILES_SM90`) and the
+/// (`dmattn_fwd_sm90_<elem>_d<dim>[_packed|_paged]`, the lean tile of `FWD_TILES_SM90`; the
+/// fixed-length one takes `FwdTmaParams`, its producer on the bulk tensor copy engine) and the
 /// fixed-length modifier one (`.._mods`, its `mods_ws` tile).
 macro_rules! fwd_ws_kernel {
-    ($name:ident, $elem:ty, $d:literal) => {
-        fwd_ws_kernel!(@tile $name, $elem, $d, false, false, false, sm90_variants($d).plain);
+    (tma $name:ident, $elem:ty, $d:literal) => {
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: dmattn_abi::FwdTmaParams) {
+            const T: FwdTile = match sm90_variants($d).plain { Some(t) if t.producer => t, _ => panic!() };
+            unsafe {
+                fwd_ws::forward::<$elem, $d, { T.block_m as usize }, { T.block_n as usize }, { T.block_n as usize / 8 }, { $d / 16 },
+                    { $d / 8 }, { T.block_n as usize / 16 }, false, false, false, { T.ws_registers(false).0 },
+                    { T.ws_registers(false).1 }>(&p.fwd, p.maps)
+            }
+        }
     };
     (mods $name:ident, $elem:ty, $d:literal) => {
         fwd_ws_kernel!(@tile $name, $elem, $d, false, false, true, sm90_variants($d).mods_ws);
@@ -280,7 +289,7 @@ macro_rules! fwd_ws_kernel {
             unsafe {
                 fwd_ws::forward::<$elem, $d, { T.block_m as usize }, { T.block_n as usize }, { T.block_n as usize / 8 }, { $d / 16 },
                     { $d / 8 }, { T.block_n as usize / 16 }, $packed, $paged, $mods, { T.ws_registers($mods || $paged).0 },
-                    { T.ws_registers($mods || $paged).1 }>(&p)
+                    { T.ws_registers($mods || $paged).1 }>(&p, 0)
             }
         }
     };
@@ -291,7 +300,7 @@ macro_rules! fwd_ws_kernel {
 /// `fwd_sm90_lean_packed` says so a lean packed-batch variant (no mask, bias or softcap).
 macro_rules! fwd_wgmma_kernels {
     ($($elem:ty, $d:literal: $plain:ident, $mods:ident ($mods_kind:ident), $gather:ident, $packed:ident, $paged:ident $(, $narrow:ident)?;)*) => {$(
-        fwd_ws_kernel!($plain, $elem, $d);
+        fwd_ws_kernel!(tma $plain, $elem, $d);
         fwd_mods_kernel!($mods_kind $mods, $elem, $d);
         fwd_kernels!(@one $gather, $elem, $d, sm90_variants($d).mods, true, true, false, false);
         fwd_kernels!(@one $packed, $elem, $d, sm90_variants($d).mods, true, false, true, false);

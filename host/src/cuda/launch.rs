@@ -4,7 +4,7 @@ use crate::device::CudaDevice;
 use crate::error::Result;
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use dmattn_abi::{
-    BlockMaskParams, BwdParams, BwdSharesParams, DecodeParams, GatherMaskParams, GatherParams, IndicesParams, KeyCompactParams, ListBitsParams, ListsParams, ScatterParams, SelectParams, SelectWideParams, BwdPreParams, CombineParams, ConvertParams, OrderParams, FwdParams, MASK_PACK_THREADS, MaskPackParams, MaskSeqsParams, SoftmaxRowsParams,
+    BlockMaskParams, BwdParams, BwdSharesParams, DecodeParams, GatherMaskParams, GatherParams, IndicesParams, KeyCompactParams, ListBitsParams, ListsParams, ScatterParams, SelectParams, SelectWideParams, BwdPreParams, CombineParams, ConvertParams, OrderParams, FwdParams, FwdTmaParams, MASK_PACK_THREADS, MaskPackParams, MaskSeqsParams, SoftmaxRowsParams,
     names,
 };
 
@@ -16,6 +16,7 @@ pub(crate) struct ByValue<T>(T);
 /// Safety: each wrapped type is `#[repr(C)]`, plain old data, and is the exact parameter type of
 /// the kernels it is passed to (both sides compile `dmattn-abi`).
 unsafe impl DeviceRepr for ByValue<FwdParams> {}
+unsafe impl DeviceRepr for ByValue<FwdTmaParams> {}
 unsafe impl DeviceRepr for ByValue<DecodeParams> {}
 unsafe impl DeviceRepr for ByValue<OrderParams> {}
 unsafe impl DeviceRepr for ByValue<MaskPackParams> {}

@@ -9,6 +9,7 @@ mod materialized;
 mod packed;
 mod prepare;
 mod select;
+mod tma;
 
 pub(crate) use prepare::{PreparedMask, pack_sequences, prepare, to_sequences};
 pub(crate) use select::select_keys;
@@ -323,6 +324,10 @@ pub(crate) struct FwdPlan {
     /// CTAs take their query tiles heads fastest, heaviest first (`flags::HEADS_FIRST`): the
     /// gather variant's stand-in for a work order over grids of more than a wave.
     pub heads_first: bool,
+    /// The kernel takes `FwdTmaParams`: Q, K and V tensor maps beside the parameters (the Hopper
+    /// lean forward over fixed-length operands, whose producer copies with the bulk tensor copy
+    /// engine).
+    pub tma: bool,
 }
 
 /// The facts about a GPU that launch plans are computed from.
@@ -386,7 +391,8 @@ pub(crate) fn fwd_plan(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: FwdMask) -
     let packed_pays = p.seqs.is_some() && grid.0 as u64 * grid.1 as u64 * grid.2 as u64 > 2 * sms as u64;
     let ordered = splits == 1 && mods && (mask == FwdMask::Prepared && order_pays(sms, l2_bytes, &d, grid) || packed_pays);
     let heads_first = gathered && splits == 1 && grid.0 as u64 * grid.1 as u64 > sms as u64;
-    Ok(FwdPlan { elem, kernel, tile, grid, splits, split_tiles: if gathered { 0 } else { split_tiles }, ordered, heads_first })
+    let tma = tile.producer && !mods && p.seqs.is_none();
+    Ok(FwdPlan { elem, kernel, tile, grid, splits, split_tiles: if gathered { 0 } else { split_tiles }, ordered, heads_first, tma })
 }
 
 pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, into: ForwardBuffers) -> Result<Forward> {
@@ -429,6 +435,26 @@ fn forward_outputs(p: &Problem, saved: &Saved, into: ForwardBuffers) -> Result<(
     })
 }
 
+/// The lean Hopper forward's parameters (`FwdPlan::tma`): `params` and the tensor maps of Q, K
+/// and V for its tiles, copied to a device buffer (returned: the stream orders its release after
+/// the kernel).
+fn tma_params(dev: &CudaDevice, p: &Problem, plan: &FwdPlan, params: FwdParams) -> Result<(dmattn_abi::FwdTmaParams, DeviceBuffer)> {
+    let d = p.dims;
+    let map = |view: &dmattn_abi::View4, rows: usize, heads: usize, box_rows: u32, name: &str| {
+        let shape = [d.batch, rows, heads, d.head_dim];
+        let map = tma::TileMap::of(view, shape, box_rows).ok_or_else(|| Error::Unsupported {
+            what: format!("{name} with byte strides or address not multiples of 16 bytes (or above 2^40) on the bulk-copy forward"),
+            backend: BACKEND,
+        })?;
+        map.encode(view, plan.elem)
+    };
+    let (bm, bn) = (plan.tile.block_m, plan.tile.block_n);
+    let maps = [map(&params.q, d.seqlen_q, d.heads, bm, "q")?, map(&params.k, d.seqlen_k, d.kv_heads, bn, "k")?, map(&params.v, d.seqlen_k, d.kv_heads, bn, "v")?];
+    let bytes: Vec<u8> = maps.iter().flat_map(|m| m.0.iter().flat_map(|w| w.to_le_bytes())).collect();
+    let buf = DeviceBuffer::from_host(dev.stream(), &bytes)?;
+    Ok((dmattn_abi::FwdTmaParams { fwd: params, maps: buf.ptr() }, buf))
+}
+
 /// Runs a forward `plan` of problem `p` on `saved`'s operands (with the gathered keys' ranks and
 /// positions for the gather variant, `FwdParams::key_ranks`): the work order where planned, the
 /// kernel, and the combine pass of a split. Returns O and LSE.
@@ -458,7 +484,13 @@ fn run_forward(dev: &CudaDevice, plan: &FwdPlan, p: &Problem, saved: &Saved, int
         if plan.heads_first {
             params.flags |= flags::HEADS_FIRST;
         }
-        launch_fwd(params)?;
+        if plan.tma {
+            // The maps' buffer is held until the launch is queued, as `_order` is.
+            let (params, _maps) = tma_params(dev, p, plan, params)?;
+            launch(dev, &Launch::kernel(&plan.kernel, plan.grid, plan.tile.threads(), plan.tile.smem_bytes()), params)?;
+        } else {
+            launch_fwd(params)?;
+        }
     } else {
         split_and_combine(dev, p, plan.elem, plan.splits, &out, &lse, |o_part, lse_part, strides| {
             let mut params = params_for(o_part, lse_part)?;
