@@ -146,6 +146,14 @@ pub unsafe fn mbarrier_init(at: u32, count: u32) {
     unsafe { asm!("mbarrier.init.shared::cta.b64 [{0}], {1};", in(reg32) at, in(reg32) count, options(nostack)) };
 }
 
+/// Makes the initialising thread's `mbarrier.init`s visible to the async proxy (the bulk copy
+/// engine completes bytes on them), before the CTA barrier that publishes them.
+#[cfg_attr(not(target_feature = "sm_90a"), allow(dead_code))]
+#[inline(always)]
+pub unsafe fn fence_barrier_init() {
+    unsafe { asm!("fence.mbarrier_init.release.cluster;", options(nostack)) };
+}
+
 /// This thread's arrival on the `mbarrier` at `at`, with release semantics: its earlier memory
 /// accesses are visible to the threads that see the phase complete.
 #[cfg_attr(not(target_feature = "sm_90a"), allow(dead_code))]

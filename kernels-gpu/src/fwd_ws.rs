@@ -558,6 +558,9 @@ pub unsafe fn forward<
             let count = if role >= EMPTY_K { consumers::<BM>() } else if tma::<PACKED, MODS>() { 1 } else { PRODUCERS };
             unsafe { mbarrier_init(sm.bar(role, 0), count) };
         }
+        if tma::<PACKED, MODS>() {
+            unsafe { fence_barrier_init() };
+        }
     }
     sync_threads();
     if tid < PRODUCERS {

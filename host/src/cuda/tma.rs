@@ -22,7 +22,11 @@ impl TileMap {
     /// elements) for tiles of `box_rows` rows; `None` where the engine cannot take it (a stride
     /// or the address not a multiple of 16 bytes, or a box taller than 256 rows).
     pub fn of(view: &View4, [b, rows, heads, head_dim]: [usize; 4], box_rows: u32) -> Option<Self> {
+        // A size-1 dimension's view stride is 0, which the driver refuses; it is never stepped
+        // over, so any valid stride does: the packed one.
+        let packed = [2 * head_dim, 2 * head_dim * heads, 2 * head_dim * heads * rows].map(|s| s as u64);
         let strides = [2 * view.stride[2], 2 * view.stride[1], 2 * view.stride[0]];
+        let strides: [u64; 3] = core::array::from_fn(|i| if strides[i] == 0 { packed[i] } else { strides[i] });
         let aligned = view.ptr % 16 == 0 && strides.iter().all(|s| s % 16 == 0 && *s < 1 << 40);
         (aligned && head_dim % 64 == 0 && view.stride[3] == 1 && (1..=256).contains(&box_rows)).then_some(TileMap {
             dims: [head_dim as u64, heads as u64, rows as u64, b as u64],
@@ -84,5 +88,8 @@ mod tests {
         assert!(TileMap::of(&view((1 << 20) + 8, contiguous), [b, s, h, d], 128).is_none());
         assert!(TileMap::of(&view(1 << 20, [1000 * 8 * 100, 8 * 100, 100, 1]), [b, s, h, 100], 128).is_none());
         assert!(TileMap::of(&view(1 << 20, contiguous), [b, s, h, d], 512).is_none());
+        // Size-1 dimensions (zero view strides) get the packed stride.
+        let one = TileMap::of(&view(1 << 20, [0, (h * d) as u64, 0, 1]), [1, s, 1, d], 128).unwrap();
+        assert_eq!(one.strides, [256, (h * d * 2) as u64, (d * 2 * s) as u64]);
     }
 }
