@@ -11,7 +11,9 @@ pub trait Elem: Copy {
     /// `SmemTile::wgmma_k_major` and `wgmma_mn_major`); `acc` holds the warp's 16 rows in the
     /// m16n8 accumulator layout. [`crate::arch::wgmma_fence`] precedes a product's first step;
     /// `acc` may be read after the group is committed and [`wgmma_wait`] has waited for it.
-    fn wgmma<const NT: usize, const TA: u32, const TB: u32>(acc: &mut [[f32; 4]; NT], a: u64, b: u64);
+    /// Where `accumulate` is false the step writes `A B` over `acc` (wgmma's scale-d 0), whose
+    /// values it ignores: no start values to set.
+    fn wgmma<const NT: usize, const TA: u32, const TB: u32>(acc: &mut [[f32; 4]; NT], a: u64, b: u64, accumulate: bool);
     /// As [`Elem::wgmma`] with A from registers: `a` is the warp's 16 rows x 16 k in the
     /// m16n8k16 A-fragment layout. The registers are read asynchronously; the compiler's
     /// virtual registers are never rewritten, and ptxas keeps them live until the group is
@@ -62,13 +64,13 @@ macro_rules! for_acc_shape {
 /// One `wgmma` instruction of shape m64n`$n`k16 on the accumulator registers `$regs`. Not `pure`
 /// and not `nomem`: it reads shared memory, asynchronously.
 macro_rules! wgmma_asm {
-    ($ty:literal, $acc:ident, $a:ident, $b:ident, $ta:ident, $tb:ident, $n:literal, [$r0:literal $(, $r:literal)*]) => {{
+    ($ty:literal, $acc:ident, $a:ident, $b:ident, $ta:ident, $tb:ident, $accumulate:ident, $n:literal, [$r0:literal $(, $r:literal)*]) => {{
         let acc: &mut [f32; $n / 2] = $acc.as_flattened_mut().try_into().unwrap();
         unsafe {
             asm!(concat!("{{ .reg .pred p; setp.ne.b32 p, {one}, 0; wgmma.mma_async.sync.aligned.m64n", $n, "k16.f32.", $ty, ".", $ty,
                     " {{{", $r0, "}" $(, ", {", $r, "}")*, "}}, {a}, {b}, p, 1, 1, {ta}, {tb}; }}"),
                 inout(reg32) acc[$r0], $(inout(reg32) acc[$r],)*
-                one = in(reg32) 1u32, a = in(reg64) $a, b = in(reg64) $b, ta = const $ta, tb = const $tb, options(nostack))
+                one = in(reg32) $accumulate as u32, a = in(reg64) $a, b = in(reg64) $b, ta = const $ta, tb = const $tb, options(nostack))
         }
     }};
 }
@@ -112,8 +114,8 @@ impl Elem for Bf16 {
         mma_asm!("bf16", d, a, b0, b1);
     }
     #[inline(always)]
-    fn wgmma<const NT: usize, const TA: u32, const TB: u32>(acc: &mut [[f32; 4]; NT], a: u64, b: u64) {
-        for_acc_shape!(NT, wgmma_asm!("bf16", acc, a, b, TA, TB))
+    fn wgmma<const NT: usize, const TA: u32, const TB: u32>(acc: &mut [[f32; 4]; NT], a: u64, b: u64, accumulate: bool) {
+        for_acc_shape!(NT, wgmma_asm!("bf16", acc, a, b, TA, TB, accumulate))
     }
     #[inline(always)]
     fn wgmma_ra<const NT: usize, const TB: u32>(acc: &mut [[f32; 4]; NT], a: &[u32; 4], b: u64) {
@@ -140,8 +142,8 @@ impl Elem for F16 {
         mma_asm!("f16", d, a, b0, b1);
     }
     #[inline(always)]
-    fn wgmma<const NT: usize, const TA: u32, const TB: u32>(acc: &mut [[f32; 4]; NT], a: u64, b: u64) {
-        for_acc_shape!(NT, wgmma_asm!("f16", acc, a, b, TA, TB))
+    fn wgmma<const NT: usize, const TA: u32, const TB: u32>(acc: &mut [[f32; 4]; NT], a: u64, b: u64, accumulate: bool) {
+        for_acc_shape!(NT, wgmma_asm!("f16", acc, a, b, TA, TB, accumulate))
     }
     #[inline(always)]
     fn wgmma_ra<const NT: usize, const TB: u32>(acc: &mut [[f32; 4]; NT], a: &[u32; 4], b: u64) {

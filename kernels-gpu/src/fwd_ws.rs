@@ -358,7 +358,8 @@ struct Rows {
 
 /// Key tile `tile`'s score start values in `s` (ring position `r`; with modifiers its bias and
 /// mask tiles have landed): -inf where the mask, the band or the key bound hide a score, the bias
-/// where it folds in, else 0. Returns the warp's view of the slot's bias for the logits.
+/// where it folds in. Returns the warp's view of the slot's bias for the logits, and whether the
+/// product accumulates onto `s`: a tile of zeros is not written, its product starts from nothing.
 #[inline(always)]
 fn start_scores<E: Elem, const BM: usize, const BN: usize, const NT: usize, const MODS: bool>(
     b: &BlockInfo,
@@ -368,7 +369,7 @@ fn start_scores<E: Elem, const BM: usize, const BN: usize, const NT: usize, cons
     s: &mut [[[f32; 4]; NT]; 1],
     tile: Tile,
     r: Ring,
-) -> WarpScores {
+) -> (WarpScores, bool) {
     let col0 = tile.n * BN as u32;
     let check = !tile.full || b.vis.tile_needs_check(b.row0, b.rows_valid.min(BM as u32), col0, BN as u32);
     let band = b.vis.at_tile(b.row0, col0).shifted(at.warp_row0 + at.lane / 4, 2 * (at.lane % 4)).rows_bits::<1>(check);
@@ -376,8 +377,11 @@ fn start_scores<E: Elem, const BM: usize, const BN: usize, const NT: usize, cons
     let bias = if MODS { sm.bias::<BM, BN>(r.slot()) } else { sm.q };
     let bias_rows = b.p.flags & flags::BIAS_ROW == 0;
     let warp = WarpScores::new::<NT>(bias, bias_rows, sm.mask::<BM, BN>(r.slot()), (BN / 8) as u32, at.warp_row0, 0, at.lane);
-    warp.init::<E, 1, NT>(s, mods, &band, check, mods.mask && !tile.full);
-    warp
+    let accumulate = WarpScores::has_start_values(mods, check);
+    if accumulate {
+        warp.init::<E, 1, NT>(s, mods, &band, check, mods.mask && !tile.full);
+    }
+    (warp, accumulate)
 }
 
 /// The scores to base-2 logits where a softcap needs them first (reading the slot's bias):
@@ -410,12 +414,18 @@ fn landed(sm: &Smem, role: u32, r: Ring) {
     unsafe { mbarrier_wait(sm.bar(role, r.slot()), r.parity()) };
 }
 
-/// S += QKᵀ over the K tile at ring position `r` (landed), for the warpgroup's rows; committed,
-/// not waited for.
+/// S += QKᵀ (S = QKᵀ where not `accumulate`) over the K tile at ring position `r` (landed), for
+/// the warpgroup's rows; committed, not waited for.
 #[inline(always)]
-fn issue_scores<E: Elem, const D: usize, const BN: usize, const NT: usize, const KT: usize>(sm: &Smem, at: Rows, s: &mut [[[f32; 4]; NT]; 1], r: Ring) {
+fn issue_scores<E: Elem, const D: usize, const BN: usize, const NT: usize, const KT: usize>(
+    sm: &Smem,
+    at: Rows,
+    s: &mut [[[f32; 4]; NT]; 1],
+    r: Ring,
+    accumulate: bool,
+) {
     let k = sm.k::<D, BN>(r.slot());
-    wgmma_scores::<E, NT, KT>(&mut s[0], sm.q, k, at.group_row0);
+    wgmma_scores::<E, NT, KT>(&mut s[0], sm.q, k, at.group_row0, accumulate);
 }
 
 /// O += P V over the V tile at ring position `r` (landed); committed, not waited for.
@@ -460,10 +470,10 @@ unsafe fn consume<
         let turns = Turns::new(ctid / GROUP, consumers / GROUP);
         // The first tile alone: its probabilities need no output to rescale. A turn holds
         // only the products' issue: start values and waits for data come before it.
-        let warp = start_scores::<E, BM, BN, NT, MODS>(&b, sm, at, &mods, &mut s, tile, Ring(0));
+        let (warp, accumulate) = start_scores::<E, BM, BN, NT, MODS>(&b, sm, at, &mods, &mut s, tile, Ring(0));
         landed(sm, FULL_K, Ring(0));
         turns.take();
-        issue_scores::<E, D, BN, NT, KT>(sm, at, &mut s, Ring(0));
+        issue_scores::<E, D, BN, NT, KT>(sm, at, &mut s, Ring(0), accumulate);
         turns.pass(false);
         wgmma_wait::<0, NT>(&mut s[0]);
         let scale = logits::<E, NT>(&warp, &mods, &mut s);
@@ -474,11 +484,11 @@ unsafe fn consume<
         while let Some(next) = fetch::<MODS>(sm, &tiles, Some(tile.n), Ring(i)) {
             tile = next;
             let (r, prev) = (Ring(i), Ring(i - 1));
-            let warp = start_scores::<E, BM, BN, NT, MODS>(&b, sm, at, &mods, &mut s, tile, r);
+            let (warp, accumulate) = start_scores::<E, BM, BN, NT, MODS>(&b, sm, at, &mods, &mut s, tile, r);
             landed(sm, FULL_K, r);
             landed(sm, FULL_V, prev);
             turns.take();
-            issue_scores::<E, D, BN, NT, KT>(sm, at, &mut s, r);
+            issue_scores::<E, D, BN, NT, KT>(sm, at, &mut s, r, accumulate);
             issue_pv::<E, D, BN, KP, DT>(sm, &mut o[0], &probs, prev);
             turns.pass(false);
             // This tile's scores (the older group) are in: its softmax runs under the PV.

@@ -33,16 +33,18 @@ pub fn mma_tiles<E: Elem, const MT: usize, const NT: usize, const KT: usize>(
 
 /// `acc += A B` over `KT` k16 steps of a warpgroup's product (sm_90a), `a(k)` and `b(k)` the
 /// operands' descriptors at step `k`, `TA`/`TB` their majorness (see [`Elem::wgmma`]): issued
-/// back to back and committed as one group, for [`wgmma_wait`] to wait for.
+/// back to back and committed as one group, for [`wgmma_wait`] to wait for. `acc = A B` instead
+/// where `accumulate` is false (its values are not read).
 #[inline(always)]
 pub fn wgmma_tiles<E: Elem, const NT: usize, const KT: usize, const TA: u32, const TB: u32>(
     acc: &mut [[f32; 4]; NT],
     a: impl Fn(u32) -> u64,
     b: impl Fn(u32) -> u64,
+    accumulate: bool,
 ) {
     wgmma_fence();
     for k in 0..KT as u32 {
-        E::wgmma::<NT, TA, TB>(acc, a(k), b(k));
+        E::wgmma::<NT, TA, TB>(acc, a(k), b(k), accumulate || k > 0);
     }
     wgmma_commit();
 }
@@ -61,7 +63,7 @@ pub unsafe fn scores_product<E: Elem, const MT: usize, const NT: usize, const KT
 ) {
     if WGMMA {
         // The warpgroup's 64 rows; each of its warps holds its own 16 of them.
-        wgmma_scores::<E, NT, KT>(&mut s[0], q, k, warp_row0 & !63);
+        wgmma_scores::<E, NT, KT>(&mut s[0], q, k, warp_row0 & !63, true);
         wgmma_wait::<0, NT>(&mut s[0]);
         return;
     }
@@ -90,11 +92,11 @@ pub unsafe fn pv_product<E: Elem, const MT: usize, const NT: usize, const DT: us
     }
 }
 
-/// `s += Q Kᵀ` (sm_90a) for the warpgroup whose 64 query rows start at `rows` (of the Q tile)
-/// over the K tile: committed as one group, not waited for.
+/// `s += Q Kᵀ` (`s = Q Kᵀ` where not `accumulate`; sm_90a) for the warpgroup whose 64 query rows
+/// start at `rows` (of the Q tile) over the K tile: committed as one group, not waited for.
 #[inline(always)]
-pub fn wgmma_scores<E: Elem, const NT: usize, const KT: usize>(s: &mut [[f32; 4]; NT], q: SmemTile, k: SmemTile, rows: u32) {
-    wgmma_tiles::<E, NT, KT, 0, 0>(s, |ks| q.wgmma_k_major(rows, ks), |ks| k.wgmma_k_major(0, ks));
+pub fn wgmma_scores<E: Elem, const NT: usize, const KT: usize>(s: &mut [[f32; 4]; NT], q: SmemTile, k: SmemTile, rows: u32, accumulate: bool) {
+    wgmma_tiles::<E, NT, KT, 0, 0>(s, |ks| q.wgmma_k_major(rows, ks), |ks| k.wgmma_k_major(0, ks), accumulate);
 }
 
 /// `o += P V` (sm_90a) over `steps` k16 steps of a V tile (a constant where called, so the loop

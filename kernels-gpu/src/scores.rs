@@ -111,6 +111,13 @@ impl WarpScores {
         self.bias.shift(self.bias_at + dr * self.bias_row_step, 0, nt)
     }
 
+    /// Whether [`WarpScores::init`] sets anything but zeros: where `check` or the bias is
+    /// folded in. A product may start from nothing instead (scale-d 0) where not.
+    #[inline(always)]
+    pub fn has_start_values(mods: &Mods, check: bool) -> bool {
+        check || mods.fold_bias()
+    }
+
     /// Accumulator start values: -inf where the mask or the band and bounds (`band`, read only
     /// where `check`) hide a score, bias / scale where the
     /// bias is folded in, 0 elsewhere. Keeps no mask or bias register live into the MMA.
@@ -125,7 +132,7 @@ impl WarpScores {
     ) {
         let fold = mods.fold_bias();
         *s = [[[0.0; 4]; NT]; MT];
-        if !(check || fold) {
+        if !Self::has_start_values(mods, check) {
             return;
         }
         let inv_scale = LOG2E * rcp(mods.scale_log2);

@@ -23,8 +23,8 @@ pub(super) fn scores_and_dp<E: Elem, const NC: usize, const KT: usize>(
     dp: &mut [[f32; 4]; NC],
 ) {
     let rows = r0 & !63;
-    wgmma_tiles::<E, NC, KT, 0, 0>(s, |ks| st.q.wgmma_k_major(rows, ks), |ks| sm.k.wgmma_k_major(8 * nt0, ks));
-    wgmma_tiles::<E, NC, KT, 0, 0>(dp, |ks| st.dout.wgmma_k_major(rows, ks), |ks| sm.v.wgmma_k_major(8 * nt0, ks));
+    wgmma_tiles::<E, NC, KT, 0, 0>(s, |ks| st.q.wgmma_k_major(rows, ks), |ks| sm.k.wgmma_k_major(8 * nt0, ks), true);
+    wgmma_tiles::<E, NC, KT, 0, 0>(dp, |ks| st.dout.wgmma_k_major(rows, ks), |ks| sm.v.wgmma_k_major(8 * nt0, ks), true);
     wgmma_wait::<1, NC>(s);
 }
 
@@ -50,9 +50,9 @@ pub(super) fn issue_grads<E: Elem, const DQ: usize, const DKV: usize, const NK: 
     dk: &mut [[f32; 4]; DKV],
 ) {
     let keys = 8 * (warp / 4);
-    wgmma_tiles::<E, DQ, NK, 0, 1>(dq, |kk| sm.ds.wgmma_k_major(q_row0 & !63, kk), |kk| sm.k.wgmma_mn_major(kk, dq_col0));
-    wgmma_tiles::<E, DKV, MK, 1, 1>(dv, |kk| sm.p.wgmma_mn_major(kk, keys), |kk| st.dout.wgmma_mn_major(kk, 0));
-    wgmma_tiles::<E, DKV, MK, 1, 1>(dk, |kk| sm.ds.wgmma_mn_major(kk, keys), |kk| st.q.wgmma_mn_major(kk, 0));
+    wgmma_tiles::<E, DQ, NK, 0, 1>(dq, |kk| sm.ds.wgmma_k_major(q_row0 & !63, kk), |kk| sm.k.wgmma_mn_major(kk, dq_col0), true);
+    wgmma_tiles::<E, DKV, MK, 1, 1>(dv, |kk| sm.p.wgmma_mn_major(kk, keys), |kk| st.dout.wgmma_mn_major(kk, 0), true);
+    wgmma_tiles::<E, DKV, MK, 1, 1>(dk, |kk| sm.ds.wgmma_mn_major(kk, keys), |kk| st.q.wgmma_mn_major(kk, 0), true);
 }
 
 /// dQ, the first of [`issue_grads`]'s groups, has landed.
