@@ -136,15 +136,20 @@ mod tests {
             assert!(lean.producer && !lean.modifiers && !v.mods.producer);
             // The fixed-length modifier kernel, where warp-specialised: on the modifier tile's shape.
             if let Some(ws) = v.mods_ws {
-                assert!(ws.producer && ws.modifiers && ws.smem_bytes() <= 227 * 1024);
+                assert!(ws.producer && ws.modifiers && !ws.mask_only && ws.smem_bytes() <= 227 * 1024);
                 assert_eq!((ws.head_dim, ws.block_m, ws.block_n, ws.threads()), (v.mods.head_dim, v.mods.block_m, v.mods.block_n, FWD_WS_THREADS));
+            }
+            // The mask-only kernel: the modifier tile's query rows (its work order), no bias ring.
+            if let Some(ws) = v.mask_ws {
+                assert!(ws.producer && ws.modifiers && ws.mask_only && ws.smem_bytes() <= 227 * 1024);
+                assert_eq!((ws.head_dim, ws.block_m, ws.threads()), (v.mods.head_dim, v.mods.block_m, FWD_WS_THREADS));
             }
             assert!(matches!(lean.block_m, 128 | 192) && lean.threads() == fwd_ws_lean_threads(lean.head_dim));
             // The registers each CTA is launched with: ptxas's per-thread share (65536 / threads,
             // rounded down to 8); `setmaxnreg.inc` waits forever for more than that.
             let packed = fwd_ws_packed_tile(&v).unwrap();
             assert_eq!((packed.block_m, packed.block_n, packed.threads()), (128, lean.block_n, FWD_WS_THREADS));
-            for t in [Some(lean), Some(packed), v.mods_ws].into_iter().flatten() {
+            for t in [Some(lean), Some(packed), v.mods_ws, v.mask_ws].into_iter().flatten() {
                 let pool = t.threads() * (65536 / t.threads() / 8 * 8);
                 // The paged and modifier kernels' big producer: two consumer warpgroups only.
                 for big in [false, t.warps == 8] {

@@ -196,7 +196,7 @@ const fn bwd_tile_in(tiles: &[BwdTile], head_dim: u32, modifiers: u8) -> Option<
 /// `__launch_bounds__`: (kernel name, threads per block, CTAs per SM to fit). ptxas then keeps
 /// each thread's registers within what that many CTAs leave; the host launches these kernels
 /// with exactly these threads.
-pub const LAUNCH_BOUNDS: [(&str, u32, u32); 34] = [
+pub const LAUNCH_BOUNDS: [(&str, u32, u32); 36] = [
     (names::SELECT_KEYS_16, SELECT_THREADS, select_ctas_per_sm(2)),
     (names::SELECT_KEYS_32, SELECT_THREADS, select_ctas_per_sm(4)),
     (names::FWD_BF16_D64_GATHER_NARROW, 128, GATHER_NARROW_CTAS_PER_SM),
@@ -221,6 +221,7 @@ pub const LAUNCH_BOUNDS: [(&str, u32, u32); 34] = [
     ("dmattn_fwd_sm90_bf16_d128_packed", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_bf16_d128_paged", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_bf16_d128_mods", FWD_WS_THREADS, 1),
+    ("dmattn_fwd_sm90_bf16_d128_mask", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_bf16_d128_mods_gather", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d128_mods_packed", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d128_mods_paged", 256, FWD_SM90_CTAS_PER_SM),
@@ -228,6 +229,7 @@ pub const LAUNCH_BOUNDS: [(&str, u32, u32); 34] = [
     ("dmattn_fwd_sm90_f16_d128_packed", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_f16_d128_paged", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_f16_d128_mods", FWD_WS_THREADS, 1),
+    ("dmattn_fwd_sm90_f16_d128_mask", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_f16_d128_mods_gather", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d128_mods_packed", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d128_mods_paged", 256, FWD_SM90_CTAS_PER_SM),
@@ -271,6 +273,9 @@ pub struct FwdTile {
     /// split-KV, work order): each ring slot also holds a bias and a packed-mask tile, and the
     /// producer passes each key tile's index and fullness to the consumers.
     pub modifiers: bool,
+    /// A modifier tile whose ring slots hold no bias tile: its kernel takes a mask alone (no
+    /// bias or softcap), on 128-key tiles that would not fit beside the bias ring.
+    pub mask_only: bool,
 }
 
 /// K/V tiles in flight in a warp-specialised forward: the consumers multiply one while the
@@ -338,7 +343,8 @@ impl FwdTile {
             // full and an empty one per slot of each ring).
             let qkv = (self.block_m + 2 * FWD_WS_STAGES * self.block_n) * self.head_dim * 2;
             let mods = if self.modifiers {
-                FWD_WS_STAGES * (self.bias_tile_bytes() + self.mask_tile_bytes() + 4) + POSITION_BYTES
+                let bias = if self.mask_only { 0 } else { self.bias_tile_bytes() };
+                FWD_WS_STAGES * (bias + self.mask_tile_bytes() + 4) + POSITION_BYTES
             } else {
                 0
             };
@@ -386,6 +392,11 @@ pub struct FwdVariants {
     /// only: at d64 it was no faster (H100, b2 h32 hk8 8K, same-run A/B: 50 % blocks 1.86 ->
     /// 1.89 ms, + bias 2.56 -> 2.56, causal + bias 2.66 -> 2.81), where at d128 it gained 3-7 %.
     pub mods_ws: Option<FwdTile>,
+    /// The warp-specialised kernel for fixed-length calls with a mask alone (no bias or softcap)
+    /// that neither gather nor split their keys (the Hopper module): the lean tile's 128-key
+    /// tiles, which the bias ring leaves `mods_ws` no room for. Its query rows are the modifier
+    /// tile's, so it reads the same work order.
+    pub mask_ws: Option<FwdTile>,
     /// A tile of fewer query rows for the gather variant, where the modifier tile's grid would
     /// leave the GPU under two CTAs per SM ([`gather_tile`]).
     pub gather_narrow: Option<FwdTile>,
@@ -411,13 +422,13 @@ pub const fn gather_tile(v: &FwdVariants, ctas: u64, sms: u32) -> (FwdTile, bool
 }
 
 const fn tile(head_dim: u32, block_m: u32, block_n: u32, warps: u32) -> FwdTile {
-    FwdTile { head_dim, block_m, block_n, warps, wgmma: false, producer: false, modifiers: false }
+    FwdTile { head_dim, block_m, block_n, warps, wgmma: false, producer: false, modifiers: false, mask_only: false }
 }
 
 /// A Hopper forward tile: a warpgroup per 64 query rows, so that each warp's 16 rows are its
 /// share of the warpgroup's m64 products.
 const fn wgmma_tile(head_dim: u32, block_m: u32, block_n: u32) -> FwdTile {
-    FwdTile { head_dim, block_m, block_n, warps: block_m / 16, wgmma: true, producer: false, modifiers: false }
+    FwdTile { head_dim, block_m, block_n, warps: block_m / 16, wgmma: true, producer: false, modifiers: false, mask_only: false }
 }
 
 /// A warp-specialised Hopper forward tile: [`wgmma_tile`]'s consumers and a producer warpgroup.
@@ -430,6 +441,11 @@ const fn ws_mods_tile(head_dim: u32, block_m: u32, block_n: u32) -> FwdTile {
     FwdTile { modifiers: true, ..ws_tile(head_dim, block_m, block_n) }
 }
 
+/// [`ws_mods_tile`] for the mask-only kernel (no bias ring).
+const fn ws_mask_tile(head_dim: u32, block_m: u32, block_n: u32) -> FwdTile {
+    FwdTile { mask_only: true, ..ws_mods_tile(head_dim, block_m, block_n) }
+}
+
 /// The shipped forward tiles. Shapes are chosen per head dim so that no variant spills under
 /// ptxas for sm_80 or sm_90 (`cargo xtask ptxas` checks; the GPU test `no_kernel_spills_on_this_gpu`
 /// checks the driver's own compilation). 32 query rows per warp halve the shared-memory reads per
@@ -438,12 +454,12 @@ const fn ws_mods_tile(head_dim: u32, block_m: u32, block_n: u32) -> FwdTile {
 /// per-tile bookkeeping per key, ~15 % faster on training shapes, though 28 % slower on
 /// sparse decoding at 512K keys, where each visited tile carries twice the keys.
 pub const FWD_TILES: [FwdVariants; 6] = [
-    FwdVariants { plain: Some(tile(32, 128, 64, 4)), mods: tile(32, 128, 64, 4), mods_ws: None, gather_narrow: None },
-    FwdVariants { plain: Some(tile(64, 128, 128, 4)), mods: tile(64, 128, 128, 4), mods_ws: None, gather_narrow: Some(tile(64, 64, 128, 4)) },
-    FwdVariants { plain: Some(tile(96, 128, 64, 4)), mods: tile(96, 128, 64, 4), mods_ws: None, gather_narrow: None },
-    FwdVariants { plain: Some(tile(128, 128, 64, 4)), mods: tile(128, 128, 64, 4), mods_ws: None, gather_narrow: None },
-    FwdVariants { plain: Some(tile(192, 64, 64, 4)), mods: tile(192, 64, 64, 4), mods_ws: None, gather_narrow: None },
-    FwdVariants { plain: Some(tile(256, 128, 64, 8)), mods: tile(256, 128, 64, 8), mods_ws: None, gather_narrow: None },
+    FwdVariants { plain: Some(tile(32, 128, 64, 4)), mods: tile(32, 128, 64, 4), mods_ws: None, mask_ws: None, gather_narrow: None },
+    FwdVariants { plain: Some(tile(64, 128, 128, 4)), mods: tile(64, 128, 128, 4), mods_ws: None, mask_ws: None, gather_narrow: Some(tile(64, 64, 128, 4)) },
+    FwdVariants { plain: Some(tile(96, 128, 64, 4)), mods: tile(96, 128, 64, 4), mods_ws: None, mask_ws: None, gather_narrow: None },
+    FwdVariants { plain: Some(tile(128, 128, 64, 4)), mods: tile(128, 128, 64, 4), mods_ws: None, mask_ws: None, gather_narrow: None },
+    FwdVariants { plain: Some(tile(192, 64, 64, 4)), mods: tile(192, 64, 64, 4), mods_ws: None, mask_ws: None, gather_narrow: None },
+    FwdVariants { plain: Some(tile(256, 128, 64, 8)), mods: tile(256, 128, 64, 8), mods_ws: None, mask_ws: None, gather_narrow: None },
 ];
 
 /// The Hopper forward tiles (sm_90a module, `names::FWD_WGMMA_PREFIX`): the portable tiles'
@@ -454,8 +470,8 @@ pub const FWD_TILES: [FwdVariants; 6] = [
 /// warpgroup's products, runs under the other two's (FlashAttention-3's d64 shape); packed
 /// batches take [`fwd_ws_packed_tile`].
 pub const FWD_TILES_SM90: [FwdVariants; 2] = [
-    FwdVariants { plain: Some(ws_tile(64, 192, 128)), mods: wgmma_tile(64, 128, 128), mods_ws: None, gather_narrow: Some(wgmma_tile(64, 64, 128)) },
-    FwdVariants { plain: Some(ws_tile(128, 128, 128)), mods: wgmma_tile(128, 128, 64), mods_ws: Some(ws_mods_tile(128, 128, 64)), gather_narrow: None },
+    FwdVariants { plain: Some(ws_tile(64, 192, 128)), mods: wgmma_tile(64, 128, 128), mods_ws: None, mask_ws: None, gather_narrow: Some(wgmma_tile(64, 64, 128)) },
+    FwdVariants { plain: Some(ws_tile(128, 128, 128)), mods: wgmma_tile(128, 128, 64), mods_ws: Some(ws_mods_tile(128, 128, 64)), mask_ws: Some(ws_mask_tile(128, 128, 128)), gather_narrow: None },
 ];
 
 /// The forward kernels for a head dimension: the Hopper module's where `wgmma` (the GPU runs

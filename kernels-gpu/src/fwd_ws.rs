@@ -10,7 +10,8 @@
 //!
 //! Lean calls (no mask, bias or softcap; fixed lengths, packed batches, or packed over paged K/V)
 //! visit every key tile of the band, which producer and consumers each work out; with modifiers
-//! (`MODS`: mask, bias, softcap, split-KV, work order) the producer walks the block map and passes
+//! (`MODS`: mask, bias, softcap, split-KV, work order; or the mask alone, without the bias ring,
+//! on wider key tiles) the producer walks the block map and passes
 //! each visited tile's index and fullness to the consumers beside its K.
 use crate::arch::*;
 use crate::block_info::{BlockInfo, position};
@@ -29,6 +30,17 @@ const _: () = assert!(STAGES % 2 == 0);
 const PRODUCERS: u32 = 128;
 /// Threads of a warpgroup (a consumer warpgroup's 64 rows).
 const GROUP: u32 = 128;
+
+/// The score modifiers a kernel takes (`dmattn_abi::modifiers`): with `MODS` every one, or
+/// without `BIAS` (no bias ring) the mask alone.
+#[inline(always)]
+const fn modifiers_of<const MODS: bool, const BIAS: bool>() -> u8 {
+    match (MODS, BIAS) {
+        (false, _) => modifiers::NONE,
+        (true, false) => modifiers::MASK,
+        (true, true) => modifiers::ALL,
+    }
+}
 
 /// The consumer threads of a `BM`-row tile: a warpgroup per 64 rows.
 #[inline(always)]
@@ -113,12 +125,12 @@ struct Smem {
 
 impl Smem {
     #[inline(always)]
-    fn new<const D: usize, const BM: usize, const BN: usize, const MODS: bool>() -> Self {
+    fn new<const D: usize, const BM: usize, const BN: usize, const MODS: bool, const BIAS: bool>() -> Self {
         let q = SmemTile::new(smem_base(), BM, D * 2);
         let tile_bytes = (BN * D * 2) as u32;
         let ring = q.base + q.bytes();
         let bias = ring + 2 * STAGES * tile_bytes;
-        let mask = bias + if MODS { STAGES * (BM * BN * 2) as u32 } else { 0 };
+        let mask = bias + if MODS && BIAS { STAGES * (BM * BN * 2) as u32 } else { 0 };
         let words = mask + if MODS { STAGES * mask_tile_bytes(BM as u32, BN as u32) } else { 0 };
         let position = words + if MODS { 4 * STAGES } else { 0 };
         let softmax = position + if MODS { POSITION_BYTES } else { 0 };
@@ -276,14 +288,14 @@ unsafe fn produce_tma<const D: usize, const BM: usize, const BN: usize>(p: &FwdP
 /// consumer's QKᵀ(i) back until both had finished that softmax, defeating their turns. With
 /// modifiers a last slot says the walk is over.
 #[inline(always)]
-unsafe fn produce<const D: usize, const BM: usize, const BN: usize, const PACKED: bool, const PAGED: bool, const MODS: bool>(
+unsafe fn produce<const D: usize, const BM: usize, const BN: usize, const PACKED: bool, const PAGED: bool, const MODS: bool, const BIAS: bool>(
     p: &FwdParams,
     sm: &Smem,
     pos: (u32, u32, u32),
     ptid: u32,
 ) {
     let b = BlockInfo::new::<MODS, PACKED>(p, BM as u32, pos);
-    let mods = Mods::of(p, if MODS { modifiers::ALL } else { modifiers::NONE });
+    let mods = Mods::of(p, modifiers_of::<MODS, BIAS>());
     let row_bytes = (D * 2) as u32;
     let (k_row, v_row) = (2 * p.k.stride[1], 2 * p.v.stride[1]);
     // The walk: with modifiers the block map's non-empty tiles within the band and this CTA's
@@ -361,7 +373,7 @@ struct Rows {
 /// where it folds in. Returns the warp's view of the slot's bias for the logits, and whether the
 /// product accumulates onto `s`: a tile of zeros is not written, its product starts from nothing.
 #[inline(always)]
-fn start_scores<E: Elem, const BM: usize, const BN: usize, const NT: usize, const MODS: bool>(
+fn start_scores<E: Elem, const BM: usize, const BN: usize, const NT: usize, const MODS: bool, const BIAS: bool>(
     b: &BlockInfo,
     sm: &Smem,
     at: Rows,
@@ -374,7 +386,7 @@ fn start_scores<E: Elem, const BM: usize, const BN: usize, const NT: usize, cons
     let check = !tile.full || b.vis.tile_needs_check(b.row0, b.rows_valid.min(BM as u32), col0, BN as u32);
     let band = b.vis.at_tile(b.row0, col0).shifted(at.warp_row0 + at.lane / 4, 2 * (at.lane % 4)).rows_bits::<1>(check);
     // A lean call has no bias or mask tiles (the Q tile stands in, never read).
-    let bias = if MODS { sm.bias::<BM, BN>(r.slot()) } else { sm.q };
+    let bias = if MODS && BIAS { sm.bias::<BM, BN>(r.slot()) } else { sm.q };
     let bias_rows = b.p.flags & flags::BIAS_ROW == 0;
     let warp = WarpScores::new::<NT>(bias, bias_rows, sm.mask::<BM, BN>(r.slot()), (BN / 8) as u32, at.warp_row0, 0, at.lane);
     let accumulate = WarpScores::has_start_values(mods, check);
@@ -448,6 +460,7 @@ unsafe fn consume<
     const KP: usize,
     const PACKED: bool,
     const MODS: bool,
+    const BIAS: bool,
 >(
     p: &FwdParams,
     sm: &Smem,
@@ -455,7 +468,7 @@ unsafe fn consume<
     ctid: u32,
 ) {
     let b = BlockInfo::new::<MODS, PACKED>(p, BM as u32, pos);
-    let mods = Mods::of(p, if MODS { modifiers::ALL } else { modifiers::NONE });
+    let mods = Mods::of(p, modifiers_of::<MODS, BIAS>());
     let lane = ctid % 32;
     let warp_row0 = (ctid / 32) * 16;
     let at = Rows { warp_row0, group_row0: warp_row0 & !63, lane };
@@ -470,7 +483,7 @@ unsafe fn consume<
         let turns = Turns::new(ctid / GROUP, consumers / GROUP);
         // The first tile alone: its probabilities need no output to rescale. A turn holds
         // only the products' issue: start values and waits for data come before it.
-        let (warp, accumulate) = start_scores::<E, BM, BN, NT, MODS>(&b, sm, at, &mods, &mut s, tile, Ring(0));
+        let (warp, accumulate) = start_scores::<E, BM, BN, NT, MODS, BIAS>(&b, sm, at, &mods, &mut s, tile, Ring(0));
         landed(sm, FULL_K, Ring(0));
         turns.take();
         issue_scores::<E, D, BN, NT, KT>(sm, at, &mut s, Ring(0), accumulate);
@@ -484,7 +497,7 @@ unsafe fn consume<
         while let Some(next) = fetch::<MODS>(sm, &tiles, Some(tile.n), Ring(i)) {
             tile = next;
             let (r, prev) = (Ring(i), Ring(i - 1));
-            let (warp, accumulate) = start_scores::<E, BM, BN, NT, MODS>(&b, sm, at, &mods, &mut s, tile, r);
+            let (warp, accumulate) = start_scores::<E, BM, BN, NT, MODS, BIAS>(&b, sm, at, &mods, &mut s, tile, r);
             landed(sm, FULL_K, r);
             landed(sm, FULL_V, prev);
             turns.take();
@@ -528,7 +541,8 @@ const fn tma<const PACKED: bool, const MODS: bool>() -> bool {
 /// Const parameters: head dim `D`, tile `BM x BN` (`BM` = 128 or 192: two or three consumer
 /// warpgroups), `NT = BN / 8`, `KT = D / 16`, `DT = D / 8`, `KP = BN / 16` (spelled out: no
 /// const-generic arithmetic); `PACKED` for a packed batch (lean only), `PAGED` (with `PACKED`)
-/// over paged K/V, `MODS` for the modifier variant; `setmaxnreg` gives the producer warpgroup
+/// over paged K/V, `MODS` for the modifier variant (`BIAS`: with a bias ring, and bias and
+/// softcap taken; else the mask alone, see [`modifiers_of`]); `setmaxnreg` gives the producer warpgroup
 /// `PRODUCER_REGS` registers and each consumer one `CONSUMER_REGS` (`FwdTile::ws_registers`).
 /// Launched with `BM / 64 * 128 + 128` threads (`FwdTile::threads`). `maps`: where [`tma`], the
 /// global address of the Q, K and V tensor maps (`FwdTmaParams::maps`), else unused.
@@ -545,6 +559,7 @@ pub unsafe fn forward<
     const PACKED: bool,
     const PAGED: bool,
     const MODS: bool,
+    const BIAS: bool,
     const PRODUCER_REGS: u32,
     const CONSUMER_REGS: u32,
 >(
@@ -557,7 +572,7 @@ pub unsafe fn forward<
         assert!(!(PACKED && MODS) && (!PAGED || PACKED));
     }
     let tid = thread_idx();
-    let sm = Smem::new::<D, BM, BN, MODS>();
+    let sm = Smem::new::<D, BM, BN, MODS, BIAS>();
     let pos = position::<MODS>(p, sm.position);
     if !BlockInfo::new::<MODS, PACKED>(p, BM as u32, pos).has_rows() {
         return;
@@ -580,10 +595,10 @@ pub unsafe fn forward<
                 unsafe { produce_tma::<D, BM, BN>(p, &sm, pos, maps) };
             }
         } else {
-            unsafe { produce::<D, BM, BN, PACKED, PAGED, MODS>(p, &sm, pos, tid) };
+            unsafe { produce::<D, BM, BN, PACKED, PAGED, MODS, BIAS>(p, &sm, pos, tid) };
         }
     } else {
         setmaxnreg::<true, CONSUMER_REGS>();
-        unsafe { consume::<E, D, BM, BN, NT, KT, DT, KP, PACKED, MODS>(p, &sm, pos, tid - PRODUCERS) };
+        unsafe { consume::<E, D, BM, BN, NT, KT, DT, KP, PACKED, MODS, BIAS>(p, &sm, pos, tid - PRODUCERS) };
     }
 }

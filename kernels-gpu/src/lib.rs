@@ -265,8 +265,9 @@ fwd_gather_narrow! { variants:
 
 /// The Hopper module's warp-specialised forward (`fwd_ws`): the lean one
 /// (`dmattn_fwd_sm90_<elem>_d<dim>[_packed|_paged]`, the lean tile of `FWD_TILES_SM90`; the
-/// fixed-length one takes `FwdTmaParams`, its producer on the bulk tensor copy engine) and the
-/// fixed-length modifier one (`.._mods`, its `mods_ws` tile).
+/// fixed-length one takes `FwdTmaParams`, its producer on the bulk tensor copy engine), the
+/// fixed-length modifier one (`.._mods`, its `mods_ws` tile) and the mask-only one (`.._mask`,
+/// its `mask_ws` tile).
 macro_rules! fwd_ws_kernel {
     (tma $name:ident, $elem:ty, $d:literal) => {
         #[unsafe(no_mangle)]
@@ -274,7 +275,7 @@ macro_rules! fwd_ws_kernel {
             const T: FwdTile = match sm90_variants($d).plain { Some(t) if t.producer => t, _ => panic!() };
             unsafe {
                 fwd_ws::forward::<$elem, $d, { T.block_m as usize }, { T.block_n as usize }, { T.block_n as usize / 8 }, { $d / 16 },
-                    { $d / 8 }, { T.block_n as usize / 16 }, false, false, false, { T.ws_registers(false).0 },
+                    { $d / 8 }, { T.block_n as usize / 16 }, false, false, false, false, { T.ws_registers(false).0 },
                     { T.ws_registers(false).1 }>(&p.fwd, p.maps)
             }
         }
@@ -282,26 +283,30 @@ macro_rules! fwd_ws_kernel {
     (mods $name:ident, $elem:ty, $d:literal) => {
         fwd_ws_kernel!(@tile $name, $elem, $d, false, false, true, sm90_variants($d).mods_ws);
     };
+    (mask $name:ident, $elem:ty, $d:literal) => {
+        fwd_ws_kernel!(@tile $name, $elem, $d, false, false, true, sm90_variants($d).mask_ws);
+    };
     (@tile $name:ident, $elem:ty, $d:literal, $packed:literal, $paged:literal, $mods:literal, $tile:expr) => {
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: FwdParams) {
             const T: FwdTile = match $tile { Some(t) if t.producer && t.modifiers == $mods => t, _ => panic!() };
             unsafe {
                 fwd_ws::forward::<$elem, $d, { T.block_m as usize }, { T.block_n as usize }, { T.block_n as usize / 8 }, { $d / 16 },
-                    { $d / 8 }, { T.block_n as usize / 16 }, $packed, $paged, $mods, { T.ws_registers($mods || $paged).0 },
+                    { $d / 8 }, { T.block_n as usize / 16 }, $packed, $paged, $mods, { !T.mask_only }, { T.ws_registers($mods || $paged).0 },
                     { T.ws_registers($mods || $paged).1 }>(&p, 0)
             }
         }
     };
 }
 
-/// The Hopper forward (`dmattn_fwd_sm90_<elem>_d<dim>[_packed|_mods[_gather[_narrow]|_packed|_paged]]`,
+/// The Hopper forward (`dmattn_fwd_sm90_<elem>_d<dim>[_packed|_mask|_mods[_gather[_narrow]|_packed|_paged]]`,
 /// `names::FWD_WGMMA_PREFIX`): the lean and fixed-length modifier ones warp-specialised, the portable forward's other variants on `wgmma` products, and where
 /// `fwd_sm90_lean_packed` says so a lean packed-batch variant (no mask, bias or softcap).
 macro_rules! fwd_wgmma_kernels {
-    ($($elem:ty, $d:literal: $plain:ident, $mods:ident ($mods_kind:ident), $gather:ident, $packed:ident, $paged:ident $(, $narrow:ident)?;)*) => {$(
+    ($($elem:ty, $d:literal: $plain:ident, $mods:ident ($mods_kind:ident $(, $mask:ident)?), $gather:ident, $packed:ident, $paged:ident $(, $narrow:ident)?;)*) => {$(
         fwd_ws_kernel!(tma $plain, $elem, $d);
         fwd_mods_kernel!($mods_kind $mods, $elem, $d);
+        $(fwd_ws_kernel!(mask $mask, $elem, $d);)?
         fwd_kernels!(@one $gather, $elem, $d, sm90_variants($d).mods, true, true, false, false);
         fwd_kernels!(@one $packed, $elem, $d, sm90_variants($d).mods, true, false, true, false);
         fwd_kernels!(@one $paged, $elem, $d, sm90_variants($d).mods, true, false, true, true);
@@ -325,8 +330,8 @@ macro_rules! fwd_mods_kernel {
 fwd_wgmma_kernels! {
     Bf16, 64: dmattn_fwd_sm90_bf16_d64, dmattn_fwd_sm90_bf16_d64_mods (wgmma), dmattn_fwd_sm90_bf16_d64_mods_gather, dmattn_fwd_sm90_bf16_d64_mods_packed, dmattn_fwd_sm90_bf16_d64_mods_paged, dmattn_fwd_sm90_bf16_d64_mods_gather_narrow;
     F16, 64: dmattn_fwd_sm90_f16_d64, dmattn_fwd_sm90_f16_d64_mods (wgmma), dmattn_fwd_sm90_f16_d64_mods_gather, dmattn_fwd_sm90_f16_d64_mods_packed, dmattn_fwd_sm90_f16_d64_mods_paged, dmattn_fwd_sm90_f16_d64_mods_gather_narrow;
-    Bf16, 128: dmattn_fwd_sm90_bf16_d128, dmattn_fwd_sm90_bf16_d128_mods (ws), dmattn_fwd_sm90_bf16_d128_mods_gather, dmattn_fwd_sm90_bf16_d128_mods_packed, dmattn_fwd_sm90_bf16_d128_mods_paged;
-    F16, 128: dmattn_fwd_sm90_f16_d128, dmattn_fwd_sm90_f16_d128_mods (ws), dmattn_fwd_sm90_f16_d128_mods_gather, dmattn_fwd_sm90_f16_d128_mods_packed, dmattn_fwd_sm90_f16_d128_mods_paged;
+    Bf16, 128: dmattn_fwd_sm90_bf16_d128, dmattn_fwd_sm90_bf16_d128_mods (ws, dmattn_fwd_sm90_bf16_d128_mask), dmattn_fwd_sm90_bf16_d128_mods_gather, dmattn_fwd_sm90_bf16_d128_mods_packed, dmattn_fwd_sm90_bf16_d128_mods_paged;
+    F16, 128: dmattn_fwd_sm90_f16_d128, dmattn_fwd_sm90_f16_d128_mods (ws, dmattn_fwd_sm90_f16_d128_mask), dmattn_fwd_sm90_f16_d128_mods_gather, dmattn_fwd_sm90_f16_d128_mods_packed, dmattn_fwd_sm90_f16_d128_mods_paged;
 }
 
 /// The Hopper module's lean packed-batch forward (`dmattn_fwd_sm90_<elem>_d<dim>_packed`) and

@@ -36,6 +36,19 @@ fn modifier_forward_matches_reference() {
     });
 }
 
+/// A mask alone (no bias or softcap) at d128, up to 600 keys: on Hopper the mask-only kernel
+/// (128-key tiles, no bias ring) where the keys are not split, whatever the mask's broadcast and
+/// pattern (a case drawn without a mask gets a full-shape one).
+#[test]
+fn mask_only_forward_matches_reference() {
+    let Some(gpu) = gpu() else { return };
+    gpu_property(2000, 600, |(case, seed)| {
+        let mask = case.mask.or(Some([case.batch, case.kv_heads, case.seqlen_q, case.seqlen_k]));
+        let case = Case { mask, bias: None, softcap: 0.0, head_dim: 128, ..case };
+        check_gpu_forward(&case, ForwardPath::Fused, &gpu, &case.inputs(&mut seeded_rng(seed)))
+    });
+}
+
 /// A small case of each forward kernel the call can pick (every head dim and element type; the
 /// lean variant, the modifier variant with a mask, a bias, causal and a softcap, its gather
 /// variant, and split-KV decoding), for the sanitizer run (`run.sh sanitize`) as much as for itself: on Hopper, d64
@@ -48,9 +61,11 @@ fn each_forward_kernel() {
         for dtype in [DType::BF16, DType::F16] {
             let plain = Case { dtype, causal: true, ..Case::new(1, 150, 170, 4, 2, head_dim) };
             let mods = Case { mask: Some([1, 2, 150, 170]), bias: Some([1, 4, 150, 170]), softcap: 20.0, ..plain.clone() };
+            // A mask alone (d128 on Hopper: the mask-only kernel).
+            let masked = Case { mask: Some([1, 2, 150, 170]), ..plain.clone() };
             let gathered = Case { mask: Some([1, 2, 1, 170]), mask_pattern: MaskPattern::Random(0.3), bias: Some([1, 2, 1, 170]), ..plain.clone() };
             let decode = Case { dtype, bias: Some([1, 2, 1, 3000]), ..Case::new(1, 1, 3000, 4, 2, head_dim) };
-            for case in [plain, mods, gathered, decode] {
+            for case in [plain, mods, masked, gathered, decode] {
                 check_gpu_forward(&case, ForwardPath::Fused, &gpu, &case.inputs(&mut rng)).unwrap_or_else(|e| panic!("{case:?}: {e}"));
             }
         }

@@ -359,8 +359,11 @@ pub(crate) fn fwd_plan(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: FwdMask) -
     let lean_serves = p.seqs.is_none() || (variants.plain.is_some_and(|t| t.wgmma) && dmattn_abi::fwd_sm90_lean_packed(d.head_dim as u32));
     // Fixed lengths on Hopper, where it has one (d128): the warp-specialised modifier kernel
     // (the same tile shape, so the same splits and work order).
-    let mods_tile = match variants.mods_ws {
-        Some(ws) if p.seqs.is_none() => ws,
+    // A mask alone, unsplit: the mask-only kernel, where there is one (its 128-key tiles; the
+    // same query rows as the modifier tile, so the same work order).
+    let mods_tile = match (variants.mods_ws, variants.mask_ws) {
+        (_, Some(ws)) if p.seqs.is_none() && modifiers_of(p) == modifiers::MASK && splits == 1 => ws,
+        (Some(ws), _) if p.seqs.is_none() => ws,
         _ => variants.mods,
     };
     let (tile, mods) = match variants.plain {
@@ -373,7 +376,12 @@ pub(crate) fn fwd_plan(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: FwdMask) -
     };
     check_limits(&d, tile.block_m)?;
     let prefix = if tile.wgmma { dmattn_abi::names::FWD_WGMMA_PREFIX } else { dmattn_abi::names::FWD_PREFIX };
-    let mut kernel = kernel_name(prefix, elem, d.head_dim, if mods { modifiers::ALL } else { modifiers::NONE });
+    let variant = match (mods, tile.mask_only) {
+        (false, _) => modifiers::NONE,
+        (true, true) => modifiers::MASK,
+        (true, false) => modifiers::ALL,
+    };
+    let mut kernel = kernel_name(prefix, elem, d.head_dim, variant);
     // A packed batch: the variant's packed kernel, or over paged K/V its paged one (the
     // fixed-length kernels hold no sequence bounds).
     if p.seqs.is_some() {
@@ -1156,6 +1164,27 @@ mod tests {
         }
     }
 
+    /// A mask alone at d128 on Hopper: the mask-only kernel on 128-key tiles where the keys are
+    /// not split, on the modifier tile's query rows (the same grid and work order); split, or
+    /// with a bias, the modifier kernel.
+    #[test]
+    fn mask_only_plans() {
+        let masked = |d: Dims, bias: bool| {
+            let p = problem(Dims { head_dim: 128, ..d }, dmattn_abi::Band::CAUSAL, bias);
+            Problem { mask: Some([1, 1]), ..p }
+        };
+        let plan = |gpu: Gpu, p: &Problem| fwd_plan(gpu, p, DeviceElem::Bf16, FwdMask::Prepared).unwrap();
+        let big = masked(dims(2, 8, 8192, 8192), false);
+        let (mask, mods) = (plan(H100, &big), plan(H100, &masked(dims(2, 8, 8192, 8192), true)));
+        assert_eq!((mask.kernel.as_str(), mask.tile.block_n, mask.tile.mask_only), ("dmattn_fwd_sm90_bf16_d128_mask", 128, true));
+        assert_eq!((mods.kernel.as_str(), mods.tile.block_n), ("dmattn_fwd_sm90_bf16_d128_mods", 64));
+        assert_eq!((mask.grid, mask.splits, mask.ordered, mask.tile.block_m), (mods.grid, 1, mods.ordered, mods.tile.block_m));
+        assert!(mask.tile.smem_bytes() <= 227 * 1024);
+        let split = plan(H100, &masked(dims(1, 2, 64, 1 << 16), false));
+        assert!(split.splits > 1 && split.kernel.ends_with("_d128_mods"), "{split:?}");
+        assert_eq!(plan(A100_LIKE, &big).kernel, "dmattn_fwd_bf16_d128_mods");
+    }
+
     /// Every kernel with launch bounds is in one of the modules.
     #[test]
     fn launch_bounds_name_shipped_kernels() {
@@ -1177,8 +1206,14 @@ mod tests {
                 for (bias, mask) in [(false, FwdMask::None), (true, FwdMask::None), (false, FwdMask::Prepared), (true, FwdMask::Gathered), (false, FwdMask::Gathered)] {
                     for (sq, heads) in [(1, 4), (4096, 4), (16384, 2)] {
                         let d = Dims { head_dim, ..dims(1, heads, sq, 8192) };
-                        let plan = fwd_plan(gpu, &problem(d, dmattn_abi::Band::ALL, bias), elem, mask).unwrap();
+                        let p = problem(d, dmattn_abi::Band::ALL, bias);
+                        // With a mask's data where prepared (a mask alone: the mask-only kernels).
+                        let p = Problem { mask: (mask == FwdMask::Prepared).then_some([1, 1]), ..p };
+                        let plan = fwd_plan(gpu, &p, elem, mask).unwrap();
                         assert!(shipped[plan.tile.wgmma as usize].contains(&plan.kernel), "{} is not in the module the host loads it from", plan.kernel);
+                        // A warp-specialised kernel's register split needs its launch bounds.
+                        let bounded = dmattn_abi::LAUNCH_BOUNDS.iter().any(|&(n, t, _)| n == plan.kernel && t == plan.tile.threads());
+                        assert!(!plan.tile.producer || bounded, "{} has no launch bounds for {} threads", plan.kernel, plan.tile.threads());
                     }
                 }
                 // Decoding (the portable module), contiguous and paged.
