@@ -95,6 +95,32 @@ fn strided_qkv_views() {
     }
 }
 
+/// K and V broadcast (stride 0) over the batch or over the kv heads, as `broadcast_as` and
+/// `as_strided` views give them: the lean Hopper kernel's tensor maps cannot step a broadcast
+/// dimension, so such calls take the modifier kernel; every path reads them in place.
+#[test]
+fn broadcast_kv_views() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = fresh_rng("broadcast_kv_views");
+    for &(dtype, d, s, causal) in &[(DType::BF16, 64, 300, true), (DType::F16, 128, 200, false), (DType::BF16, 128, 129, true)] {
+        let (b, h, hk) = (2, 4, 2);
+        let case = Case { dtype, causal, ..Case::new(b, s, s, h, hk, d) };
+        let inputs = case.inputs(&mut rng);
+        // One batch entry's (or one kv head's) K and V, seen by every entry (head).
+        let over_batch = |t: &Tensor| t.as_strided(&[b, s, hk, d], &[0, hk * d, d, 1], 0).unwrap();
+        let over_heads = |t: &Tensor| t.as_strided(&[b, s, hk, d], &[s * hk * d, hk * d, 0, 1], 0).unwrap();
+        for (name, view) in [("batch", &over_batch as &dyn Fn(&Tensor) -> Tensor), ("kv heads", &over_heads)] {
+            let (k, v) = (inputs.k.to_device(&gpu).unwrap(), inputs.v.to_device(&gpu).unwrap());
+            let cpu_inputs = Inputs { q: inputs.q.clone(), k: view(&inputs.k), v: view(&inputs.v), mask: None, bias: None };
+            let gpu_inputs = Inputs { q: inputs.q.to_device(&gpu).unwrap(), k: view(&k), v: view(&v), mask: None, bias: None };
+            let want = case.forward(&cpu_inputs).unwrap().out.to_f64_vec().unwrap();
+            let got = case.forward_by(&gpu_inputs, ForwardPath::Fused).unwrap().out.to_f64_vec().unwrap();
+            let err = rel_err(&got, &want);
+            assert!(got.iter().all(|x| x.is_finite()) && err <= gpu_tolerance(dtype), "k, v broadcast over {name}: rel err {err:.3e} for {case:?}");
+        }
+    }
+}
+
 /// Long key sequences with block-sparse masks: the tile cursor classifies 32 tiles per step, so
 /// these cross several windows, with long empty runs.
 #[test]

@@ -128,7 +128,7 @@ fn stride_for(sk: usize) -> usize {
 }
 
 /// Whether the stream is being captured into a CUDA graph, where nothing may be read back.
-fn capturing(dev: &CudaDevice) -> Result<bool> {
+pub(crate) fn capturing(dev: &CudaDevice) -> Result<bool> {
     use cudarc::driver::sys::CUstreamCaptureStatus;
     Ok(dev.stream().capture_status()? != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }

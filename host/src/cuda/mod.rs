@@ -339,8 +339,18 @@ pub(crate) struct Gpu {
     pub wgmma: bool,
 }
 
-/// The forward's plan for `p` on `gpu`.
+/// The forward's plan for `p` on `gpu`, its operands taking bulk tensor copies (see
+/// [`fwd_plan_copying`]).
 pub(crate) fn fwd_plan(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: FwdMask) -> Result<FwdPlan> {
+    fwd_plan_copying(gpu, p, elem, mask, true)
+}
+
+/// The forward's plan for `p` on `gpu`. `bulk_copies`: whether the Hopper lean fixed-length
+/// kernel may run, whose producer copies Q, K and V by the bulk tensor copy engine through
+/// tensor maps written per call: not where an operand has none (`tma::TileMap::of`: a
+/// broadcast dimension) or the stream is being captured into a graph (the maps come from host
+/// memory the call frees). The modifier kernel then serves the lean call.
+pub(crate) fn fwd_plan_copying(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: FwdMask, bulk_copies: bool) -> Result<FwdPlan> {
     let d = p.dims;
     let Gpu { sms, l2_bytes, wgmma } = gpu;
     let variants = fwd_variants_for(d.head_dim as u32, wgmma).ok_or_else(|| unsupported_head_dim(d.head_dim))?;
@@ -368,7 +378,7 @@ pub(crate) fn fwd_plan(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: FwdMask) -
     };
     let (tile, mods) = match variants.plain {
         _ if gathered => (gather_tile, true),
-        Some(plain) if modifiers_of(p) == modifiers::NONE && splits == 1 && lean_serves => {
+        Some(plain) if modifiers_of(p) == modifiers::NONE && splits == 1 && lean_serves && (bulk_copies || !plain.producer || p.seqs.is_some()) => {
             let packed = p.seqs.is_some().then(|| dmattn_abi::fwd_ws_packed_tile(&variants)).flatten();
             (packed.unwrap_or(plain), false)
         }
@@ -426,7 +436,8 @@ pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, into: ForwardB
         return gather::forward(dev, p, saved, &lists, into);
     }
     let mask = if device_mask(&saved).is_some() { FwdMask::Prepared } else { FwdMask::None };
-    let plan = fwd_plan(dev.gpu(), &p, elem, mask)?;
+    let bulk_copies = !gather::capturing(dev)? && tensor_maps_exist(&p, &saved)?;
+    let plan = fwd_plan_copying(dev.gpu(), &p, elem, mask, bulk_copies)?;
     let (out, lse) = run_forward(dev, &plan, &p, &saved, into, None)?;
     Ok(Forward { out, lse, problem: p, saved })
 }
@@ -443,6 +454,16 @@ fn forward_outputs(p: &Problem, saved: &Saved, into: ForwardBuffers) -> Result<(
     })
 }
 
+/// Whether q, k and v each have a tensor map (`tma::TileMap::of`; the tile's rows do not
+/// matter here).
+fn tensor_maps_exist(p: &Problem, saved: &Saved) -> Result<bool> {
+    let d = p.dims;
+    let fits = |t: &Tensor, rows: usize, heads: usize, arg| -> Result<bool> {
+        Ok(tma::TileMap::of(&qkv_view(t, arg)?, [d.batch, rows, heads, d.head_dim], 64).is_some())
+    };
+    Ok(fits(&saved.q, d.seqlen_q, d.heads, "q")? && fits(&saved.k, d.seqlen_k, d.kv_heads, "k")? && fits(&saved.v, d.seqlen_k, d.kv_heads, "v")?)
+}
+
 /// The lean Hopper forward's parameters (`FwdPlan::tma`): `params` and the tensor maps of Q, K
 /// and V for its tiles, copied to a device buffer (returned: the stream orders its release after
 /// the kernel).
@@ -451,7 +472,7 @@ fn tma_params(dev: &CudaDevice, p: &Problem, plan: &FwdPlan, params: FwdParams) 
     let map = |view: &dmattn_abi::View4, rows: usize, heads: usize, box_rows: u32, name: &str| {
         let shape = [d.batch, rows, heads, d.head_dim];
         let map = tma::TileMap::of(view, shape, box_rows).ok_or_else(|| Error::Unsupported {
-            what: format!("{name} with byte strides or address not multiples of 16 bytes (or above 2^40) on the bulk-copy forward"),
+            what: format!("a tensor map of {name} for the bulk-copy forward (the plan checked that one exists)"),
             backend: BACKEND,
         })?;
         map.encode(view, plan.elem)
@@ -1183,6 +1204,26 @@ mod tests {
         let split = plan(H100, &masked(dims(1, 2, 64, 1 << 16), false));
         assert!(split.splits > 1 && split.kernel.ends_with("_d128_mods"), "{split:?}");
         assert_eq!(plan(A100_LIKE, &big).kernel, "dmattn_fwd_bf16_d128_mods");
+    }
+
+    /// Without bulk tensor copies (a broadcast operand, a graph capture) a lean fixed-length call
+    /// on Hopper runs the modifier kernel, with no modifiers; packed batches keep their lean
+    /// kernel (it copies with `cp.async`), and Ampere is unaffected.
+    #[test]
+    fn lean_plans_without_bulk_copies() {
+        for head_dim in [64, 128] {
+            let p = problem(Dims { head_dim, ..dims(2, 8, 4096, 4096) }, dmattn_abi::Band::CAUSAL, false);
+            let (bulk, copying) = (fwd_plan(H100, &p, DeviceElem::Bf16, FwdMask::None).unwrap(), fwd_plan_copying(H100, &p, DeviceElem::Bf16, FwdMask::None, false).unwrap());
+            assert!(bulk.tma && !copying.tma, "{copying:?}");
+            assert_eq!(copying.kernel, format!("dmattn_fwd_sm90_bf16_d{head_dim}_mods"));
+            assert_eq!((copying.splits, copying.ordered), (1, false));
+            let ampere = fwd_plan_copying(A100_LIKE, &p, DeviceElem::Bf16, FwdMask::None, false).unwrap();
+            assert_eq!(ampere, fwd_plan(A100_LIKE, &p, DeviceElem::Bf16, FwdMask::None).unwrap());
+        }
+        let seqs = Some(crate::SeqLens::from_lengths(&[100, 3000, 0], &[100, 3000, 7], &crate::Device::Cpu).unwrap());
+        let packed = Problem { seqs, ..problem(Dims { head_dim: 128, ..dims(3, 8, 3000, 3000) }, dmattn_abi::Band::CAUSAL, false) };
+        let copying = fwd_plan_copying(H100, &packed, DeviceElem::Bf16, FwdMask::None, false).unwrap();
+        assert_eq!(copying.kernel, "dmattn_fwd_sm90_bf16_d128_packed");
     }
 
     /// Every kernel with launch bounds is in one of the modules.

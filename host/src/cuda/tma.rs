@@ -20,15 +20,20 @@ pub(crate) struct TileMap {
 impl TileMap {
     /// The map of `view` (`b` batches, `rows` rows, `heads` heads of `head_dim` 2-byte
     /// elements) for tiles of `box_rows` rows; `None` where the engine cannot take it (a stride
-    /// or the address not a multiple of 16 bytes, or a box taller than 256 rows).
+    /// or the address not a multiple of 16 bytes, a dimension of several entries broadcast
+    /// with stride 0, or a box taller than 256 rows).
     pub fn of(view: &View4, [b, rows, heads, head_dim]: [usize; 4], box_rows: u32) -> Option<Self> {
         // A size-1 dimension's view stride is 0, which the driver refuses; it is never stepped
-        // over, so any valid stride does: the packed one.
+        // over, so any valid stride does: the packed one. A broadcast one (stride 0 over
+        // several entries) has no map.
         let packed = [2 * head_dim, 2 * head_dim * heads, 2 * head_dim * heads * rows].map(|s| s as u64);
-        let strides = [2 * view.stride[2], 2 * view.stride[1], 2 * view.stride[0]];
+        let (strides, extents) = ([2 * view.stride[2], 2 * view.stride[1], 2 * view.stride[0]], [heads, rows, b]);
+        if (0..3).any(|i| strides[i] == 0 && extents[i] > 1) {
+            return None;
+        }
         let strides: [u64; 3] = core::array::from_fn(|i| if strides[i] == 0 { packed[i] } else { strides[i] });
-        let aligned = view.ptr % 16 == 0 && strides.iter().all(|s| s % 16 == 0 && *s < 1 << 40);
-        (aligned && head_dim % 64 == 0 && view.stride[3] == 1 && (1..=256).contains(&box_rows)).then_some(TileMap {
+        let aligned = view.ptr.is_multiple_of(16) && strides.iter().all(|s| s.is_multiple_of(16) && *s < 1 << 40);
+        (aligned && head_dim.is_multiple_of(64) && view.stride[3] == 1 && (1..=256).contains(&box_rows)).then_some(TileMap {
             dims: [head_dim as u64, heads as u64, rows as u64, b as u64],
             strides,
             box_dims: [64, 1, box_rows, 1],
@@ -88,8 +93,11 @@ mod tests {
         assert!(TileMap::of(&view((1 << 20) + 8, contiguous), [b, s, h, d], 128).is_none());
         assert!(TileMap::of(&view(1 << 20, [1000 * 8 * 100, 8 * 100, 100, 1]), [b, s, h, 100], 128).is_none());
         assert!(TileMap::of(&view(1 << 20, contiguous), [b, s, h, d], 512).is_none());
-        // Size-1 dimensions (zero view strides) get the packed stride.
+        // Size-1 dimensions (zero view strides) get the packed stride; broadcast ones (zero
+        // strides over several entries) have no map.
         let one = TileMap::of(&view(1 << 20, [0, (h * d) as u64, 0, 1]), [1, s, 1, d], 128).unwrap();
         assert_eq!(one.strides, [256, (h * d * 2) as u64, (d * 2 * s) as u64]);
+        assert!(TileMap::of(&view(1 << 20, [0, (h * d) as u64, d as u64, 1]), [b, s, h, d], 128).is_none());
+        assert!(TileMap::of(&view(1 << 20, [(s * d) as u64, d as u64, 0, 1]), [b, s, h, d], 128).is_none());
     }
 }
