@@ -270,15 +270,7 @@ fwd_gather_narrow! { variants:
 /// its `mask_ws` tile).
 macro_rules! fwd_ws_kernel {
     (tma $name:ident, $elem:ty, $d:literal) => {
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $name(p: dmattn_abi::FwdTmaParams) {
-            const T: FwdTile = match sm90_variants($d).plain { Some(t) if t.producer => t, _ => panic!() };
-            unsafe {
-                fwd_ws::forward::<$elem, $d, { T.block_m as usize }, { T.block_n as usize }, { T.block_n as usize / 8 }, { $d / 16 },
-                    { $d / 8 }, { T.block_n as usize / 16 }, false, false, false, false, { T.ws_registers(false).0 },
-                    { T.ws_registers(false).1 }>(&p.fwd, p.maps)
-            }
-        }
+        fwd_ws_kernel!(@kernel $name, $elem, $d, false, false, false, sm90_variants($d).plain, p: dmattn_abi::FwdTmaParams, (&p.fwd, p.maps));
     };
     (mods $name:ident, $elem:ty, $d:literal) => {
         fwd_ws_kernel!(@tile $name, $elem, $d, false, false, true, sm90_variants($d).mods_ws);
@@ -287,13 +279,17 @@ macro_rules! fwd_ws_kernel {
         fwd_ws_kernel!(@tile $name, $elem, $d, false, false, true, sm90_variants($d).mask_ws);
     };
     (@tile $name:ident, $elem:ty, $d:literal, $packed:literal, $paged:literal, $mods:literal, $tile:expr) => {
+        fwd_ws_kernel!(@kernel $name, $elem, $d, $packed, $paged, $mods, $tile, p: FwdParams, (&p, 0));
+    };
+    // `$p: $params` the kernel's parameter, `$args` what `fwd_ws::forward` takes of it.
+    (@kernel $name:ident, $elem:ty, $d:literal, $packed:literal, $paged:literal, $mods:literal, $tile:expr, $p:ident: $params:ty, ($($args:expr),*)) => {
         #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $name(p: FwdParams) {
+        pub unsafe extern "ptx-kernel" fn $name($p: $params) {
             const T: FwdTile = match $tile { Some(t) if t.producer && t.modifiers == $mods => t, _ => panic!() };
             unsafe {
                 fwd_ws::forward::<$elem, $d, { T.block_m as usize }, { T.block_n as usize }, { T.block_n as usize / 8 }, { $d / 16 },
                     { $d / 8 }, { T.block_n as usize / 16 }, $packed, $paged, $mods, { !T.mask_only }, { T.ws_registers($mods || $paged).0 },
-                    { T.ws_registers($mods || $paged).1 }>(&p, 0)
+                    { T.ws_registers($mods || $paged).1 }>($($args),*)
             }
         }
     };
