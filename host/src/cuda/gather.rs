@@ -9,7 +9,7 @@
 //! and scatters dK, dV and dbias back (keys no query sees get zeros). Work and memory are
 //! O(queries x kept keys) instead of O(queries x keys).
 use super::launch::{Launch, launch};
-use super::{BACKEND, FwdMask, device_elem};
+use super::{BACKEND, FwdMask, capturing, device_elem};
 use crate::attention::{Forward, ForwardBuffers, GradientBuffers, Gradients, Saved};
 use crate::device::CudaDevice;
 use crate::dtype::DType::{Bool, U8};
@@ -125,12 +125,6 @@ const GATHER_MAX_DENSITY: f64 = 0.5;
 /// of the longest list rounded up to a block reads only the plane's own entries.
 fn stride_for(sk: usize) -> usize {
     sk.next_multiple_of(BLOCK_MAP_K as usize)
-}
-
-/// Whether the stream is being captured into a CUDA graph, where nothing may be read back.
-pub(crate) fn capturing(dev: &CudaDevice) -> Result<bool> {
-    use cudarc::driver::sys::CUstreamCaptureStatus;
-    Ok(dev.stream().capture_status()? != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
 /// Compacts a query-broadcast score mask (bool or bit-packed, `[mb, mh, 1, {1|sk}]`) for calls with

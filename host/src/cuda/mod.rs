@@ -436,7 +436,7 @@ pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, into: ForwardB
         return gather::forward(dev, p, saved, &lists, into);
     }
     let mask = if device_mask(&saved).is_some() { FwdMask::Prepared } else { FwdMask::None };
-    let bulk_copies = !gather::capturing(dev)? && tensor_maps_exist(&p, &saved)?;
+    let bulk_copies = !capturing(dev)? && tensor_maps_exist(&p, &saved)?;
     let plan = fwd_plan_copying(dev.gpu(), &p, elem, mask, bulk_copies)?;
     let (out, lse) = run_forward(dev, &plan, &p, &saved, into, None)?;
     Ok(Forward { out, lse, problem: p, saved })
@@ -452,6 +452,13 @@ fn forward_outputs(p: &Problem, saved: &Saved, into: ForwardBuffers) -> Result<(
         }
         (out, lse) => (output(out, saved.q.shape(), p.dtype, &device)?, output(lse, &lse_shape(p), DType::F32, &device)?),
     })
+}
+
+/// Whether the stream is being captured into a CUDA graph, where nothing may be read back and
+/// host memory a call frees may not feed a copy.
+fn capturing(dev: &CudaDevice) -> Result<bool> {
+    use cudarc::driver::sys::CUstreamCaptureStatus;
+    Ok(dev.stream().capture_status()? != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
 /// Whether q, k and v each have a tensor map (`tma::TileMap::of`; the tile's rows do not
