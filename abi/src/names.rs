@@ -35,6 +35,10 @@ pub const DETERMINISTIC_SUFFIX: &str = "_det";
 /// without a left edge or compression, whose code then folds away (the backward's tiles are
 /// at the register limit). Of the portable backward, the `_mods` variants take any band.
 pub const BAND_SUFFIX: &str = "_band";
+/// Appended last to a Hopper backward kernel's name for its variant that may walk a share of its
+/// key tile's query tiles ([`super::bwd_split_kernel`]; the kernels of [`super::bwd_splits`]
+/// head dims all may).
+pub const SPLIT_SUFFIX: &str = "_split";
 /// Appended to a forward kernel's modifier-variant name (`dmattn_fwd_<elem>_d<dim>_mods`)
 /// for its gather-attention variant ([`super::FwdParams::key_ranks`]).
 pub const GATHER_SUFFIX: &str = "_gather";

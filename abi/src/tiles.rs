@@ -180,6 +180,14 @@ pub const fn bwd_splits(head_dim: u32) -> bool {
     head_dim <= 64
 }
 
+/// Whether a backward of head dim `head_dim` on the Hopper kernels (`wgmma`) with variant
+/// `modifiers` has a kernel of its own that splits query tiles (`names::SPLIT_SUFFIX`), for the
+/// head dims whose kernels do not compile the split in ([`bwd_splits`]): d128 without a bias
+/// (the bias variants sit at the register limit). Its unsplit calls keep the kernel without it.
+pub const fn bwd_split_kernel(head_dim: u32, wgmma: bool, modifiers: u8) -> bool {
+    wgmma && head_dim == 128 && (modifiers == modifiers::NONE || modifiers == modifiers::MASK)
+}
+
 /// The first tile of `tiles` for `head_dim` that serves `modifiers`.
 const fn bwd_tile_in(tiles: &[BwdTile], head_dim: u32, modifiers: u8) -> Option<BwdTile> {
     let mut i = 0;

@@ -40,7 +40,7 @@ mod tile;
 
 use dmattn_abi::{
     BlockMaskParams, BwdParams, BwdSharesParams, DecodeParams, GatherMaskParams, GatherParams, IndicesParams, ListBitsParams, ListsParams, KeyCompactParams, ScatterParams, SelectParams, SelectWideParams, BwdPreParams, BwdTile, CombineParams, ConvertParams, FwdParams, FwdTile, OrderParams, FwdVariants, MaskPackParams, MaskSeqsParams,
-    SoftmaxRowsParams, bwd_tile, fwd_variants, fwd_variants_for, modifiers,
+    SoftmaxRowsParams, bwd_splits, bwd_tile, fwd_variants, fwd_variants_for, modifiers,
 };
 use elem::{Bf16, F16};
 
@@ -354,12 +354,12 @@ fwd_lean_packed! {
 /// ones only bands without a left edge or compression (`Visibility::of_band`).
 macro_rules! bwd_kernels {
     ($($elem:ty, $d:literal: $plain:ident, $mods:ident, $plain_det:ident, $mods_det:ident;)*) => {$(
-        bwd_kernels!(@one $plain, $elem, $d, modifiers::NONE, false, false, false);
-        bwd_kernels!(@one $mods, $elem, $d, modifiers::ALL, false, false, true);
-        bwd_kernels!(@one $plain_det, $elem, $d, modifiers::NONE, true, false, false);
-        bwd_kernels!(@one $mods_det, $elem, $d, modifiers::ALL, true, false, true);
+        bwd_kernels!(@one $plain, $elem, $d, modifiers::NONE, false, false, false, bwd_splits($d));
+        bwd_kernels!(@one $mods, $elem, $d, modifiers::ALL, false, false, true, bwd_splits($d));
+        bwd_kernels!(@one $plain_det, $elem, $d, modifiers::NONE, true, false, false, false);
+        bwd_kernels!(@one $mods_det, $elem, $d, modifiers::ALL, true, false, true, false);
     )*};
-    (@one $name:ident, $elem:ty, $d:literal, $modifiers:expr, $det:literal, $wgmma:literal, $band:literal) => {
+    (@one $name:ident, $elem:ty, $d:literal, $modifiers:expr, $det:literal, $wgmma:literal, $band:literal, $split:expr) => {
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: BwdParams) {
             const T: BwdTile = match bwd_tile($d, $det, $wgmma, $modifiers) { Some(t) => t, None => panic!() };
@@ -370,7 +370,7 @@ macro_rules! bwd_kernels {
                     { T.sdp_rows as usize }, { T.sdp_m_tiles() as usize }, { T.sdp_n_tiles() as usize }, { T.sdp_chunk_tiles() as usize },
                     { T.kv_keys as usize }, { T.kv_m_tiles() as usize }, { T.kv_d_tiles() as usize }, { T.block_m as usize / 16 },
                     { T.dq_rows as usize }, { T.dq_m_tiles() as usize }, { T.dq_d_tiles() as usize }, { T.dq_pass_tiles() as usize },
-                    { T.block_n as usize / 16 }, { $modifiers }, $det, $wgmma, { T.bias }, $band>(&p, T.params_offset())
+                    { T.block_n as usize / 16 }, { $modifiers }, $det, $wgmma, { T.bias }, $band, { $split && !$det }>(&p, T.params_offset())
             }
         }
     };
@@ -399,12 +399,12 @@ bwd_kernels! {
 /// skip the softcap's derivative.
 macro_rules! bwd_wgmma_kernels {
     ($($elem:ty, $d:literal: $plain:ident, $mask:ident, $bias:ident, $mods:ident, $plain_band:ident, $mask_band:ident;)*) => {$(
-        bwd_kernels!(@one $plain, $elem, $d, modifiers::NONE, false, true, false);
-        bwd_kernels!(@one $mask, $elem, $d, modifiers::MASK, false, true, false);
-        bwd_kernels!(@one $bias, $elem, $d, modifiers::BIAS, false, true, false);
-        bwd_kernels!(@one $mods, $elem, $d, modifiers::ALL, false, true, false);
-        bwd_kernels!(@one $plain_band, $elem, $d, modifiers::NONE, false, true, true);
-        bwd_kernels!(@one $mask_band, $elem, $d, modifiers::MASK, false, true, true);
+        bwd_kernels!(@one $plain, $elem, $d, modifiers::NONE, false, true, false, bwd_splits($d));
+        bwd_kernels!(@one $mask, $elem, $d, modifiers::MASK, false, true, false, bwd_splits($d));
+        bwd_kernels!(@one $bias, $elem, $d, modifiers::BIAS, false, true, false, bwd_splits($d));
+        bwd_kernels!(@one $mods, $elem, $d, modifiers::ALL, false, true, false, bwd_splits($d));
+        bwd_kernels!(@one $plain_band, $elem, $d, modifiers::NONE, false, true, true, bwd_splits($d));
+        bwd_kernels!(@one $mask_band, $elem, $d, modifiers::MASK, false, true, true, bwd_splits($d));
     )*};
 }
 
@@ -414,6 +414,26 @@ bwd_wgmma_kernels! {
     Bf16, 128: dmattn_bwd_sm90_bf16_d128, dmattn_bwd_sm90_bf16_d128_mask, dmattn_bwd_sm90_bf16_d128_bias, dmattn_bwd_sm90_bf16_d128_mods, dmattn_bwd_sm90_bf16_d128_band, dmattn_bwd_sm90_bf16_d128_mask_band;
     F16, 64: dmattn_bwd_sm90_f16_d64, dmattn_bwd_sm90_f16_d64_mask, dmattn_bwd_sm90_f16_d64_bias, dmattn_bwd_sm90_f16_d64_mods, dmattn_bwd_sm90_f16_d64_band, dmattn_bwd_sm90_f16_d64_mask_band;
     F16, 128: dmattn_bwd_sm90_f16_d128, dmattn_bwd_sm90_f16_d128_mask, dmattn_bwd_sm90_f16_d128_bias, dmattn_bwd_sm90_f16_d128_mods, dmattn_bwd_sm90_f16_d128_band, dmattn_bwd_sm90_f16_d128_mask_band;
+}
+
+/// Hopper d128 backward kernels that may split a key tile's query tiles among CTAs
+/// (`dmattn_abi::bwd_split_kernel`, `..._split`): the unsplit kernels do not compile the split's
+/// f32 epilogue in, which slowed their calls (see `dmattn_abi::bwd_splits`). The variants without
+/// a bias: the bias ones sit at the register limit.
+macro_rules! bwd_split_kernels {
+    ($($elem:ty, $d:literal: $plain:ident, $mask:ident, $plain_band:ident, $mask_band:ident;)*) => {$(
+        const _: () = assert!(!bwd_splits($d));
+        bwd_kernels!(@one $plain, $elem, $d, modifiers::NONE, false, true, false, true);
+        bwd_kernels!(@one $mask, $elem, $d, modifiers::MASK, false, true, false, true);
+        bwd_kernels!(@one $plain_band, $elem, $d, modifiers::NONE, false, true, true, true);
+        bwd_kernels!(@one $mask_band, $elem, $d, modifiers::MASK, false, true, true, true);
+    )*};
+}
+
+#[cfg(target_feature = "sm_90a")]
+bwd_split_kernels! {
+    Bf16, 128: dmattn_bwd_sm90_bf16_d128_split, dmattn_bwd_sm90_bf16_d128_mask_split, dmattn_bwd_sm90_bf16_d128_band_split, dmattn_bwd_sm90_bf16_d128_mask_band_split;
+    F16, 128: dmattn_bwd_sm90_f16_d128_split, dmattn_bwd_sm90_f16_d128_mask_split, dmattn_bwd_sm90_f16_d128_band_split, dmattn_bwd_sm90_f16_d128_mask_band_split;
 }
 
 /// The decoding forward per (element type, head dim) (`dmattn_abi::names::DECODE_PREFIX`):

@@ -303,6 +303,17 @@ pub fn grads_vec(g: &Gradients) -> Grads {
     [Some(&g.dq), Some(&g.dk), Some(&g.dv), g.dbias.as_ref()].map(|t| t.map(|t| t.to_f64_vec().unwrap()))
 }
 
+/// `case` at a head dim whose backward may split a key tile's query tiles (for the split tests,
+/// which force the split): 32 or 64, whose kernels all may, or 128, whose Hopper kernels may
+/// without a bias or softcap (`dmattn_abi::bwd_split_kernel`): a d128 case drops both.
+pub fn split_head_dim(case: Case, seed: u64) -> Case {
+    match seed / 4 % 3 {
+        0 => Case { head_dim: 32, ..case },
+        1 => Case { head_dim: 64, ..case },
+        _ => Case { head_dim: 128, bias: None, softcap: 0.0, ..case },
+    }
+}
+
 /// The backward pass of `case` on `gpu` (after a forward through `path`) against the CPU
 /// reference's, on inputs and an output gradient drawn from `seed`: every gradient finite,
 /// present exactly where the reference's is, and within [`gpu_tolerance`] (widened by twice the

@@ -39,13 +39,13 @@ fn sparse_backward_matches_reference() {
 }
 
 /// Sparse masks over query tiles split among several CTAs per key tile (forced: 2-16 shares, at
-/// the head dims that split): windows, compressed causal and block lists bound each key tile's
+/// the head dims that split, see `split_head_dim`): windows, compressed causal and block lists bound each key tile's
 /// query tiles before they are shared.
 #[test]
 fn sparse_split_backward_matches_reference() {
     let Some(gpu) = gpu() else { return };
     sparse_property(500, 300, |sc| {
-        let sc = SparseCase { case: Case { head_dim: [32, 64][(sc.seed / 4 % 2) as usize], ..sc.case }, ..sc };
+        let sc = SparseCase { case: split_head_dim(sc.case, sc.seed), ..sc };
         dmattn::force_backward_query_split(Some(1 + (sc.seed % 4) as u32));
         let checked = check_gpu_sparse(&sc, &gpu, ForwardPath::Fused, true, false);
         dmattn::force_backward_query_split(None);

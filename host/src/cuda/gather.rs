@@ -391,7 +391,8 @@ fn gathered(dev: &CudaDevice, p: &Problem, saved: &Saved, lists: &Arc<KeyListsBu
 /// and its own dK/dV partial, summed by the scatter. Powers of two of at least 512 queries each,
 /// towards four CTAs per SM; only where the folding is a strided view (batch 1, a bias without a
 /// query dimension). None where the backward splits the gathered problem's query tiles itself
-/// (`BwdPlan::q_split_shift`: head dims up to 64, not deterministic): its shares add into one f32
+/// (`BwdPlan::q_split_shift`: head dims up to 64, and 128 without a bias on Hopper; not
+/// deterministic): its shares add into one f32
 /// dK/dV, which leaves the scatter one row to read per key, not one per chunk.
 fn query_chunks(dev: &CudaDevice, call: &GatheredCall) -> Result<usize> {
     if let Some(chunks) = FORCED_CHUNKS.with(|f| f.get()) {

@@ -30,7 +30,7 @@ use crate::sparse::MaskData;
 use std::sync::Arc;
 use dmattn_abi::{
     BwdParams, BwdSharesParams, BwdTile, BwdPreParams, CombineParams, ConvertParams, DeviceElem, FwdParams, FwdTile, KeyLists, ORDER_SMEM_BYTES, ORDER_WARPS, OrderParams,
-    PRE_THREADS, QueryRows, Seqs, View4, bwd_splits, bwd_tile, flags, fwd_variants_for, modifiers,
+    PRE_THREADS, QueryRows, Seqs, View4, bwd_split_kernel, bwd_splits, bwd_tile, flags, fwd_variants_for, modifiers,
 };
 use launch::{Launch, launch};
 
@@ -672,8 +672,9 @@ fn bwd_wgmma_serves(modifiers: u8, banded: bool) -> bool {
     !banded || modifiers == modifiers::NONE || modifiers == modifiers::MASK
 }
 
-/// The backward kernel of `tile` for a call with `modifiers` (see [`bwd_band_variant`]).
-fn bwd_kernel_name(tile: &BwdTile, elem: DeviceElem, head_dim: usize, modifiers: u8, deterministic: bool, banded: bool) -> String {
+/// The backward kernel of `tile` for a call with `modifiers` (see [`bwd_band_variant`]), where
+/// `split` (its query tiles shared among CTAs) the one that may split them.
+fn bwd_kernel_name(tile: &BwdTile, elem: DeviceElem, head_dim: usize, modifiers: u8, deterministic: bool, banded: bool, split: bool) -> String {
     let prefix = if tile.wgmma { dmattn_abi::names::BWD_WGMMA_PREFIX } else { dmattn_abi::names::BWD_PREFIX };
     let mut name = kernel_name(prefix, elem, head_dim, bwd_band_variant(tile, modifiers, banded));
     if deterministic {
@@ -681,6 +682,9 @@ fn bwd_kernel_name(tile: &BwdTile, elem: DeviceElem, head_dim: usize, modifiers:
     }
     if banded && tile.wgmma {
         name += dmattn_abi::names::BAND_SUFFIX;
+    }
+    if split && !bwd_splits(head_dim as u32) {
+        name += dmattn_abi::names::SPLIT_SUFFIX;
     }
     name
 }
@@ -780,13 +784,15 @@ pub(crate) fn bwd_plan(gpu: Gpu, p: &Problem, elem: DeviceElem, modifiers: u8, p
     let ctas = entry_ctas * d.batch as u64;
     // Split query tiles add their dK/dV in any order: not in deterministic mode. Packed CTAs find
     // their sequence in the grid's z (`seq::localize`). Bands with a right edge off the diagonal
-    // (or a left edge alone) do not split (`Band::splits_queries`), nor the head dims whose
-    // kernels do not compile it in (`bwd_splits`).
+    // (or a left edge alone) do not split (`Band::splits_queries`), nor calls without a kernel
+    // that may (`bwd_splits`, `bwd_split_kernel`).
+    let variant = bwd_band_variant(&tile, modifiers, banded);
+    let hd = d.head_dim as u32;
     let splittable = !deterministic
         && p.seqs.is_none()
         && contiguous
         && p.band.splits_queries()
-        && bwd_splits(d.head_dim as u32);
+        && (bwd_splits(hd) || bwd_split_kernel(hd, tile.wgmma, variant));
     let q_split_shift = match forced_split {
         _ if !splittable => 0,
         Some(shift) => shift,
@@ -801,7 +807,6 @@ pub(crate) fn bwd_plan(gpu: Gpu, p: &Problem, elem: DeviceElem, modifiers: u8, p
     // whole f32 accumulator (H100, d64 8K, 50 % blocks + bias: 7.7 GB of DRAM traffic, 0.8 GB
     // without the bias). Not for a packed batch: its CTAs find their sequence and key tile in the
     // grid (`seq::localize`), and the work-order pass reads fixed-length block maps.
-    let variant = bwd_band_variant(&tile, modifiers, banded);
     // The lean variant, which reads no work order, still runs kv heads first under a band whose
     // right edge alone bounds it (causal, compressed causal): there a kv head's key tiles get
     // lighter tile by tile, so kv heads first runs every kv head's heaviest tiles first.
@@ -821,7 +826,7 @@ pub(crate) fn bwd_plan(gpu: Gpu, p: &Problem, elem: DeviceElem, modifiers: u8, p
     // Deterministic mode keeps grid order: there CTAs wait on CTAs of lower block index, which
     // the hardware schedules first, so any grid size is safe.
     let ordered = placed && prepared && ctas <= u32::MAX as u64;
-    let kernel = bwd_kernel_name(&tile, elem, d.head_dim, modifiers, deterministic, banded);
+    let kernel = bwd_kernel_name(&tile, elem, d.head_dim, modifiers, deterministic, banded, q_split_shift > 0);
     Ok(BwdPlan { kernel, tile, grid, ordered, kv_heads_first, q_split_shift })
 }
 
@@ -1033,11 +1038,23 @@ mod tests {
         assert_eq!(banded(dmattn_abi::Band { left: 100, right: dmattn_abi::Band::NONE, sinks: 0, compress: 0 }), 0);
         assert!(banded(dmattn_abi::Band { left: 100, right: 0, sinks: 4, compress: 0 }) > 0);
         assert!(banded(dmattn_abi::Band { left: dmattn_abi::Band::NONE, right: 0, sinks: 0, compress: 64 }) > 0);
-        // d96 and up keep one CTA per key tile (`bwd_splits`), forced or not.
+        // d96 and up keep one CTA per key tile (`bwd_splits`), forced or not, except on the
+        // Hopper d128 kernels without a bias, which have split kernels of their own
+        // (`bwd_split_kernel`): there the split calls, and only they, name them.
         let d128 = Dims { head_dim: 128, ..short };
         assert_eq!(plan(d128, false, true).q_split_shift, 0);
-        let forced = bwd_plan(H100, &problem(d128, dmattn_abi::Band::CAUSAL, false), DeviceElem::Bf16, modifiers::NONE, false, true, Some(3)).unwrap();
+        let d128_plan = |band, mods, gpu, split| bwd_plan(gpu, &problem(d128, band, false), DeviceElem::Bf16, mods, false, true, split).unwrap();
+        let forced = d128_plan(dmattn_abi::Band::CAUSAL, modifiers::NONE, A100_LIKE, Some(3));
         assert_eq!(forced.q_split_shift, 0);
+        let forced = d128_plan(dmattn_abi::Band::CAUSAL, modifiers::NONE, H100, Some(3));
+        assert_eq!((forced.q_split_shift, forced.kernel.as_str()), (3, "dmattn_bwd_sm90_bf16_d128_split"));
+        let cf64 = dmattn_abi::Band { left: dmattn_abi::Band::NONE, right: 0, sinks: 0, compress: 64 };
+        let own = d128_plan(cf64, modifiers::NONE, H100, None);
+        assert!(own.q_split_shift > 0 && own.kernel == "dmattn_bwd_sm90_bf16_d128_band_split", "{own:?}");
+        let masked = d128_plan(dmattn_abi::Band::CAUSAL, modifiers::MASK, H100, None);
+        assert!(masked.q_split_shift > 0 && masked.kernel == "dmattn_bwd_sm90_bf16_d128_mask_split", "{masked:?}");
+        let unsplit = bwd_plan(H100, &problem(Dims { kv_heads: 8, head_dim: 128, ..dims(2, 32, 8192, 8192) }, dmattn_abi::Band::CAUSAL, false), DeviceElem::Bf16, modifiers::NONE, false, true, None).unwrap();
+        assert_eq!((unsplit.q_split_shift, unsplit.kernel.as_str()), (0, "dmattn_bwd_sm90_bf16_d128"));
         let d32 = bwd_plan(H100, &problem(Dims { head_dim: 32, ..short }, dmattn_abi::Band::CAUSAL, false), DeviceElem::Bf16, modifiers::NONE, false, true, None).unwrap();
         assert!(d32.q_split_shift > 0);
         // More than two CTAs per SM: unsplit.
@@ -1296,8 +1313,14 @@ mod tests {
             for (elem, deterministic, hopper) in [DeviceElem::Bf16, DeviceElem::F16].into_iter().flat_map(modes) {
                 for (m, banded) in [modifiers::NONE, modifiers::MASK, modifiers::BIAS, modifiers::ALL].into_iter().flat_map(|m| [(m, false), (m, true)]) {
                     let tile = bwd_tile(head_dim as u32, deterministic, hopper && bwd_wgmma_serves(m, banded), m).unwrap();
-                    let name = bwd_kernel_name(&tile, elem, head_dim, m, deterministic, banded);
+                    let name = bwd_kernel_name(&tile, elem, head_dim, m, deterministic, banded, false);
                     assert!(shipped[tile.wgmma as usize].contains(&name), "{name} is not in the module the host loads it from");
+                    // And the kernel a split call asks for, where it may split.
+                    let (hd, variant) = (head_dim as u32, bwd_band_variant(&tile, m, banded));
+                    if !deterministic && (bwd_splits(hd) || bwd_split_kernel(hd, tile.wgmma, variant)) {
+                        let name = bwd_kernel_name(&tile, elem, head_dim, m, deterministic, banded, true);
+                        assert!(shipped[tile.wgmma as usize].contains(&name), "{name} is not in the module the host loads it from");
+                    }
                     // A placed variant may run in a work order: its pass is in the portable module.
                     let order = format!("{}{}", dmattn_abi::names::BWD_ORDER_PREFIX, tile.block_n);
                     let placed = !deterministic && modifiers::bwd_placed(bwd_band_variant(&tile, m, banded));

@@ -38,7 +38,7 @@ use crate::elem::Elem;
 use crate::mask::{MapCols, Tile, TileCursor, block_map_plane, map_planes};
 use crate::scores::Mods;
 use crate::seq::{localize, localize_split};
-use dmattn_abi::{BWD_PARAMS_BYTES, BwdParams, bwd_splits, modifiers};
+use dmattn_abi::{BWD_PARAMS_BYTES, BwdParams, modifiers};
 use key_block::{KeyBlock, position};
 use reduce::{add_dbias, store_dkdv};
 use smem::{Smem, load_stage};
@@ -51,7 +51,8 @@ use turns::{dbias_turn, pass_skipped_turns};
 /// (`dmattn_abi::modifiers`), `DET` selects the deterministic variant (see the module doc),
 /// `WGMMA` the Hopper products (`sm90`; the elementwise work between them is the same),
 /// `BIAS_TILE` whether the stages hold a bias tile, `BAND` whether the kernel takes any band (see
-/// `Visibility::of_band`). The tile shape (see `dmattn_abi::BwdTile`, which the entry points
+/// `Visibility::of_band`), `SPLIT` whether the CTA may walk a share of its key tile's query
+/// tiles (`BwdParams::q_split_shift`). The tile shape (see `dmattn_abi::BwdTile`, which the entry points
 /// derive it from): head dim `D`, query tile `BM`, key tile `BN`, `STAGES`, `W` warps, and each
 /// product's grid of warps (see the `step` module).
 #[inline(always)]
@@ -81,6 +82,7 @@ pub unsafe fn backward<
     const WGMMA: bool,
     const BIAS_TILE: bool,
     const BAND: bool,
+    const SPLIT: bool,
 >(
     params: &BwdParams,
     params_at: u32,
@@ -96,14 +98,16 @@ pub unsafe fn backward<
         assert!(!WGMMA || (NC == NS && KR == 8 && DQ == DQT && !DET));
         // A tile without a bias tile serves only variants without a bias.
         assert!(BIAS_TILE || MODS == modifiers::NONE || MODS == modifiers::MASK);
+        // Split shares add their dK/dV in any order.
+        assert!(!SPLIT || !DET);
     }
     // The walk over query tiles goes down where dQ's additions may come in any order.
     let down = !DET;
     // The Hopper `BIAS` variant has no registers for reading block classes (`modifiers::BIAS`).
     let by_class = !(WGMMA && MODS == modifiers::BIAS);
     let tid = thread_idx();
-    // Kernels that may split their query tiles (`dmattn_abi::bwd_splits`).
-    let splits = !DET && bwd_splits(D as u32);
+    // Kernels that may split their query tiles (`dmattn_abi::bwd_splits`, `bwd_split_kernel`).
+    let splits = SPLIT;
     // A packed sequence's CTA sees its sequence as a fixed-length problem (`seq::localize`), a
     // split CTA its share of the query tiles as one (`seq::localize_split`).
     let p = unsafe {
