@@ -135,6 +135,19 @@ impl Visibility {
         end.div_ceil(block_m)
     }
 
+    /// Under a band bounded on both sides and not compressed (a window), at most how many query
+    /// tiles of `block_m` rows see a key tile of `block_n` keys: its `block_n + left + right` rows
+    /// start anywhere in a tile. `None` for other bands (their key tiles' runs differ in length).
+    #[inline(always)]
+    pub fn query_tile_period(&self, block_n: u32, block_m: u32) -> Option<u32> {
+        let b = &self.band;
+        if b.left == Band::NONE || b.right == Band::NONE || b.compress != 0 {
+            return None;
+        }
+        let rows = block_n as u64 + b.left as u64 + b.right as u64;
+        Some((rows.div_ceil(block_m as u64) + 1).min(1 << 30) as u32)
+    }
+
     /// Whether the tile `[row0, row0 + rows) x [col0, col0 + cols)` (rows inside the sequence)
     /// has scores the band or the key bound hide, so that scores must be checked one by one.
     #[inline(always)]

@@ -101,8 +101,11 @@ pub unsafe fn backward<
         // Split shares add their dK/dV in any order.
         assert!(!SPLIT || !DET);
     }
-    // The walk over query tiles goes down where dQ's additions may come in any order.
+    // The walk over query tiles goes down where dQ's additions may come in any order, rotated
+    // under windows in the Hopper band kernels (`next_query_tile`; the portable `_mods` kernels,
+    // which take any band, sit at the register limit: d96 spilled with it).
     let down = !DET;
+    let rotates = BAND && WGMMA;
     // The Hopper `BIAS` variant has no registers for reading block classes (`modifiers::BIAS`).
     let by_class = !(WGMMA && MODS == modifiers::BIAS);
     let tid = thread_idx();
@@ -148,7 +151,7 @@ pub unsafe fn backward<
     // Steps are (query tile, head of the group), tiles in walk order (`next_query_tile`); a
     // deterministic run also visits the tiles it skips, to pass their dQ turns on.
     let mut cursor = TileCursor::new();
-    let mut next_tile = next_query_tile::<BM, BN>(&mut cursor, &kb, splits, down, None, tid % 32);
+    let mut next_tile = next_query_tile::<BM, BN>(&mut cursor, &kb, splits, down, rotates, None, tid % 32);
     if DET {
         unsafe { pass_skipped_turns(p, &kb, 0, next_tile.map_or(m_tiles, |t| t.n), m_tiles, tid) };
     }
@@ -186,7 +189,7 @@ pub unsafe fn backward<
             let (next_m, next_h) = if hg + 1 < group {
                 (Some(m), hg + 1)
             } else {
-                next_tile = next_query_tile::<BM, BN>(&mut cursor, &kb, splits, down, Some(m), tid % 32);
+                next_tile = next_query_tile::<BM, BN>(&mut cursor, &kb, splits, down, rotates, Some(m), tid % 32);
                 (next_tile.map(|t| t.n), 0)
             };
             if let (2, Some(nm)) = (STAGES, next_m) {
@@ -257,14 +260,20 @@ pub unsafe fn backward<
 /// together begin there together and add to the same dQ tiles while those are in L2. Walking
 /// up, their walks start at different tiles (key tile n at query tile 4n under cf 4), the
 /// tiles in flight spread over the sequence, and dQ's f32 lines go to memory and back between
-/// additions. A left-bounded window's walks are equally spread either way. The deterministic
-/// kernels walk up: their dQ turns pass in tile order.
+/// additions. Under a window (where `rotates`, `Visibility::query_tile_period`), each key tile's
+/// run is at most a period `L` of query tiles long and starts at a different tile, so that a
+/// plain walk keeps every query tile of the sequence in flight at once: there the walk goes
+/// down from its tile `pivot` with `pivot % L == L - 1`, then down from the last to just above
+/// the pivot, so that at every step all CTAs started together are at tiles of one residue mod
+/// `L`, the CTAs sharing a query tile (one per key tile in its window) visit it together. The
+/// deterministic kernels walk up: their dQ turns pass in tile order.
 #[inline(always)]
 fn next_query_tile<const BM: usize, const BN: usize>(
     cursor: &mut TileCursor,
     kb: &KeyBlock,
     splits: bool,
     down: bool,
+    rotates: bool,
     after: Option<u32>,
     lane: u32,
 ) -> Option<Tile> {
@@ -272,5 +281,23 @@ fn next_query_tile<const BM: usize, const BN: usize>(
     let map = MapCols::<BM, BN>::new(&f.block_map, block_map_plane(f, kb.batch, kb.kv_head), map_planes(f), kb.n_block, &kb.vis);
     let begin = kb.vis.query_tile_begin(kb.col0, BM as u32);
     let begin = if splits { begin.max(p.first_tile) } else { begin };
-    if down { cursor.prev(after.unwrap_or(u32::MAX), begin, lane, &map) } else { cursor.next(after.map_or(begin, |m| m + 1), lane, &map) }
+    if !down {
+        return cursor.next(after.map_or(begin, |m| m + 1), lane, &map);
+    }
+    let period = if rotates { kb.vis.query_tile_period(BN as u32, BM as u32) } else { None };
+    // Tiles at or below the pivot first (all of them without a period), then those above it;
+    // one call site of the cursor's walk, which inlines.
+    let pivot = period.map_or(u32::MAX, |l| begin + (l - 1 - begin % l));
+    let (mut top, mut lower) = match after {
+        None => (pivot.saturating_add(1), begin),
+        Some(m) if m <= pivot => (m, begin),
+        Some(m) => (m, pivot + 1),
+    };
+    loop {
+        let tile = cursor.prev(top, lower, lane, &map);
+        if tile.is_some() || pivot == u32::MAX || lower > pivot {
+            return tile;
+        }
+        (top, lower) = (u32::MAX, pivot + 1);
+    }
 }
