@@ -604,8 +604,9 @@ fn order_pays(sms: u32, l2_bytes: usize, d: &Dims, grid: (u32, u32, u32)) -> boo
     ctas > sms as u64 && ctas <= u32::MAX as u64 && kv_bytes <= l2_bytes
 }
 
-/// Whether the backward's placement pays: a work order and kv heads first (`lean`: the lean
-/// variant's kv heads first alone, under a causal-like band). Both give up the grid order's
+/// Whether the backward's placement pays where it has no work order to fall back on the grid
+/// order (`bwd_plan`: a call with a prepared mask is placed whatever this says): kv heads first
+/// (`lean`: the lean variant's, under a causal-like band). Placement gives up the grid order's
 /// sharing of Q and dO in L2 between the key tiles of a kv head, so they are kept to problems
 /// whose Q and dO stay within a few times L2's size, or that have few key tiles to share them: at
 /// most 256 L2 sizes (`lean`: 512) read again if each key tile read them from DRAM. Same-run A/Bs
@@ -807,6 +808,10 @@ pub(crate) fn bwd_plan(gpu: Gpu, p: &Problem, elem: DeviceElem, modifiers: u8, p
     // whole f32 accumulator (H100, d64 8K, 50 % blocks + bias: 7.7 GB of DRAM traffic, 0.8 GB
     // without the bias). Not for a packed batch: its CTAs find their sequence and key tile in the
     // grid (`seq::localize`), and the work-order pass reads fixed-length block maps.
+    // With a work order (a prepared mask) a placed variant is placed whatever its size: the order
+    // keeps the grid order where its key tiles' work varies little (`schedule::balanced` in the
+    // kernels: random blocks), and runs them heaviest first where it varies a lot (a causal-like
+    // pattern given as a mask). Without one, `bwd_placement_pays` decides.
     // The lean variant, which reads no work order, still runs kv heads first under a band whose
     // right edge alone bounds it (causal, compressed causal): there a kv head's key tiles get
     // lighter tile by tile, so kv heads first runs every kv head's heaviest tiles first.
@@ -816,7 +821,7 @@ pub(crate) fn bwd_plan(gpu: Gpu, p: &Problem, elem: DeviceElem, modifiers: u8, p
         && q_split_shift == 0
         && p.seqs.is_none()
         && (lean || modifiers::bwd_placed(variant))
-        && FORCED_PLACEMENT.with(|f| f.get()).unwrap_or_else(|| ctas > sms && bwd_placement_pays(gpu.l2_bytes, &d, n_blocks, lean));
+        && FORCED_PLACEMENT.with(|f| f.get()).unwrap_or_else(|| ctas > sms && ((prepared && !lean) || bwd_placement_pays(gpu.l2_bytes, &d, n_blocks, lean)));
     let placed = placement && !lean;
     // Key tiles then count along grid y and in a packed position's y: both 16-bit.
     let kv_heads_first = d.kv_heads > 1 && n_blocks <= u16::MAX as usize && placement && (lean || p.bias.is_some_and(|s| s[1] == 1));
@@ -1069,18 +1074,28 @@ mod tests {
     }
 
     /// The backward's placement (a work order under a prepared mask; for the lean variant under a
-    /// causal-like band, its grid kv heads first): where Q and dO fit a few L2 sizes, or where few
-    /// key tiles would read them again (`bwd_placement_pays`); never in deterministic mode, nor
-    /// for the lean variant without such a band.
+    /// causal-like band, its grid kv heads first): with a work order wherever there is more than a
+    /// wave, otherwise where Q and dO fit a few L2 sizes, or where few key tiles would read them
+    /// again (`bwd_placement_pays`); never in deterministic mode, nor for the lean variant without
+    /// such a band.
     #[test]
     fn backward_placement() {
         let plan = |d: Dims, det: bool, mods: u8| {
             let p = Problem { deterministic: det, ..problem(Dims { head_dim: 128, kv_heads: d.heads / 4, ..d }, dmattn_abi::Band::ALL, true) };
             bwd_plan(H100, &p, DeviceElem::Bf16, mods, true, true, None).unwrap()
         };
-        // b2 h32 d128: 4K placed (Q and dO 134 MB), 8K not (268 MB over 64 key tiles).
+        // b2 h32 d128 with a work order (a prepared mask): placed at any size (the order pass
+        // keeps the grid order where the key tiles' work varies little). Without one (a bias
+        // broadcast over heads: kv heads first), where Q and dO fit: 4K (134 MB), not 8K (268 MB
+        // over 64 key tiles).
         assert!(plan(dims(2, 32, 4096, 4096), false, modifiers::BIAS).ordered);
-        assert!(!plan(dims(2, 32, 8192, 8192), false, modifiers::BIAS).ordered);
+        assert!(plan(dims(2, 32, 8192, 8192), false, modifiers::BIAS).ordered);
+        let unprepared = |d: Dims| {
+            let d = Dims { head_dim: 128, kv_heads: d.heads / 4, ..d };
+            bwd_plan(H100, &problem(d, dmattn_abi::Band::ALL, true), DeviceElem::Bf16, modifiers::BIAS, false, true, None).unwrap()
+        };
+        assert!(unprepared(dims(2, 32, 4096, 4096)).kv_heads_first);
+        assert!(!unprepared(dims(2, 32, 8192, 8192)).kv_heads_first);
         // A gathered d128 32K call in four query chunks: 268 MB, but 16 key tiles.
         let gathered = plan(dims(4, 16, 8192, 2048), false, modifiers::BIAS);
         assert!(gathered.ordered && gathered.kv_heads_first, "{gathered:?}");
