@@ -76,7 +76,10 @@ pub unsafe fn convert<E: Elem>(p: &ConvertParams) {
     }
 }
 
-/// The query-tile shares of a split backward (`BwdSharesParams`), a thread per (key tile, split).
+/// The query-tile shares of a split backward (`BwdSharesParams`), a thread per (key tile, split):
+/// runs of as many query tiles as the problem's split evenly (not the key tile's run split
+/// evenly), from the first the band lets see the key tile, so that a key tile seen by fewer query
+/// tiles takes fewer CTAs, not more CTAs with less to do, each of which adds a whole dK/dV tile.
 #[inline(always)]
 pub unsafe fn shares(p: &BwdSharesParams) {
     let i = block_idx().0 * PRE_THREADS + thread_idx();
@@ -88,7 +91,7 @@ pub unsafe fn shares(p: &BwdSharesParams) {
     let col0 = (i >> shift) * bn;
     let (begin, end) = (vis.query_tile_begin(col0, bm), vis.query_tile_end(col0, col0 + bn - 1, bm));
     let end = end.max(begin);
-    let share = (end - begin).div_ceil(1 << shift);
+    let share = f.seqlen_q.div_ceil(bm).div_ceil(1 << shift).max(1);
     let first = (begin + (i & ((1 << shift) - 1)) * share).min(end);
     let last = (first + share).min(end);
     let rows = (last * bm).min(f.seqlen_q);
