@@ -1,0 +1,13 @@
+source .gpu-pack/lib.sh
+nvidia-smi --query-gpu=name --format=csv,noheader
+xz -dc $here/bench-main.xz > /tmp/bench-main; chmod +x /tmp/bench-main
+B=$here/bin/dmattn-bench
+ONLY="s8192/dense,s8192/causal,s8192/blocks128x50%,gather/d128,gather/d64/q32768,compress4,window1024"
+for r in 1 2; do
+  for v in main new; do
+    if [ $v = main ]; then X=/tmp/bench-main; else X=$B; fi
+    $X --out /tmp/$v$r --groups llm,llm-d64,gather,sparse --only "$ONLY" --impls dmattn > $OUT/ab-$v$r.log 2>&1
+    echo "$v/$r: $(grep -E ' bwd ' $OUT/ab-$v$r.log | awk '{print $3}' | tr '\n' ' ')"
+  done
+done
+grep -E '^[a-z].*/' $OUT/ab-new1.log | awk '{print $1}' | tr '\n' ' '
