@@ -399,13 +399,18 @@ bwd_kernels! {
 /// skip the softcap's derivative.
 macro_rules! bwd_wgmma_kernels {
     ($($elem:ty, $d:literal: $plain:ident, $mask:ident, $bias:ident, $mods:ident, $plain_band:ident, $mask_band:ident;)*) => {$(
-        bwd_kernels!(@one $plain, $elem, $d, modifiers::NONE, false, true, false, bwd_splits($d));
-        bwd_kernels!(@one $mask, $elem, $d, modifiers::MASK, false, true, false, bwd_splits($d));
+        bwd_wgmma_kernels!(@without_bias $elem, $d, bwd_splits($d); $plain, $mask, $plain_band, $mask_band);
         bwd_kernels!(@one $bias, $elem, $d, modifiers::BIAS, false, true, false, bwd_splits($d));
         bwd_kernels!(@one $mods, $elem, $d, modifiers::ALL, false, true, false, bwd_splits($d));
-        bwd_kernels!(@one $plain_band, $elem, $d, modifiers::NONE, false, true, true, bwd_splits($d));
-        bwd_kernels!(@one $mask_band, $elem, $d, modifiers::MASK, false, true, true, bwd_splits($d));
     )*};
+    // The variants without a bias (with no mask or a mask, any band or none), `$split` whether
+    // they may split query tiles.
+    (@without_bias $elem:ty, $d:literal, $split:expr; $plain:ident, $mask:ident, $plain_band:ident, $mask_band:ident) => {
+        bwd_kernels!(@one $plain, $elem, $d, modifiers::NONE, false, true, false, $split);
+        bwd_kernels!(@one $mask, $elem, $d, modifiers::MASK, false, true, false, $split);
+        bwd_kernels!(@one $plain_band, $elem, $d, modifiers::NONE, false, true, true, $split);
+        bwd_kernels!(@one $mask_band, $elem, $d, modifiers::MASK, false, true, true, $split);
+    };
 }
 
 #[cfg(target_feature = "sm_90a")]
@@ -423,10 +428,7 @@ bwd_wgmma_kernels! {
 macro_rules! bwd_split_kernels {
     ($($elem:ty, $d:literal: $plain:ident, $mask:ident, $plain_band:ident, $mask_band:ident;)*) => {$(
         const _: () = assert!(!bwd_splits($d));
-        bwd_kernels!(@one $plain, $elem, $d, modifiers::NONE, false, true, false, true);
-        bwd_kernels!(@one $mask, $elem, $d, modifiers::MASK, false, true, false, true);
-        bwd_kernels!(@one $plain_band, $elem, $d, modifiers::NONE, false, true, true, true);
-        bwd_kernels!(@one $mask_band, $elem, $d, modifiers::MASK, false, true, true, true);
+        bwd_wgmma_kernels!(@without_bias $elem, $d, true; $plain, $mask, $plain_band, $mask_band);
     )*};
 }
 
