@@ -1080,20 +1080,20 @@ mod tests {
     /// such a band.
     #[test]
     fn backward_placement() {
-        let plan = |d: Dims, det: bool, mods: u8| {
-            let p = Problem { deterministic: det, ..problem(Dims { head_dim: 128, kv_heads: d.heads / 4, ..d }, dmattn_abi::Band::ALL, true) };
-            bwd_plan(H100, &p, DeviceElem::Bf16, mods, true, true, None).unwrap()
+        // d128, a kv head per 4 heads; `bias`: a key-side one (broadcast over heads); `prepared`:
+        // the call has a prepared mask (a work order can be written).
+        let plan_of = |d: Dims, band, bias: bool, det: bool, mods: u8, prepared: bool| {
+            let p = Problem { deterministic: det, ..problem(Dims { head_dim: 128, kv_heads: d.heads / 4, ..d }, band, bias) };
+            bwd_plan(H100, &p, DeviceElem::Bf16, mods, prepared, true, None).unwrap()
         };
+        let plan = |d: Dims, det: bool, mods: u8| plan_of(d, dmattn_abi::Band::ALL, true, det, mods, true);
         // b2 h32 d128 with a work order (a prepared mask): placed at any size (the order pass
         // keeps the grid order where the key tiles' work varies little). Without one (a bias
         // broadcast over heads: kv heads first), where Q and dO fit: 4K (134 MB), not 8K (268 MB
         // over 64 key tiles).
         assert!(plan(dims(2, 32, 4096, 4096), false, modifiers::BIAS).ordered);
         assert!(plan(dims(2, 32, 8192, 8192), false, modifiers::BIAS).ordered);
-        let unprepared = |d: Dims| {
-            let d = Dims { head_dim: 128, kv_heads: d.heads / 4, ..d };
-            bwd_plan(H100, &problem(d, dmattn_abi::Band::ALL, true), DeviceElem::Bf16, modifiers::BIAS, false, true, None).unwrap()
-        };
+        let unprepared = |d: Dims| plan_of(d, dmattn_abi::Band::ALL, true, false, modifiers::BIAS, false);
         assert!(unprepared(dims(2, 32, 4096, 4096)).kv_heads_first);
         assert!(!unprepared(dims(2, 32, 8192, 8192)).kv_heads_first);
         // A gathered d128 32K call in four query chunks: 268 MB, but 16 key tiles.
@@ -1104,10 +1104,7 @@ mod tests {
         assert!(bwd_placement_pays(50 << 20, &Dims { head_dim: 128, ..dims(4, 16, 8192, 2048) }, 16, false));
         assert!(!bwd_placement_pays(50 << 20, &Dims { head_dim: 128, ..dims(4, 16, 8192, 8192) }, 64, false));
         // The lean variant under a causal-like band: kv heads first, no work order.
-        let lean = |d: Dims, band| {
-            let d = Dims { head_dim: 128, kv_heads: 8, ..d };
-            bwd_plan(H100, &problem(d, band, false), DeviceElem::Bf16, modifiers::NONE, false, true, None).unwrap()
-        };
+        let lean = |d: Dims, band| plan_of(d, band, false, false, modifiers::NONE, false);
         let compressed = dmattn_abi::Band { compress: 4, ..dmattn_abi::Band::CAUSAL };
         for (d, band, swapped) in [
             (dims(2, 32, 4096, 4096), dmattn_abi::Band::CAUSAL, true),
