@@ -168,5 +168,9 @@ pub const BLOCK_MASK_THREADS: u32 = 256;
 /// Threads per block of the mask-pack kernel: 4 per row of a 64x64 block.
 pub const MASK_PACK_THREADS: u32 = 256;
 
+/// Words (64 keys of every head) each warp of the key-side mask pack (`dmattn_mask_pack_keys`)
+/// takes in turn.
+pub const MASK_PACK_KEYS_WORDS: u32 = 4;
+
 /// Threads per block of the mask-pack kernel for bits: one 64-key word (column of a block row) each.
 pub const MASK_PACK_BITS_THREADS: u32 = 128;

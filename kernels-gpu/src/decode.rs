@@ -140,16 +140,16 @@ impl<'a> DecodeBlock<'a> {
     }
 
     /// Visibility bits (`mask::keys_below`'s accumulator order) of a thread's rows `r0` and
-    /// `r0 + 8` for the keys of its quad lane `t` of a tile of `count` queued keys from queue
-    /// entry `first`; rows past the sequence see nothing.
+    /// `r0 + 8` for the keys of its quad lane `t` among the `8 NTW` keys from `key0` of a tile
+    /// of `count` queued keys from queue entry `first`; rows past the sequence see nothing.
     #[inline(always)]
-    fn rows_bits(&self, sm: &Smem, first: u32, count: u32, r0: u32, t: u32) -> [[u32; 2]; 1] {
+    fn rows_bits<const NTW: usize>(&self, sm: &Smem, first: u32, count: u32, key0: u32, r0: u32, t: u32) -> [[u32; 2]; 1] {
         let bounds = |r: u32| if r < self.rows { self.vis.row_keys(div(r, self.group)) } else { (0, 0) };
         let ((lo0, hi0), (lo1, hi1)) = (bounds(r0), bounds(r0 + 8));
         let mut bits = [0u32; 2];
-        for nt in 0..NT as u32 {
+        for nt in 0..NTW as u32 {
             for e in 0..2 {
-                let c = 8 * nt + 2 * t + e;
+                let c = key0 + 8 * nt + 2 * t + e;
                 if c < count {
                     let key = sm.kv.key_at(first + c);
                     let bit = 1 << (2 * nt + e);
@@ -163,6 +163,34 @@ impl<'a> DecodeBlock<'a> {
             }
         }
         [bits]
+    }
+}
+
+/// A warp's share of each key tile. The CTA's rows are the kv group's heads times the
+/// sequence's queries, often 4-32 of its 64: rather than leave the warps past them idle, the
+/// warps of a CTA with at most 16 (32) rows split each tile's 64 keys four (two) ways, each
+/// warp with its own softmax state and output, and the shares of a row group are merged at the
+/// end ([`merge_shares`]). H200 (ncu), the masked decode batch: the one or two warps holding
+/// rows took the tile's products while the others waited at the next barrier. Head dims past
+/// 128 keep one share: their 96-128 O accumulators a thread leave no registers for the shares'
+/// code (ptxas spilled).
+#[derive(Clone, Copy)]
+struct WarpShare {
+    /// Key shares of a tile (1, 2 or 4: warp-uniform and CTA-uniform).
+    shares: u32,
+    /// This warp's share (0: the warp that keeps the merged rows).
+    share: u32,
+    /// The first of the warp's 16 rows, and of its keys in a tile.
+    row0: u32,
+    key0: u32,
+}
+
+impl WarpShare {
+    #[inline(always)]
+    fn of(rows: u32, warp: u32, d: usize) -> Self {
+        let shares = if d > 128 || rows > 32 { 1 } else if rows > 16 { 2 } else { 4 };
+        let share = warp % shares;
+        WarpShare { shares, share, row0: 16 * (warp / shares), key0: share * (BN as u32 / shares) }
     }
 }
 
@@ -235,7 +263,7 @@ impl Scan {
 /// would each wait for the table before their copies: 16 trips to L2 a tile, K's and V's),
 /// then a barrier.
 #[inline(always)]
-unsafe fn load_kv<const PAGED: bool>(b: &DecodeBlock, sm: &Smem, slot: u32, first: u32, count: u32, tid: u32) {
+unsafe fn load_kv<const PAGED: bool, const KT: usize>(b: &DecodeBlock, sm: &Smem, slot: u32, first: u32, count: u32, tid: u32) {
     let p = b.p;
     if PAGED {
         if tid < count {
@@ -244,11 +272,12 @@ unsafe fn load_kv<const PAGED: bool>(b: &DecodeBlock, sm: &Smem, slot: u32, firs
         // The previous tile's copies were all issued before the barrier that ended the scan.
         sync_threads();
     }
-    let page = |c: u32| if PAGED { unsafe { ld_shared_u32(sm.pages + 4 * c) } } else { 0 };
-    unsafe {
-        sm.kv.k(slot).load_rows_async(|c| b.kv_row::<PAGED>(&p.k, sm.kv.key_at(first + c), page(c)), count, tid, THREADS);
-        sm.kv.v(slot).load_rows_async(|c| b.kv_row::<PAGED>(&p.v, sm.kv.key_at(first + c), page(c)), count, tid, THREADS);
-    }
+    // A tile of 64 rows of `16 KT` elements is `128 KT` 16-byte chunks: `KT` passes of the
+    // CTA's 128 threads.
+    const { assert!(BN == 64 && THREADS == 128) };
+    let at = |c: u32| (sm.kv.key_at(first + c), if PAGED { unsafe { ld_shared_u32(sm.pages + 4 * c) } } else { 0 });
+    let rows = |(key, page): (u32, u32)| (b.kv_row::<PAGED>(&p.k, key, page), b.kv_row::<PAGED>(&p.v, key, page));
+    unsafe { sm.kv.load_async::<KT, _>(slot, count, tid, THREADS, at, rows) };
 }
 
 /// This thread's bias value of the tile (threads below 64, one key each; 0 past `count`), read
@@ -266,6 +295,74 @@ unsafe fn load_bias(b: &DecodeBlock, sm: &Smem, mods: &Mods, first: u32, count: 
 unsafe fn store_bias(sm: &Smem, mods: &Mods, slot: u32, v: u32, tid: u32) {
     if mods.bias && tid < BN as u32 {
         unsafe { st_shared_u16(sm.bias(slot).chunk(0, tid / 8) + 2 * (tid % 8), v) };
+    }
+}
+
+/// The key tile in slot `slot`: `count` queued keys from queue entry `first`; `check`: some row
+/// may not see all of them.
+struct Tile {
+    slot: u32,
+    first: u32,
+    count: u32,
+    check: bool,
+}
+
+/// One warp's products over its share of the tile ([`WarpShare`]: `8 NTW` keys from `key0`):
+/// scores, the online softmax, `o += P V`.
+#[inline(always)]
+unsafe fn tile_products<E: Elem, const NTW: usize, const KT: usize, const DT: usize>(
+    b: &DecodeBlock,
+    sm: &Smem,
+    mods: &Mods,
+    softmax: &OnlineSoftmax<1>,
+    o: &mut [[[f32; 4]; DT]; 1],
+    ws: &WarpShare,
+    tile: &Tile,
+    lane: u32,
+) {
+    let (g, t) = (lane / 4, lane % 4);
+    let band = if tile.check { b.rows_bits::<NTW>(sm, tile.first, tile.count, ws.key0, ws.row0 + g, t) } else { [[!0u32; 2]] };
+    let warp = WarpScores::new::<NTW>(sm.bias(tile.slot), false, 0, 0, ws.row0, ws.key0 / 8, lane);
+    let mut s = [[[0f32; 4]; NTW]; 1];
+    warp.init::<E, 1, NTW>(&mut s, mods, &band, tile.check, false);
+    let (k, v) = (sm.kv.k(tile.slot), sm.kv.v(tile.slot));
+    // The warp's keys are tile rows `key0..`: the K and V fragments start there.
+    let (q_frag, k_frag, v_frag) = (Fragments::new(sm.q, lane), Fragments::new(k, lane).offset(ws.key0, 0), Fragments::new(v, lane).offset(ws.key0, 0));
+    unsafe { scores_product::<E, 1, NTW, KT, false>(&mut s, sm.q, k, q_frag, k_frag, ws.row0) };
+    let scale = if mods.softcap > 0.0 {
+        warp.to_logits::<E, 1, NTW>(&mut s, mods);
+        1.0
+    } else {
+        mods.scale_log2
+    };
+    softmax.update_rescaling(&mut s, scale, o);
+    unsafe { pv_product::<E, 1, NTW, DT, false>(o, &s, v, v_frag) };
+}
+
+/// Merges the key shares of each row group ([`WarpShare`]) into share 0's warp: the others'
+/// outputs go through shared memory (over the K and V slots, free once every warp is past its
+/// last tile), their softmax states are where they are. Collective.
+#[inline(always)]
+unsafe fn merge_shares<const DT: usize>(b: &DecodeBlock, sm: &Smem, softmax: &OnlineSoftmax<1>, o: &mut [[[f32; 4]; DT]; 1], ws: &WarpShare, tid: u32) {
+    let lane = tid % 32;
+    // Value `i` of warp `w`'s thread `lane`: 32 lanes' values consecutive, conflict-free.
+    let at = |w: u32, i: usize| sm.kv.k(0).base + 4 * ((w * 4 * DT as u32 + i as u32) * 32 + lane);
+    let live = ws.row0 < b.rows;
+    sync_threads();
+    if live && ws.share != 0 {
+        for dt in 0..DT {
+            for i in 0..4 {
+                unsafe { st_shared_u32(at(tid / 32, 4 * dt + i), o[0][dt][i].to_bits()) };
+            }
+        }
+    }
+    sync_threads();
+    if live && ws.share == 0 {
+        for share in 1..ws.shares {
+            let w = tid / 32 + share;
+            let other = OnlineSoftmax::<1>::at(sm.softmax, tid + 32 * share, THREADS);
+            softmax.merge(&other, o, |_, dt, i| f32::from_bits(unsafe { ld_shared_u32(at(w, 4 * dt + i)) }));
+        }
     }
 }
 
@@ -288,7 +385,7 @@ pub unsafe fn decode<E: Elem, const D: usize, const KT: usize, const DT: usize, 
     let mut o = [[[0f32; 4]; DT]; 1];
     let lane = tid % 32;
     let (g, t) = (lane / 4, lane % 4);
-    let warp_row0 = (tid / 32) * 16;
+    let ws = WarpShare::of(b.rows, tid / 32, D);
 
     let mut scan = Scan::new(&b, tid);
     let (mut first, mut count) = scan.next_tile(&b, &sm, tid);
@@ -296,7 +393,7 @@ pub unsafe fn decode<E: Elem, const D: usize, const KT: usize, const DT: usize, 
     if visited {
         unsafe {
             sm.q.load_rows_async(|r| b.q_row(&p.q, r, 0), b.rows, tid, THREADS);
-            load_kv::<PAGED>(&b, &sm, 0, first, count, tid);
+            load_kv::<PAGED, KT>(&b, &sm, 0, first, count, tid);
             let v = load_bias(&b, &sm, &mods, first, count, tid);
             store_bias(&sm, &mods, 0, v, tid);
         }
@@ -308,7 +405,7 @@ pub unsafe fn decode<E: Elem, const D: usize, const KT: usize, const DT: usize, 
             let mut next_bias = 0;
             if next_count > 0 {
                 unsafe {
-                    load_kv::<PAGED>(&b, &sm, slot ^ 1, next_first, next_count, tid);
+                    load_kv::<PAGED, KT>(&b, &sm, slot ^ 1, next_first, next_count, tid);
                     next_bias = load_bias(&b, &sm, &mods, next_first, next_count, tid);
                 }
                 cp_async_commit();
@@ -319,27 +416,19 @@ pub unsafe fn decode<E: Elem, const D: usize, const KT: usize, const DT: usize, 
             // This tile's K and V (and bias) have landed for everyone.
             sync_threads();
 
-            // A warp whose rows are all past the sequence's (a kv group's heads times few
-            // queries leave most of the 64 rows empty) has nothing to compute: its MMAs would
-            // only hold up the warps that do.
-            if warp_row0 < b.rows {
+            // A warp whose rows are all past the sequence's has nothing to compute: its MMAs
+            // would only hold up the warps that do.
+            if ws.row0 < b.rows {
                 let last = sm.kv.key_at(first + count - 1);
                 let check = count < BN as u32 || sm.kv.key_at(first) < b.lo_max || last >= b.hi_min;
-                let band = if check { b.rows_bits(&sm, first, count, warp_row0 + g, t) } else { [[!0u32; 2]] };
-                let warp = WarpScores::new::<NT>(sm.bias(slot), false, 0, 0, warp_row0, 0, lane);
-                let mut s = [[[0f32; 4]; NT]; 1];
-                warp.init::<E, 1, NT>(&mut s, &mods, &band, check, false);
-                let (k, v) = (sm.kv.k(slot), sm.kv.v(slot));
-                let (q_frag, k_frag, v_frag) = (Fragments::new(sm.q, lane), Fragments::new(k, lane), Fragments::new(v, lane));
-                unsafe { scores_product::<E, 1, NT, KT, false>(&mut s, sm.q, k, q_frag, k_frag, warp_row0) };
-                let scale = if mods.softcap > 0.0 {
-                    warp.to_logits::<E, 1, NT>(&mut s, &mods);
-                    1.0
-                } else {
-                    mods.scale_log2
-                };
-                softmax.update_rescaling(&mut s, scale, &mut o);
-                unsafe { pv_product::<E, 1, NT, DT, false>(&mut o, &s, v, v_frag) };
+                let tile = Tile { slot, first, count, check };
+                unsafe {
+                    match ws.shares {
+                        4 => tile_products::<E, { NT / 4 }, KT, DT>(&b, &sm, &mods, &softmax, &mut o, &ws, &tile, lane),
+                        2 => tile_products::<E, { NT / 2 }, KT, DT>(&b, &sm, &mods, &softmax, &mut o, &ws, &tile, lane),
+                        _ => tile_products::<E, NT, KT, DT>(&b, &sm, &mods, &softmax, &mut o, &ws, &tile, lane),
+                    }
+                }
             }
             // The next tile's bias, its load long landed; nobody reads that slot until the
             // next tile (barriers between).
@@ -351,13 +440,18 @@ pub unsafe fn decode<E: Elem, const D: usize, const KT: usize, const DT: usize, 
         }
     }
 
-    // Epilogue: each warp's O rows through its own rows of the Q tile, then stored row by row.
-    // A row with nothing visible gets O = 0 and LSE = -inf; a split that saw no key writes its
-    // LSE alone (the combine never reads the O of such a split).
+    // Epilogue: each row group's O rows (its share-0 warp's, once the shares are merged) through
+    // its own rows of the Q tile, then stored row by row. A row with nothing visible gets O = 0
+    // and LSE = -inf; a split that saw no key writes its LSE alone (the combine never reads the
+    // O of such a split).
+    if ws.shares > 1 {
+        unsafe { merge_shares::<DT>(&b, &sm, &softmax, &mut o, &ws, tid) };
+    }
     let (inv, lse) = softmax.finish();
+    let keeps = ws.share == 0;
     for h in 0..2 {
-        let r = warp_row0 + 8 * h as u32 + g;
-        if t == 0 && r < b.rows {
+        let r = ws.row0 + 8 * h as u32 + g;
+        if keeps && t == 0 && r < b.rows {
             unsafe { *(p.lse as *mut f32).add(b.lse_index(r) as usize) = lse[0][h] };
         }
     }
@@ -368,11 +462,13 @@ pub unsafe fn decode<E: Elem, const D: usize, const KT: usize, const DT: usize, 
     // what this one writes: racecheck asks for the order).
     sync_threads();
     let o_at = sm.q.chunk(g, 0) + 4 * t;
-    for h in 0..2 {
-        let dr = warp_row0 + 8 * h as u32;
-        for dt in 0..DT {
-            let v = &o[0][dt];
-            unsafe { st_shared_u32(sm.q.shift(o_at, dr, dt as u32), E::pack(v[2 * h] * inv[0][h], v[2 * h + 1] * inv[0][h])) };
+    if keeps {
+        for h in 0..2 {
+            let dr = ws.row0 + 8 * h as u32;
+            for dt in 0..DT {
+                let v = &o[0][dt];
+                unsafe { st_shared_u32(sm.q.shift(o_at, dr, dt as u32), E::pack(v[2 * h] * inv[0][h], v[2 * h + 1] * inv[0][h])) };
+            }
         }
     }
     sync_threads();

@@ -115,6 +115,31 @@ impl<const MT: usize> OnlineSoftmax<MT> {
         }
     }
 
+    /// Folds `other`'s state into this one, and its output accumulators (`other_o(mt, dt, i)`,
+    /// in `o`'s layout) into `o`: `other` is a thread holding the same rows over other keys (a
+    /// warp that took another share of each key tile). A side with nothing visible in a row
+    /// (max -inf) adds nothing to it; neither side: the row stays empty.
+    #[inline(always)]
+    pub fn merge<const DT: usize>(&self, other: &Self, o: &mut [[[f32; 4]; DT]; MT], other_o: impl Fn(usize, usize, usize) -> f32) {
+        for mt in 0..MT {
+            for h in 0..2 {
+                let j = 2 * (2 * mt + h);
+                let (max, max_other) = (self.load(j), other.load(j));
+                let new_max = max.max(max_other);
+                // exp2(-inf) = 0; both -inf would give NaN factors.
+                let (f, f_other) = if new_max == f32::NEG_INFINITY { (1.0, 0.0) } else { (exp2(max - new_max), exp2(max_other - new_max)) };
+                self.store(j, new_max);
+                self.store(j + 1, self.load(j + 1) * f + other.load(j + 1) * f_other);
+                for dt in 0..DT {
+                    for e in 0..2 {
+                        let i = 2 * h + e;
+                        o[mt][dt][i] = o[mt][dt][i] * f + other_o(mt, dt, i) * f_other;
+                    }
+                }
+            }
+        }
+    }
+
     /// Per row: the factor that normalises the output (0 for a row with nothing visible) and the
     /// natural-log LSE (-inf for such a row).
     #[inline(always)]

@@ -356,4 +356,37 @@ impl GatheredKv {
     pub fn key_at(&self, i: u32) -> u32 {
         unsafe { ld_shared_u32(self.entry(i)) }
     }
+
+    /// Starts copying the K and V rows of slot `slot`'s tile of `count` keys: tile row `c` is
+    /// the key `at(c)` names, read from `rows(at(c))` (its K and V rows' byte addresses); rows
+    /// from `count` on are zero-filled (row 0's address: a zero-byte copy reads nothing, but its
+    /// address must be valid). `threads` threads take the tile's 16-byte chunks in `P` passes
+    /// (`P * threads` = the chunks of a row times `rows`), a K chunk and the same V chunk each.
+    /// A thread reads the `at` of four passes before their copies: the queue reads are shared
+    /// loads kept in order with the copies, and one each before its row's copies held each
+    /// copy up for its load (a quarter of the decoding kernel's stall samples, H200 ncu). Four
+    /// at a time, not all; and one at a time past eight passes (d192, d256), whose 96-128 O
+    /// accumulators a thread leave no registers for more.
+    #[inline(always)]
+    pub unsafe fn load_async<const P: usize, T: Copy + Default>(&self, slot: u32, count: u32, tid: u32, threads: u32, at: impl Fn(u32) -> T, rows: impl Fn(T) -> (u64, u64)) {
+        const GROUP: usize = 4;
+        let group = if P > 8 { 1 } else { GROUP };
+        let per_row = (self.row_bytes / 16) as u32;
+        let (k, v) = (self.k(slot), self.v(slot));
+        for p0 in (0..P.div_ceil(group)).map(|g| g * group) {
+            let row_of = |i: usize| (tid + (p0 + i) as u32 * threads) / per_row;
+            let named: [T; GROUP] = core::array::from_fn(|i| if i < group && p0 + i < P { at(if row_of(i) < count { row_of(i) } else { 0 }) } else { T::default() });
+            for (i, &key) in named.iter().enumerate() {
+                if i < group && p0 + i < P {
+                    let (r, c) = (row_of(i), (tid + (p0 + i) as u32 * threads) % per_row);
+                    let (k_row, v_row) = rows(key);
+                    let bytes = if r < count { 16 } else { 0 };
+                    unsafe {
+                        cp_async_16(k.chunk(r, c), k_row + 16 * c as u64, bytes);
+                        cp_async_16(v.chunk(r, c), v_row + 16 * c as u64, bytes);
+                    }
+                }
+            }
+        }
+    }
 }

@@ -142,7 +142,8 @@ fn decode_long_keys() {
 }
 
 /// A small case of each decoding kernel (every head dim and element type, contiguous and paged,
-/// with a mask, a bias and a split), for the sanitizer run as much as for itself.
+/// with a mask, a bias and a split; sequences of 4, 12, 24 and 64 rows, so that the warps split
+/// key tiles four, two and one way), for the sanitizer run as much as for itself.
 #[test]
 fn each_decode_kernel() {
     let Some(gpu) = gpu() else { return };
@@ -150,7 +151,7 @@ fn each_decode_kernel() {
         for dtype in [DType::BF16, DType::F16] {
             for page_size in [None, Some(64)] {
                 let c = VarlenCase {
-                    lens: vec![(3, 3000), (0, 100), (1, 70), (2, 0)],
+                    lens: vec![(3, 3000), (0, 100), (1, 70), (2, 0), (6, 500), (16, 200)],
                     heads: 8,
                     kv_heads: 2,
                     head_dim,

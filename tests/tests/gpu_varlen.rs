@@ -157,6 +157,24 @@ fn varlen_masks_in_every_layout() {
             assert_same_bits(&run(), &run(), &c);
         }
     }
+    // A key-side mask of more heads than its pack takes in one round (eight): the second round
+    // partial.
+    let c = VarlenCase {
+        lens,
+        heads: 12,
+        kv_heads: 4,
+        head_dim: 64,
+        causal: true,
+        band: None,
+        softcap: 0.0,
+        bias_heads: Some(4),
+        bias_per_query: false,
+        mask: Some(VarlenMask { heads: 12, per_query: false, density: 0.3 }),
+        dtype: DType::BF16,
+        page_size: None,
+        sparse: None,
+    };
+    check_varlen(&c, &gpu, 400, true, false, gpu_tolerance(c.dtype)).unwrap();
 }
 
 /// Packed batches with sparse masks with data (`SparseMask::prepare_packed`): score masks,

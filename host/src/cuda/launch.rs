@@ -4,7 +4,7 @@ use crate::device::CudaDevice;
 use crate::error::Result;
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use dmattn_abi::{
-    BlockMaskParams, BwdParams, BwdSharesParams, DecodeParams, GatherMaskParams, GatherParams, IndicesParams, KeyCompactParams, ListBitsParams, ListsParams, ScatterParams, SelectParams, SelectWideParams, BwdPreParams, CombineParams, ConvertParams, OrderParams, FwdParams, FwdTmaParams, MASK_PACK_THREADS, MaskPackParams, MaskSeqsParams, SoftmaxRowsParams,
+    BlockMaskParams, BwdParams, BwdSharesParams, DecodeParams, GatherMaskParams, GatherParams, IndicesParams, KeyCompactParams, ListBitsParams, ListsParams, ScatterParams, SelectParams, SelectWideParams, BwdPreParams, CombineParams, ConvertParams, OrderParams, FwdParams, FwdTmaParams, MASK_PACK_KEYS_WORDS, MASK_PACK_THREADS, MaskPackParams, MaskSeqsParams, SoftmaxRowsParams,
     names,
 };
 
@@ -63,11 +63,12 @@ impl Launch {
     }
 
     /// The pack of masks with one row a plane (`dmattn_mask_pack_keys`): a warp per 64-key
-    /// word, `k_blocks` words in each of `planes` planes. The block-per-CTA kernel would leave
-    /// 252 of its 256 threads idle on such a row; H100 (ncu), one row of 512K keys: 15.3-15.8 us
-    /// there, 5.1-5.5 us here.
-    pub(crate) fn mask_pack_keys(k_blocks: u32, planes: u32) -> Self {
-        Self::kernel(names::MASK_PACK_KEYS, (k_blocks.div_ceil(MASK_PACK_THREADS / 32), 1, planes), MASK_PACK_THREADS, 0)
+    /// word of every head, `MASK_PACK_KEYS_WORDS` words in turn, `k_blocks` words in each of
+    /// `batch` rows of heads. The block-per-CTA kernel would leave 252 of its 256 threads idle
+    /// on such a row; H100 (ncu), one row of 512K keys: 15.3-15.8 us there, 5.1-5.5 us a warp
+    /// per word of one head.
+    pub(crate) fn mask_pack_keys(k_blocks: u32, batch: u32) -> Self {
+        Self::kernel(names::MASK_PACK_KEYS, (k_blocks.div_ceil(MASK_PACK_THREADS / 32 * MASK_PACK_KEYS_WORDS), 1, batch), MASK_PACK_THREADS, 0)
     }
 }
 

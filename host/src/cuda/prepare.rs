@@ -139,7 +139,7 @@ fn pack(dev: &CudaDevice, t: &Tensor, packed: bool, sq: usize, sk: usize, bufs: 
         let grid = ((k_blocks as u32).div_ceil(MASK_PACK_BITS_THREADS), q_blocks as u32, planes);
         launch(dev, &Launch::kernel(names::MASK_PACK_BITS, grid, MASK_PACK_BITS_THREADS, 0), params)?;
     } else if mq == 1 {
-        launch(dev, &Launch::mask_pack_keys(k_blocks as u32, planes), params)?;
+        launch(dev, &Launch::mask_pack_keys(k_blocks as u32, mb as u32), params)?;
     } else {
         launch(dev, &Launch::mask_pack((k_blocks as u32, q_blocks as u32, planes)), params)?;
     }
@@ -188,7 +188,7 @@ pub(crate) fn pack_sequences(dev: &CudaDevice, t: &Tensor, layout: PackedLayout,
     match layout {
         // H100, 64 sequences, 2.1M keys, 8 heads: the block-per-CTA pack was most of a decoding
         // call's time.
-        PackedLayout::KeySide => launch(dev, &Launch::mask_pack_keys(k_blocks as u32, planes), params)?,
+        PackedLayout::KeySide => launch(dev, &Launch::mask_pack_keys(k_blocks as u32, seqs.batch() as u32), params)?,
         PackedLayout::PerQuery => launch(dev, &Launch::mask_pack((k_blocks as u32, q_blocks as u32, planes)), params)?,
     }
     Ok(PreparedMask::new(params.classes, params.bits, [1, heads], vec![buf]))
