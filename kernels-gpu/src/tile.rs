@@ -374,11 +374,15 @@ impl GatheredKv {
         let per_row = (self.row_bytes / 16) as u32;
         let (k, v) = (self.k(slot), self.v(slot));
         for p0 in (0..P.div_ceil(group)).map(|g| g * group) {
-            let row_of = |i: usize| (tid + (p0 + i) as u32 * threads) / per_row;
-            let named: [T; GROUP] = core::array::from_fn(|i| if i < group && p0 + i < P { at(if row_of(i) < count { row_of(i) } else { 0 }) } else { T::default() });
+            // Pass `p0 + i`'s chunk: row and 16-byte column of the tile.
+            let chunk = |i: usize| {
+                let n = tid + (p0 + i) as u32 * threads;
+                (n / per_row, n % per_row)
+            };
+            let named: [T; GROUP] = core::array::from_fn(|i| if i < group && p0 + i < P { at(if chunk(i).0 < count { chunk(i).0 } else { 0 }) } else { T::default() });
             for (i, &key) in named.iter().enumerate() {
                 if i < group && p0 + i < P {
-                    let (r, c) = (row_of(i), (tid + (p0 + i) as u32 * threads) % per_row);
+                    let (r, c) = chunk(i);
                     let (k_row, v_row) = rows(key);
                     let bytes = if r < count { 16 } else { 0 };
                     unsafe {
