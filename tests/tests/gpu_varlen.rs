@@ -157,24 +157,28 @@ fn varlen_masks_in_every_layout() {
             assert_same_bits(&run(), &run(), &c);
         }
     }
-    // A key-side mask of more heads than its pack takes in one round (eight): the second round
-    // partial.
-    let c = VarlenCase {
-        lens,
-        heads: 12,
-        kv_heads: 4,
-        head_dim: 64,
-        causal: true,
-        band: None,
-        softcap: 0.0,
-        bias_heads: Some(4),
-        bias_per_query: false,
-        mask: Some(VarlenMask { heads: 12, per_query: false, density: 0.3 }),
-        dtype: DType::BF16,
-        page_size: None,
-        sparse: None,
-    };
-    check_varlen(&c, &gpu, 400, true, false, gpu_tolerance(c.dtype)).unwrap();
+    // Key-side masks of more heads than their pack takes in one round (eight): 12, the second
+    // round partial; 16, two whole rounds; and 8 (every kv head's) over a decoding batch (the
+    // decoding kernel reads the pack).
+    let decoding = vec![(1, 700), (8, 3000), (0, 64), (3, 1), (5, 129)];
+    for (i, (lens, heads, kv_heads)) in [(lens.clone(), 12, 4), (lens, 16, 8), (decoding, 8, 8)].into_iter().enumerate() {
+        let c = VarlenCase {
+            lens,
+            heads,
+            kv_heads,
+            head_dim: 64,
+            causal: true,
+            band: None,
+            softcap: 0.0,
+            bias_heads: Some(kv_heads),
+            bias_per_query: false,
+            mask: Some(VarlenMask { heads, per_query: false, density: 0.3 }),
+            dtype: DType::BF16,
+            page_size: None,
+            sparse: None,
+        };
+        check_varlen(&c, &gpu, 400 + i as u64, true, false, gpu_tolerance(c.dtype)).unwrap();
+    }
 }
 
 /// Packed batches with sparse masks with data (`SparseMask::prepare_packed`): score masks,
@@ -303,14 +307,14 @@ fn assert_paged_equals_packed(c: &VarlenCase, gpu: &Device, seed: u64) -> Result
     Ok(())
 }
 
-/// Paged K/V (page sizes 16, 64, 128 and 256; pages in random order, rows no key owns NaN): the
+/// Paged K/V (page sizes 1, 4, 16, 64, 128 and 256; pages in random order, rows no key owns NaN): the
 /// forward matches the reference and equals the packed call bit for bit.
 #[test]
 fn paged_forward_matches_reference_and_packed() {
     let Some(gpu) = gpu() else { return };
     varlen_property(2000, 300, |(c, seed)| {
         // (A paged call takes no mask yet.)
-        let c = VarlenCase { page_size: Some([16, 64, 128, 256][seed as usize % 4]), mask: None, sparse: None, ..c };
+        let c = VarlenCase { page_size: Some([1, 4, 16, 64, 128, 256][seed as usize % 6]), mask: None, sparse: None, ..c };
         check_varlen(&c, &gpu, seed, false, false, gpu_tolerance(c.dtype))?;
         assert_paged_equals_packed(&c, &gpu, seed)
     });
