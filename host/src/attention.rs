@@ -123,7 +123,7 @@ impl<'a> Attention<'a> {
     }
 
     /// K and V as the pages of a paged KV cache, `[num_pages, page_size, kv_heads, head_dim]`
-    /// (page_size a power of two), sequence `b`'s keys where its row of `table`
+    /// (page_size a power of two, at most 2^31), sequence `b`'s keys where its row of `table`
     /// says; with a packed batch ([`Attention::seqlens`], whose key lengths say how many of a
     /// sequence's keys there are), for the forward (the backward of a paged call is a typed
     /// error). A key-side bias stays in the packed `[total_k, ..]` order of `cu_seqlens_k`.

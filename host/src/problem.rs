@@ -150,11 +150,12 @@ fn qk_shapes(inp: &Inputs) -> Result<([usize; 4], [usize; 4])> {
 }
 
 /// Paged k `[num_pages, page_size, kv_heads, head_dim]`: a page size the kernels take (a power
-/// of two: a key's page and row in it are a shift and a mask), at least one page.
+/// of two up to 2^31: a key's page and row in it are a 32-bit shift and mask, and keys are
+/// counted in 32 bits), at least one page.
 fn paged_shape(k: &Tensor, head_dim: usize) -> Result<[usize; 4]> {
-    let expected = format!("[num_pages, page_size, kv_heads, {head_dim}] (page_size a power of two; head_dim of q)");
+    let expected = format!("[num_pages, page_size, kv_heads, {head_dim}] (page_size a power of two up to 2^31; head_dim of q)");
     match <[usize; 4]>::try_from(k.shape()) {
-        Ok(s) if s[3] == head_dim && s[1].is_power_of_two() && s[0] > 0 && s[2] > 0 => Ok(s),
+        Ok(s) if s[3] == head_dim && s[1].is_power_of_two() && s[1] <= 1 << 31 && s[0] > 0 && s[2] > 0 => Ok(s),
         _ => Err(Error::Shape { arg: "k", expected, got: k.shape().to_vec() }),
     }
 }

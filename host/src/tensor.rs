@@ -60,15 +60,34 @@ pub struct Layout {
 
 impl Layout {
     pub fn contiguous(shape: &[usize]) -> Self {
-        let mut strides = vec![1; shape.len()];
+        // Saturating: a stride past usize belongs to a shape with a 0 dimension (no element
+        // uses it) or one whose elements overflow usize ([`Layout::checked_numel`] rejects it).
+        let mut strides = vec![1usize; shape.len()];
         for i in (0..shape.len().saturating_sub(1)).rev() {
-            strides[i] = strides[i + 1] * shape[i + 1];
+            strides[i] = strides[i + 1].saturating_mul(shape[i + 1]);
         }
         Layout { shape: shape.to_vec(), strides, offset: 0 }
     }
 
+    /// Elements of the shape (saturating: every tensor's layout passed
+    /// [`Layout::checked_numel`]).
     pub fn numel(&self) -> usize {
-        self.shape.iter().product()
+        self.checked_numel().unwrap_or(usize::MAX)
+    }
+
+    /// Elements of the shape, `None` where their number overflows usize.
+    fn checked_numel(&self) -> Option<usize> {
+        self.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
+    }
+
+    /// Bytes of a contiguous `dtype` tensor of `shape`, or a typed error naming `arg` where they
+    /// overflow usize.
+    fn contiguous_bytes(shape: &[usize], dtype: DType, arg: &'static str) -> Result<(Layout, usize)> {
+        let layout = Layout::contiguous(shape);
+        match layout.checked_numel().and_then(|n| n.checked_mul(dtype.size_in_bytes())) {
+            Some(bytes) => Ok((layout, bytes)),
+            None => Err(Error::Shape { arg, expected: format!("a shape of fewer than 2^{} bytes of {dtype:?}", usize::BITS), got: shape.to_vec() }),
+        }
     }
 
     pub fn is_contiguous(&self) -> bool {
@@ -76,12 +95,14 @@ impl Layout {
         self.shape.iter().zip(self.strides.iter().zip(&c.strides)).all(|(&n, (&s, &cs))| n == 1 || s == cs)
     }
 
-    /// One past the furthest element, in elements from the start of the storage.
-    fn extent(&self) -> usize {
-        if self.numel() == 0 {
-            return self.offset;
+    /// One past the furthest element, in elements from the start of the storage; `None` where
+    /// the elements or that offset overflow usize.
+    fn extent(&self) -> Option<usize> {
+        if self.checked_numel()? == 0 {
+            return Some(self.offset);
         }
-        self.offset + self.shape.iter().zip(&self.strides).map(|(&n, &s)| (n - 1) * s).sum::<usize>() + 1
+        let last = self.shape.iter().zip(&self.strides).try_fold(self.offset, |at, (&n, &s)| at.checked_add((n - 1).checked_mul(s)?))?;
+        last.checked_add(1)
     }
 
     /// Storage index of every element in row-major logical order.
@@ -133,9 +154,9 @@ impl Tensor {
     /// A contiguous tensor of `shape` whose elements are `f(i)` for the row-major index `i`,
     /// rounded to `dtype`.
     pub fn from_fn(shape: &[usize], dtype: DType, device: &Device, f: impl Fn(usize) -> f64) -> Result<Tensor> {
-        let layout = Layout::contiguous(shape);
+        let (layout, bytes) = Layout::contiguous_bytes(shape, dtype, "shape")?;
         let size = dtype.size_in_bytes();
-        let mut bytes = vec![0u8; layout.numel() * size];
+        let mut bytes = vec![0u8; bytes];
         for (i, out) in bytes.chunks_exact_mut(size).enumerate() {
             dtype.encode(f(i), out);
         }
@@ -260,7 +281,10 @@ impl Tensor {
         if !ptr.is_multiple_of(dtype.size_in_bytes() as u64) {
             return Err(Error::Param { arg: "ptr", reason: format!("{ptr:#x} is not aligned to its {:?} elements", dtype) });
         }
-        let memory = DeviceMemory::External { ptr, bytes: len * dtype.size_in_bytes(), _owner: owner };
+        let Some(bytes) = len.checked_mul(dtype.size_in_bytes()) else {
+            return Err(Error::Param { arg: "len", reason: format!("{len} elements of {dtype:?} overflow the address space") });
+        };
+        let memory = DeviceMemory::External { ptr, bytes, _owner: owner };
         let whole = Tensor { storage: Storage::Cuda(Arc::new(memory), device.clone()), dtype, layout: Layout::contiguous(&[len]) };
         whole.as_strided(&layout.shape, &layout.strides, layout.offset)
     }
@@ -271,11 +295,12 @@ impl Tensor {
         if shape.len() != strides.len() {
             return Err(Error::Param { arg: "strides", reason: format!("{} strides for a {}-D shape", strides.len(), shape.len()) });
         }
-        if layout.extent() > self.storage_len() {
-            return Err(Error::Param {
-                arg: "strides",
-                reason: format!("the view reaches element {} of storage holding {}", layout.extent(), self.storage_len()),
-            });
+        match layout.extent() {
+            None => return Err(Error::Param { arg: "strides", reason: format!("the view of shape {shape:?} and strides {strides:?} from element {offset} overflows usize") }),
+            Some(extent) if extent > self.storage_len() => {
+                return Err(Error::Param { arg: "strides", reason: format!("the view reaches element {extent} of storage holding {}", self.storage_len()) });
+            }
+            Some(_) => {}
         }
         Ok(Tensor { storage: self.storage.clone(), dtype: self.dtype, layout })
     }
@@ -367,7 +392,9 @@ impl Tensor {
     /// tensors): for telling whether two tensors can overlap.
     pub(crate) fn device_range(&self) -> Option<(u64, u64)> {
         let start = self.device_ptr()?;
-        Some((start, start + ((self.layout.extent() - self.layout.offset) * self.dtype.size_in_bytes()) as u64))
+        // Every tensor's layout was checked to fit its storage when it was made.
+        let extent = self.layout.extent().expect("a tensor's layout fits its storage");
+        Some((start, start + ((extent - self.layout.offset) * self.dtype.size_in_bytes()) as u64))
     }
 }
 

@@ -319,6 +319,15 @@ fn bad_tensors() {
         ("as_strided rank mismatch".into(), Box::new(|| matches(t.as_strided(&[2, 12], &[12], 0), &BadParam("strides")))),
         ("as_strided past the end".into(), Box::new(|| matches(t.as_strided(&[2, 12], &[12, 1], 1), &BadParam("strides")))),
         ("as_strided huge stride".into(), Box::new(|| matches(t.as_strided(&[2, 2], &[1000, 1], 0), &BadParam("strides")))),
+        // Sizes past usize: typed errors, not overflow panics (or, in release, views wrapped
+        // back into their storage).
+        ("as_strided elements overflow".into(), Box::new(|| matches(t.as_strided(&[1 << 33, 1 << 33], &[0, 0], 0), &BadParam("strides")))),
+        ("as_strided extent overflows".into(), Box::new(|| matches(t.as_strided(&[2], &[usize::MAX], 0), &BadParam("strides")))),
+        ("as_strided offset overflows".into(), Box::new(|| matches(t.as_strided(&[2], &[1], usize::MAX), &BadParam("strides")))),
+        ("from_fn elements overflow".into(), Box::new(|| matches(Tensor::from_fn(&[1 << 40, 1 << 40], DType::F32, &Device::Cpu, |_| 0.0), &BadShape("shape", vec![1 << 40, 1 << 40])))),
+        ("from_fn bytes overflow".into(), Box::new(|| matches(Tensor::from_fn(&[1 << 62], DType::F32, &Device::Cpu, |_| 0.0), &BadShape("shape", vec![1 << 62])))),
+        ("from_vec elements overflow".into(), Box::new(|| matches(Tensor::from_vec(vec![0f32; 3], &[1 << 40, 1 << 40], &Device::Cpu), &BadShape("data", vec![3])))),
+        ("from_vec empty of huge dims".into(), Box::new(|| Tensor::from_vec(Vec::<f32>::new(), &[0, 1 << 40, 1 << 40], &Device::Cpu).map(|_| ()).map_err(|e| e.to_string()))),
         ("to_vec wrong type".into(), Box::new(|| matches(t.to_vec::<f64>(), &BadDType("T", DType::F64)))),
         ("to_vec bool of f32".into(), Box::new(|| matches(t.to_vec::<bool>(), &BadDType("T", DType::Bool)))),
         ("valid view".into(), Box::new(|| t.as_strided(&[4, 6], &[6, 1], 0).map(|_| ()).map_err(|e| e.to_string()))),

@@ -214,6 +214,12 @@ fn malformed_page_tables_are_typed_errors() {
     run(&pages(6, 16), &PageTable::new(&[5, 4, 3, 2, 1, 0, -1, -1, -1, -1], 2, &cpu).unwrap()).unwrap();
     expect(run(&pages(3, 48), &PageTable::new(&[2, 0, 1, 1, 1, 1], 2, &cpu).unwrap()), "k");
     expect(run(&pages(3, 96), &PageTable::new(&[2, 0, 1, -1], 2, &cpu).unwrap()), "k");
+    // Pages of 2^32 keys (a view with a zero row stride): past the kernels' 32-bit shift.
+    let one_row = Tensor::from_fn(&[8], DType::F32, &cpu, |i| i as f64).unwrap();
+    let huge = one_row.as_strided(&[1, 1 << 32, 1, 8], &[0, 0, 0, 1], 0).unwrap();
+    let seqs1 = SeqLens::new(&[0, 1], &[0, 4], &cpu).unwrap();
+    let q1 = Tensor::from_fn(&[1, 1, 8], DType::F32, &cpu, |i| i as f64).unwrap();
+    expect(attention(&q1, &huge, &huge).seqlens(&seqs1).kv_pages(&PageTable::new(&[0], 1, &cpu).unwrap()).forward(), "k");
     // Malformed tables, and pages without a packed batch.
     assert!(matches!(PageTable::new(&[0, 1, 2], 2, &cpu), Err(Error::Shape { arg: "block_table", .. })));
     let floats = Tensor::from_fn(&[2, 2], DType::F32, &cpu, |i| i as f64).unwrap();

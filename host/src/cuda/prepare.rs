@@ -111,9 +111,21 @@ fn score_shape(t: &Tensor, packed: bool, sq: usize, sk: usize) -> Result<[usize;
     if packed { check_part_shape(t, "packed_bits", U8, sq, sk.div_ceil(8), [true, false]) } else { check_part_shape(t, "mask", Bool, sq, sk, [true, true]) }
 }
 
+/// The pack's grid z: a CTA row per mask plane (`planes` of them), at most 65535 (CUDA's grid z
+/// limit), else a typed error naming `arg`.
+fn pack_planes(arg: &'static str, planes: usize) -> Result<u32> {
+    match u16::try_from(planes) {
+        Ok(z) => Ok(z as u32),
+        Err(_) => Err(Error::Param { arg, reason: format!("{planes} planes (batch entries or sequences times heads) exceed the CUDA backend's limit of 65535") }),
+    }
+}
+
 /// A score mask packed: (classes, bits, planes), in a new buffer.
 fn pack(dev: &CudaDevice, t: &Tensor, packed: bool, sq: usize, sk: usize, bufs: &mut Vec<DeviceBuffer>) -> Result<(View4, View4, [usize; 2])> {
     let [mb, mh, mq, mk] = score_shape(t, packed, sq, sk)?;
+    let arg = if packed { "packed_bits" } else { "mask" };
+    // Planes along grid z (a key-side mask's pack: its batch entries).
+    let planes = pack_planes(arg, if !packed && mq == 1 { mb } else { mb * mh })?;
     if packed && mk > 1 && t.strides()[3] != 1 {
         return Err(Error::Layout { arg: "packed_bits", backend: BACKEND, reason: "the bytes of a row must be contiguous".into() });
     }
@@ -134,12 +146,11 @@ fn pack(dev: &CudaDevice, t: &Tensor, packed: bool, sq: usize, sk: usize, bufs: 
         dims: [mb as u32, mh as u32, mq as u32, sk as u32],
         ..MaskPackParams::default()
     };
-    let planes = (mb * mh) as u32;
     if packed {
         let grid = ((k_blocks as u32).div_ceil(MASK_PACK_BITS_THREADS), q_blocks as u32, planes);
         launch(dev, &Launch::kernel(names::MASK_PACK_BITS, grid, MASK_PACK_BITS_THREADS, 0), params)?;
     } else if mq == 1 {
-        launch(dev, &Launch::mask_pack_keys(k_blocks as u32, mb as u32), params)?;
+        launch(dev, &Launch::mask_pack_keys(k_blocks as u32, planes), params)?;
     } else {
         launch(dev, &Launch::mask_pack((k_blocks as u32, q_blocks as u32, planes)), params)?;
     }
@@ -184,12 +195,11 @@ pub(crate) fn pack_sequences(dev: &CudaDevice, t: &Tensor, layout: PackedLayout,
         seq_rows: (layout == PackedLayout::PerQuery) as u32,
         seqs: Seqs { cu_q: ptr(cu_q), cu_k: ptr(cu_k), ..Seqs::default() },
     };
-    let planes = (seqs.batch() * heads) as u32;
     match layout {
         // H100, 64 sequences, 2.1M keys, 8 heads: the block-per-CTA pack was most of a decoding
         // call's time.
-        PackedLayout::KeySide => launch(dev, &Launch::mask_pack_keys(k_blocks as u32, seqs.batch() as u32), params)?,
-        PackedLayout::PerQuery => launch(dev, &Launch::mask_pack((k_blocks as u32, q_blocks as u32, planes)), params)?,
+        PackedLayout::KeySide => launch(dev, &Launch::mask_pack_keys(k_blocks as u32, pack_planes("mask", seqs.batch())?), params)?,
+        PackedLayout::PerQuery => launch(dev, &Launch::mask_pack((k_blocks as u32, q_blocks as u32, pack_planes("mask", seqs.batch() * heads)?)), params)?,
     }
     Ok(PreparedMask::new(params.classes, params.bits, [1, heads], vec![buf]))
 }
@@ -353,4 +363,20 @@ pub(crate) fn to_sequences(dev: &CudaDevice, m: &PreparedMask, seqs: &SeqLens) -
     let bytes = bufs.iter().map(|b| b.bytes()).sum();
     let bits = if one_row { m.bits } else { params.bits };
     Ok(PreparedMask { classes: params.classes, bits, planes: [1, ph], blocks: m.blocks, gather: None, rows: None, index_bits: None, bytes, _bufs: bufs })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pack_planes_past_the_grid_limit_are_typed_errors() {
+        assert_eq!(pack_planes("mask", 65535).unwrap(), 65535);
+        assert_eq!(pack_planes("mask", 1).unwrap(), 1);
+        // 4096 sequences of a 16-head query-based mask.
+        match pack_planes("mask", 4096 * 16) {
+            Err(Error::Param { arg, .. }) => assert_eq!(arg, "mask"),
+            other => panic!("expected a parameter error naming mask, got {other:?}"),
+        }
+    }
 }
