@@ -69,8 +69,8 @@ impl Layout {
         Layout { shape: shape.to_vec(), strides, offset: 0 }
     }
 
-    /// Elements of the shape (saturating: every tensor's layout passed
-    /// [`Layout::checked_numel`]).
+    /// Elements of the shape (saturating at `usize::MAX`: a tensor's layout was checked not to
+    /// overflow when the tensor was made).
     pub fn numel(&self) -> usize {
         self.checked_numel().unwrap_or(usize::MAX)
     }
