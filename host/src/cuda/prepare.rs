@@ -111,21 +111,25 @@ fn score_shape(t: &Tensor, packed: bool, sq: usize, sk: usize) -> Result<[usize;
     if packed { check_part_shape(t, "packed_bits", U8, sq, sk.div_ceil(8), [true, false]) } else { check_part_shape(t, "mask", Bool, sq, sk, [true, true]) }
 }
 
-/// The pack's grid z: a CTA row per mask plane (`planes` of them), at most 65535 (CUDA's grid z
-/// limit), else a typed error naming `arg`.
+/// A grid z of `n` (`what`: the mask's planes, or a packed batch's sequences), at most 65535
+/// (CUDA's grid z limit), else a typed error naming `arg`.
+fn grid_z(arg: &'static str, n: usize, what: &str) -> Result<u32> {
+    u16::try_from(n).map(u32::from).map_err(|_| Error::Param { arg, reason: format!("{n} {what} exceed the CUDA backend's limit of 65535") })
+}
+
+/// A pack's grid z of `planes` mask planes.
 fn pack_planes(arg: &'static str, planes: usize) -> Result<u32> {
-    match u16::try_from(planes) {
-        Ok(z) => Ok(z as u32),
-        Err(_) => Err(Error::Param { arg, reason: format!("{planes} planes (batch entries or sequences times heads) exceed the CUDA backend's limit of 65535") }),
-    }
+    grid_z(arg, planes, "planes (batch entries or sequences times heads)")
+}
+
+/// A packed batch's sequences along grid z (as every packed call's kernels take them).
+fn sequences_z(seqs: &SeqLens) -> Result<u32> {
+    grid_z("seqlens", seqs.batch(), "sequences")
 }
 
 /// A score mask packed: (classes, bits, planes), in a new buffer.
 fn pack(dev: &CudaDevice, t: &Tensor, packed: bool, sq: usize, sk: usize, bufs: &mut Vec<DeviceBuffer>) -> Result<(View4, View4, [usize; 2])> {
     let [mb, mh, mq, mk] = score_shape(t, packed, sq, sk)?;
-    let arg = if packed { "packed_bits" } else { "mask" };
-    // Planes along grid z (a key-side mask's pack: its batch entries).
-    let planes = pack_planes(arg, if !packed && mq == 1 { mb } else { mb * mh })?;
     if packed && mk > 1 && t.strides()[3] != 1 {
         return Err(Error::Layout { arg: "packed_bits", backend: BACKEND, reason: "the bytes of a row must be contiguous".into() });
     }
@@ -146,13 +150,14 @@ fn pack(dev: &CudaDevice, t: &Tensor, packed: bool, sq: usize, sk: usize, bufs: 
         dims: [mb as u32, mh as u32, mq as u32, sk as u32],
         ..MaskPackParams::default()
     };
+    // Planes along grid z; a key-side mask's pack takes every head of a batch entry at once.
     if packed {
-        let grid = ((k_blocks as u32).div_ceil(MASK_PACK_BITS_THREADS), q_blocks as u32, planes);
+        let grid = ((k_blocks as u32).div_ceil(MASK_PACK_BITS_THREADS), q_blocks as u32, pack_planes("packed_bits", mb * mh)?);
         launch(dev, &Launch::kernel(names::MASK_PACK_BITS, grid, MASK_PACK_BITS_THREADS, 0), params)?;
     } else if mq == 1 {
-        launch(dev, &Launch::mask_pack_keys(k_blocks as u32, planes), params)?;
+        launch(dev, &Launch::mask_pack_keys(k_blocks as u32, pack_planes("mask", mb)?), params)?;
     } else {
-        launch(dev, &Launch::mask_pack((k_blocks as u32, q_blocks as u32, planes)), params)?;
+        launch(dev, &Launch::mask_pack((k_blocks as u32, q_blocks as u32, pack_planes("mask", mb * mh)?)), params)?;
     }
     bufs.push(buf);
     Ok((params.classes, params.bits, [mb, mh]))
@@ -198,7 +203,7 @@ pub(crate) fn pack_sequences(dev: &CudaDevice, t: &Tensor, layout: PackedLayout,
     match layout {
         // H100, 64 sequences, 2.1M keys, 8 heads: the block-per-CTA pack was most of a decoding
         // call's time.
-        PackedLayout::KeySide => launch(dev, &Launch::mask_pack_keys(k_blocks as u32, pack_planes("mask", seqs.batch())?), params)?,
+        PackedLayout::KeySide => launch(dev, &Launch::mask_pack_keys(k_blocks as u32, sequences_z(seqs)?), params)?,
         PackedLayout::PerQuery => launch(dev, &Launch::mask_pack((k_blocks as u32, q_blocks as u32, pack_planes("mask", seqs.batch() * heads)?)), params)?,
     }
     Ok(PreparedMask::new(params.classes, params.bits, [1, heads], vec![buf]))
@@ -331,10 +336,7 @@ pub(crate) fn prepare(dev: &CudaDevice, parts: &[Part], sq: usize, sk: usize, ga
 /// with one row for every query and sequence (block parts alone, or a score mask of shape `[1,
 /// ph, 1, sk]`) are read where they are: `Seq::origin` places every sequence at their row.
 pub(crate) fn to_sequences(dev: &CudaDevice, m: &PreparedMask, seqs: &SeqLens) -> Result<PreparedMask> {
-    // Sequences along grid z (as every packed call's kernels take them).
-    if seqs.batch() > 65535 {
-        return Err(Error::Param { arg: "seqlens", reason: format!("{} sequences exceed the CUDA backend's limit of 65535", seqs.batch()) });
-    }
+    sequences_z(seqs)?;
     let ph = m.planes[1];
     let words = seqs.max_seqlen_k().div_ceil(BLOCK_MAP_K as usize);
     let n = seqs.total_q() * words;
@@ -375,7 +377,10 @@ mod tests {
         assert_eq!(pack_planes("mask", 1).unwrap(), 1);
         // 4096 sequences of a 16-head query-based mask.
         match pack_planes("mask", 4096 * 16) {
-            Err(Error::Param { arg, .. }) => assert_eq!(arg, "mask"),
+            Err(Error::Param { arg, reason }) => {
+                assert_eq!(arg, "mask");
+                assert!(reason.contains("65536 planes"), "{reason}");
+            }
             other => panic!("expected a parameter error naming mask, got {other:?}"),
         }
     }
