@@ -340,12 +340,14 @@ pub struct PageLayout {
 /// The paged layout of a packed batch with a page size (`None` without one): sequence `b` needs
 /// `ceil(lens_k[b] / page_size)` pages, `num_pages` their sum; the sequences' pages in order
 /// (sequence 0's first, ..) are the pages [`page_order`] gives, so that a sequence's pages are
-/// rarely neighbours, as in a cache that has served many requests.
+/// rarely neighbours, as in a cache that has served many requests. `DMATTN_BENCH_PAGES_IN_ORDER=1`
+/// lays them out in order instead (the contiguous layout's, in pages: what the shuffle costs).
 pub fn page_table(p: &Packed) -> Option<PageLayout> {
     let page_size = p.page_size?;
     let need: Vec<usize> = p.lens_k.iter().map(|&n| n.div_ceil(page_size)).collect();
     let (max_pages, num_pages) = (need.iter().copied().max().unwrap_or(0).max(1), need.iter().sum::<usize>().max(1));
-    let order = page_order(num_pages, page_size);
+    let in_order = std::env::var("DMATTN_BENCH_PAGES_IN_ORDER").is_ok_and(|v| v == "1");
+    let order = if in_order { (0..num_pages).collect() } else { page_order(num_pages, page_size) };
     let mut table = vec![-1i32; p.lens_k.len() * max_pages];
     let mut next = 0;
     for (b, &n) in need.iter().enumerate() {
