@@ -75,6 +75,8 @@ pub const LISTS_FWD_PREFIX: &str = "dmattn_lists_fwd_";
 /// `dmattn_fwd_sm90_<elem>_d<dim>[_mods[_gather[_narrow]|_packed|_paged]]`: the Hopper forward
 /// ([`super::FWD_TILES_SM90`]).
 pub const FWD_WGMMA_PREFIX: &str = "dmattn_fwd_sm90_";
+/// Writes a bulk-copy forward's tensor maps ([`super::TensorMapsParams`]; sm_90a module).
+pub const STORE_TENSOR_MAPS: &str = "dmattn_store_tensor_maps";
 /// `dmattn_fwd_order_d<dim>`: the work order of that head dim's modifier variant.
 pub const FWD_ORDER_PREFIX: &str = "dmattn_fwd_order_d";
 /// `dmattn_bwd_order_n<block_n>`: the work order of a backward with that key tile.

@@ -81,6 +81,18 @@ pub struct FwdTmaParams {
     pub maps: u64,
 }
 
+/// Parameters of `dmattn_store_tensor_maps` (one thread): writes the three maps of a
+/// [`FwdTmaParams`] to `dst` (64-byte aligned, 384 bytes), in stream order before the forward
+/// that reads them. A kernel, not a copy from host memory: a CUDA graph records a kernel's
+/// parameters, but a copy's host source only by address, which the call frees. The maps are
+/// `[u64; 16]` here, not [`TensorMap`]: a kernel parameter aligned above 16 bytes stops rustc.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TensorMapsParams {
+    pub dst: u64,
+    pub maps: [[u64; 16]; 3],
+}
+
 /// Where a sequence's rows are, for packed variable-length batches (`cu_seqlens`): q/o/dO/dQ
 /// `[total_q, h, d]` and k/v/dK/dV `[total_k, hk, d]` seen as batch 1 (`View4::stride[0]` 0),
 /// sequence `b` (grid z) at rows `cu_q[b]..cu_q[b + 1]` and keys `cu_k[b]..cu_k[b + 1]`

@@ -366,8 +366,8 @@ impl CudaDevice {
             Some((f, cleared)) if *cleared >= smem_bytes => return Ok(f.clone()),
             Some((f, cleared)) => (f.clone(), *cleared),
             None => {
-                // The sm_90a library, where loaded, holds only wgmma kernels, which the portable
-                // one lacks: a name is in one library at most.
+                // The sm_90a library, where loaded, holds only Hopper kernels (wgmma, bulk
+                // copies), which the portable one lacks: a name is in one library at most.
                 let lib = kernels.libraries.iter().find(|lib| lib.contains(name));
                 let unknown = || Error::Unsupported { what: format!("kernel {name} on this GPU"), backend: "CUDA" };
                 let source = lib.and_then(|lib| lib.module_of(name)).ok_or_else(unknown)?;

@@ -202,6 +202,16 @@ pub unsafe fn tma_load_4d(dst: u32, map: u64, coords: [u32; 4], bar: u32) {
     };
 }
 
+/// Orders this thread's later uses of the tensor map at generic address `map` (128 bytes, in
+/// global memory) after writes to it through the generic proxy that happened before (a kernel
+/// earlier in the stream): the tensormap proxy may otherwise use a stale copy, such as that of
+/// an earlier call's map at the same address (PTX ISA 8.3).
+#[cfg_attr(not(target_feature = "sm_90a"), allow(dead_code))]
+#[inline(always)]
+pub unsafe fn fence_proxy_tensormap_acquire(map: u64) {
+    unsafe { asm!("fence.proxy.tensormap::generic.acquire.gpu [{0}], 128;", in(reg64) map, options(nostack)) };
+}
+
 /// Raises (`INC`) or lowers this warpgroup's per-thread register limit to `N` (sm_90a,
 /// warpgroup-collective): producer warpgroups give registers to the consumers.
 #[cfg_attr(not(target_feature = "sm_90a"), allow(dead_code))]

@@ -22,7 +22,7 @@ use crate::mask::{KeyTiles, MapRows, Tile, TileCursor, TileLine};
 use crate::scores::{Mods, WarpScores};
 use crate::softmax::OnlineSoftmax;
 use crate::tile::SmemTile;
-use dmattn_abi::{FWD_WS_STAGES, FwdParams, POSITION_BYTES, flags, mask_tile_bytes, modifiers};
+use dmattn_abi::{FWD_WS_STAGES, FwdParams, POSITION_BYTES, TensorMapsParams, flags, mask_tile_bytes, modifiers};
 
 const STAGES: u32 = FWD_WS_STAGES;
 // The tile words (4 bytes a slot) keep the position slot and the barriers 8-byte aligned.
@@ -263,6 +263,9 @@ unsafe fn produce_tma<const D: usize, const BM: usize, const BN: usize>(p: &FwdP
     let b = BlockInfo::new::<false, false>(p, BM as u32, pos);
     let tiles = key_tiles::<BM, BN>(&b);
     let map = |i: u64| maps + i * core::mem::size_of::<dmattn_abi::TensorMap>() as u64;
+    for i in 0..3 {
+        unsafe { fence_proxy_tensormap_acquire(map(i)) };
+    }
     let (q_at, _) = b.tma_coords(0);
     unsafe { tma_tile::<D>(sm.q, BM, map(0), q_at, sm.bar(BAR_Q, 0)) };
     let mut tile = band_tile(&tiles, 0);
@@ -277,6 +280,19 @@ unsafe fn produce_tma<const D: usize, const BM: usize, const BN: usize>(p: &FwdP
         }
         tile = band_tile(&tiles, t.n + 1);
         i += 1;
+    }
+}
+
+/// `dmattn_store_tensor_maps` (one thread): the maps of `p` to `p.dst`, for [`produce_tma`].
+#[inline(always)]
+pub unsafe fn store_tensor_maps(p: &TensorMapsParams) {
+    let dst = p.dst as *mut u64;
+    // Constant indices only (loops that unroll): an index into the parameter that is not one
+    // copies the whole block to local memory.
+    for (m, map) in p.maps.iter().enumerate() {
+        for (i, &word) in map.iter().enumerate() {
+            unsafe { dst.add(16 * m + i).write(word) };
+        }
     }
 }
 

@@ -263,6 +263,13 @@ fwd_gather_narrow! { variants:
     F16, 64: dmattn_fwd_f16_d64_mods_gather_narrow;
 }
 
+/// The tensor maps of a bulk-copy forward, written in stream order before it (one thread).
+#[cfg(target_feature = "sm_90a")]
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn dmattn_store_tensor_maps(p: dmattn_abi::TensorMapsParams) {
+    unsafe { fwd_ws::store_tensor_maps(&p) }
+}
+
 /// The Hopper module's warp-specialised forward (`fwd_ws`): the lean one
 /// (`dmattn_fwd_sm90_<elem>_d<dim>[_packed|_paged]`, the lean tile of `FWD_TILES_SM90`; the
 /// fixed-length one takes `FwdTmaParams`, its producer on the bulk tensor copy engine), the

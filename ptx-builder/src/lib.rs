@@ -40,9 +40,10 @@ impl Module {
 }
 
 /// sm_80 PTX runs on Ampere and (JIT-compiled by the driver) on Hopper; the sm_90a module holds
-/// the kernels that use Hopper's wgmma, loaded only on compute capability 9.0.
+/// the kernels that use Hopper's wgmma, loaded only on compute capability 9.0 (PTX ISA 8.3 for
+/// `fence.proxy.tensormap`).
 pub const MODULES: [Module; 2] =
-    [Module { name: "sm80", arch: "sm_80", ptx_isa: "ptx78" }, Module { name: "sm90a", arch: "sm_90a", ptx_isa: "ptx81" }];
+    [Module { name: "sm80", arch: "sm_80", ptx_isa: "ptx78" }, Module { name: "sm90a", arch: "sm_90a", ptx_isa: "ptx83" }];
 
 /// The files whose contents decide the PTX, relative to the workspace root: the kernel crate (its
 /// sources, manifest, lock file and pinned toolchain), the ABI it shares with the host, and this

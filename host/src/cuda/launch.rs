@@ -5,7 +5,7 @@ use crate::error::Result;
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use dmattn_abi::{
     BlockMaskParams, BwdParams, BwdSharesParams, DecodeParams, GatherMaskParams, GatherParams, IndicesParams, KeyCompactParams, ListBitsParams, ListsParams, ScatterParams, SelectParams, SelectWideParams, BwdPreParams, CombineParams, ConvertParams, OrderParams, FwdParams, FwdTmaParams, MASK_PACK_KEYS_WORDS, MASK_PACK_THREADS, MaskPackParams, MaskSeqsParams, SoftmaxRowsParams,
-    names,
+    TensorMapsParams, names,
 };
 
 /// A kernel parameter struct from `dmattn-abi`, passed by value as the kernel's only argument.
@@ -17,6 +17,7 @@ pub(crate) struct ByValue<T>(T);
 /// the kernels it is passed to (both sides compile `dmattn-abi`).
 unsafe impl DeviceRepr for ByValue<FwdParams> {}
 unsafe impl DeviceRepr for ByValue<FwdTmaParams> {}
+unsafe impl DeviceRepr for ByValue<TensorMapsParams> {}
 unsafe impl DeviceRepr for ByValue<DecodeParams> {}
 unsafe impl DeviceRepr for ByValue<OrderParams> {}
 unsafe impl DeviceRepr for ByValue<MaskPackParams> {}

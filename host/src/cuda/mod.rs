@@ -348,8 +348,7 @@ pub(crate) fn fwd_plan(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: FwdMask) -
 /// The forward's plan for `p` on `gpu`. `bulk_copies`: whether the Hopper lean fixed-length
 /// kernel may run, whose producer copies Q, K and V by the bulk tensor copy engine through
 /// tensor maps written per call: not where an operand has none (`tma::TileMap::of`: a
-/// broadcast dimension) or the stream is being captured into a graph (the maps come from host
-/// memory the call frees). The modifier kernel then serves the lean call.
+/// broadcast dimension). The modifier kernel then serves the lean call.
 pub(crate) fn fwd_plan_copying(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: FwdMask, bulk_copies: bool) -> Result<FwdPlan> {
     let d = p.dims;
     let Gpu { sms, l2_bytes, wgmma } = gpu;
@@ -436,7 +435,7 @@ pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, into: ForwardB
         return gather::forward(dev, p, saved, &lists, into);
     }
     let mask = if device_mask(&saved).is_some() { FwdMask::Prepared } else { FwdMask::None };
-    let bulk_copies = !capturing(dev)? && tensor_maps_exist(&p, &saved)?;
+    let bulk_copies = tensor_maps_exist(&p, &saved)?;
     let plan = fwd_plan_copying(dev.gpu(), &p, elem, mask, bulk_copies)?;
     let (out, lse) = run_forward(dev, &plan, &p, &saved, into, None)?;
     Ok(Forward { out, lse, problem: p, saved })
@@ -472,8 +471,10 @@ fn tensor_maps_exist(p: &Problem, saved: &Saved) -> Result<bool> {
 }
 
 /// The lean Hopper forward's parameters (`FwdPlan::tma`): `params` and the tensor maps of Q, K
-/// and V for its tiles, copied to a device buffer (returned: the stream orders its release after
-/// the kernel).
+/// and V for its tiles, written to a device buffer by a kernel queued before the forward
+/// (returned: the stream orders its release after the forward). A kernel rather than a copy: a
+/// CUDA graph keeps a kernel's parameters, but only the address of a copy's host source, which
+/// this call frees.
 fn tma_params(dev: &CudaDevice, p: &Problem, plan: &FwdPlan, params: FwdParams) -> Result<(dmattn_abi::FwdTmaParams, DeviceBuffer)> {
     let d = p.dims;
     let map = |view: &dmattn_abi::View4, rows: usize, heads: usize, box_rows: u32, name: &str| {
@@ -486,8 +487,9 @@ fn tma_params(dev: &CudaDevice, p: &Problem, plan: &FwdPlan, params: FwdParams) 
     };
     let (bm, bn) = (plan.tile.block_m, plan.tile.block_n);
     let maps = [map(&params.q, d.seqlen_q, d.heads, bm, "q")?, map(&params.k, d.seqlen_k, d.kv_heads, bn, "k")?, map(&params.v, d.seqlen_k, d.kv_heads, bn, "v")?];
-    let bytes: Vec<u8> = maps.iter().flat_map(|m| m.0.iter().flat_map(|w| w.to_le_bytes())).collect();
-    let buf = DeviceBuffer::from_host(dev.stream(), &bytes)?;
+    let buf = DeviceBuffer::uninit(dev.stream(), std::mem::size_of_val(&maps))?;
+    let store = dmattn_abi::TensorMapsParams { dst: buf.ptr(), maps: maps.map(|m| m.0) };
+    launch(dev, &Launch::kernel(dmattn_abi::names::STORE_TENSOR_MAPS, (1, 1, 1), 1, 0), store)?;
     Ok((dmattn_abi::FwdTmaParams { fwd: params, maps: buf.ptr() }, buf))
 }
 
@@ -1242,7 +1244,7 @@ mod tests {
         assert_eq!(plan(A100_LIKE, &big).kernel, "dmattn_fwd_bf16_d128_mods");
     }
 
-    /// Without bulk tensor copies (a broadcast operand, a graph capture) a lean fixed-length call
+    /// Without bulk tensor copies (a broadcast operand) a lean fixed-length call
     /// on Hopper runs the modifier kernel, with no modifiers; packed batches keep their lean
     /// kernel (it copies with `cp.async`), and Ampere is unaffected.
     #[test]
