@@ -166,13 +166,18 @@ impl SeqLens {
 
     /// The work order of `key`, built by `make` on first use.
     pub(crate) fn cached_order(&self, key: [u32; 8], make: impl FnOnce() -> Result<Arc<DeviceBuffer>>) -> Result<Arc<DeviceBuffer>> {
-        let mut orders = self.inner.orders.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((_, order)) = orders.iter().find(|(k, _)| *k == key) {
-            return Ok(order.clone());
+        if let Some(order) = self.kept_order(key) {
+            return Ok(order);
         }
         let order = make()?;
-        orders.push((key, order.clone()));
+        self.inner.orders.lock().unwrap_or_else(|e| e.into_inner()).push((key, order.clone()));
         Ok(order)
+    }
+
+    /// The work order of `key` if one was built.
+    pub(crate) fn kept_order(&self, key: [u32; 8]) -> Option<Arc<DeviceBuffer>> {
+        let orders = self.inner.orders.lock().unwrap_or_else(|e| e.into_inner());
+        orders.iter().find(|(k, _)| *k == key).map(|(_, order)| order.clone())
     }
 }
 

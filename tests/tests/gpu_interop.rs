@@ -8,6 +8,7 @@ use dmattn::{CudaDevice, DType, Device, Element, GradientBuffers, Tensor};
 use dmattn_tests::*;
 use half::{bf16, f16};
 use proptest::prelude::*;
+use rand::Rng;
 use std::sync::Arc;
 
 /// A caller as a framework is one: its own handle on the device's primary context (cudarc's
@@ -369,5 +370,52 @@ fn bad_buffers_are_rejected_before_any_work() {
     assert!(matches!(&r, Err(dmattn::Error::Device { arg: "k", .. })), "k on another stream: {:?}", r.err());
     for (name, t) in [("out", &bufs.out), ("lse", &bufs.lse), ("dq", &bufs.dq), ("dk", &bufs.dk), ("dv", &bufs.dv)] {
         assert!(values(t).iter().all(|x| x.is_nan()), "{name} was written by a rejected call");
+    }
+}
+
+/// A packed batch's forward (softcap: the modifier kernel, which runs a batch of more than a wave
+/// in the order its lengths give) captured on `SeqLens` whose work order is not built yet, then
+/// replayed on fresh inputs: each replay equals dmattn's eager call on its own stream bit for bit.
+/// Under capture the order is not built (a graph would copy it from host memory the call frees,
+/// and the `SeqLens` would keep an allocation the graph owns): the grid's order runs instead.
+#[test]
+fn graph_replays_of_a_packed_batch() {
+    let (Some(gpu), Some(c)) = (gpu(), caller()) else { return };
+    let mut rng = fresh_rng("gpu_interop_packed_graph");
+    let (lens_q, lens_k) = ([100, 3000, 0, 517], [100, 3000, 7, 2000]);
+    let (heads, kv_heads, head_dim) = (8, 2, 64);
+    let (total_q, total_k) = (lens_q.iter().sum::<usize>(), lens_k.iter().sum::<usize>());
+    let shapes = [[total_q, heads, head_dim], [total_k, kv_heads, head_dim], [total_k, kv_heads, head_dim]];
+    let mut draw = || -> Vec<Tensor> {
+        let mut tensor = |s: &[usize; 3]| {
+            let vals: Vec<f64> = (0..s.iter().product()).map(|_| 4.0 * (rng.random::<f64>() - 0.5)).collect();
+            Tensor::from_fn(s, DType::BF16, &Device::Cpu, |i| vals[i]).unwrap()
+        };
+        shapes.iter().map(&mut tensor).collect()
+    };
+    let eager = |host: &[Tensor]| {
+        let on: Vec<Tensor> = host.iter().map(|t| t.to_device(&gpu).unwrap()).collect();
+        let seqs = dmattn::SeqLens::from_lengths(&lens_q, &lens_k, &gpu).unwrap();
+        let fwd = dmattn::attention(&on[0], &on[1], &on[2]).seqlens(&seqs).causal(true).softcap(30.0).forward().unwrap();
+        vec![values(&fwd.out), values(&fwd.lse)]
+    };
+
+    let host = draw();
+    let inputs: Vec<Tensor> = host.iter().map(|t| caller_copy(&c, t, Holding::Contiguous)).collect();
+    let out = caller_junk(&c, &shapes[0], DType::BF16, Holding::Contiguous);
+    let lse = caller_junk(&c, &[heads, total_q], DType::F32, Holding::Contiguous);
+    let seqs = dmattn::SeqLens::from_lengths(&lens_q, &lens_k, &Device::Cuda(c.dev.clone())).unwrap();
+    c.stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+    let captured = dmattn::attention(&inputs[0], &inputs[1], &inputs[2]).seqlens(&seqs).causal(true).softcap(30.0).out(&out).lse(&lse).forward().map(drop);
+    let graph = c.stream.end_capture(sys::CUgraphInstantiate_flags(0));
+    captured.unwrap();
+    let graph = graph.unwrap().expect("the capture recorded work");
+    for replay in 0..3 {
+        let fresh = if replay == 0 { host.clone() } else { draw() };
+        for (dst, src) in inputs.iter().zip(&fresh) {
+            overwrite(&c, dst, &caller_copy(&c, src, Holding::Contiguous));
+        }
+        graph.launch().unwrap();
+        same_bits(&vec![values(&out), values(&lse)], &eager(&fresh)).unwrap_or_else(|e| panic!("replay {replay}: {e}"));
     }
 }

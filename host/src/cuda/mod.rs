@@ -507,9 +507,9 @@ fn run_forward(dev: &CudaDevice, plan: &FwdPlan, p: &Problem, saved: &Saved, int
         // Held until the launch is queued; the stream orders its release after the kernel.
         let _order = match &p.seqs {
             Some(seqs) if plan.ordered => {
-                let order = packed::device_order(dev, seqs, &p.band, plan.grid.1, plan.tile.block_m, plan.tile.block_n, plan.grid.0)?;
-                params.order = order.ptr();
-                Some(Order::Kept(order))
+                let order = packed::device_order(dev, seqs, &p.band, plan.grid.1, plan.tile.block_m, plan.tile.block_n, plan.grid.0, capturing(dev)?)?;
+                params.order = order.as_ref().map_or(0, |o| o.ptr());
+                order.map(Order::Kept)
             }
             None if plan.ordered => {
                 let name = format!("{}{}", dmattn_abi::names::FWD_ORDER_PREFIX, d.head_dim);

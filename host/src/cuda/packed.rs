@@ -49,14 +49,21 @@ pub(crate) fn order(seqs: &SeqLens, band: &Band, heads: u32, block_m: u32, block
     ctas.into_iter().map(|(_, at)| at).collect()
 }
 
-/// [`order`] on the device, built on first use and kept with `seqs`.
-pub(crate) fn device_order(dev: &CudaDevice, seqs: &SeqLens, band: &Band, heads: u32, block_m: u32, block_n: u32, grid_x: u32) -> Result<Arc<DeviceBuffer>> {
+/// [`order`] on the device, built on first use and kept with `seqs`; `None` where it is not built
+/// yet and the stream is being captured into a graph: a graph would copy it from host memory the
+/// call frees, and `seqs` would keep an allocation the graph owns. The kernel then takes the
+/// grid's order (the same results; the forward's tiles do not depend on each other).
+pub(crate) fn device_order(dev: &CudaDevice, seqs: &SeqLens, band: &Band, heads: u32, block_m: u32, block_n: u32, grid_x: u32, capturing: bool) -> Result<Option<Arc<DeviceBuffer>>> {
     let key = [heads, block_m, block_n, grid_x, band.left, band.right, band.sinks, band.compress];
+    if capturing {
+        return Ok(seqs.kept_order(key));
+    }
     seqs.cached_order(key, || {
         let order = order(seqs, band, heads, block_m, block_n, grid_x);
         let bytes: Vec<u8> = order.iter().flat_map(|at| at.to_le_bytes()).collect();
         Ok(Arc::new(DeviceBuffer::from_host(dev.stream(), &bytes)?))
     })
+    .map(Some)
 }
 
 #[cfg(test)]
