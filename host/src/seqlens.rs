@@ -68,7 +68,7 @@ impl SeqLens {
     /// From the prefix sums, copied to `device`.
     pub fn new(cu_seqlens_q: &[i32], cu_seqlens_k: &[i32], device: &Device) -> Result<SeqLens> {
         let wide = |cu: &[i32]| cu.iter().map(|&x| x as i64).collect::<Vec<_>>();
-        Self::checked(wide(cu_seqlens_q), wide(cu_seqlens_k), device, None)
+        Self::checked(wide(cu_seqlens_q), wide(cu_seqlens_k), device)
     }
 
     /// From each sequence's query and key lengths.
@@ -80,11 +80,13 @@ impl SeqLens {
             }))
             .collect::<Vec<_>>()
         };
-        Self::checked(sums(lens_q), sums(lens_k), device, None)
+        Self::checked(sums(lens_q), sums(lens_k), device)
     }
 
-    /// From int32 `[batch + 1]` tensors, on the device they are on (a CUDA tensor is read back
-    /// once to be validated: the call waits for the device).
+    /// From int32 `[batch + 1]` tensors, on the device they are on: read back once to be
+    /// validated (a CUDA tensor's read waits for the device) and copied, as `PageTable` copies its
+    /// table, so that the kernels read what was validated whatever the caller's tensors hold later
+    /// (a framework's buffers, refilled in place between steps, need a new `SeqLens`).
     pub fn from_tensors(cu_seqlens_q: &Tensor, cu_seqlens_k: &Tensor) -> Result<SeqLens> {
         let read = |arg: &'static str, t: &Tensor| -> Result<Vec<i64>> {
             if t.dtype() != DType::I32 {
@@ -100,23 +102,17 @@ impl SeqLens {
             return Err(Error::Device { arg: "cu_seqlens_k", expected: format!("{device} (the device of cu_seqlens_q)"), got: cu_seqlens_k.device().to_string() });
         }
         let (q, k) = (read("cu_seqlens_q", cu_seqlens_q)?, read("cu_seqlens_k", cu_seqlens_k)?);
-        let contiguous = cu_seqlens_q.layout().is_contiguous() && cu_seqlens_k.layout().is_contiguous();
-        Self::checked(q, k, &device, contiguous.then(|| (cu_seqlens_q.clone(), cu_seqlens_k.clone())))
+        Self::checked(q, k, &device)
     }
 
-    fn checked(q: Vec<i64>, k: Vec<i64>, device: &Device, tensors: Option<(Tensor, Tensor)>) -> Result<SeqLens> {
+    fn checked(q: Vec<i64>, k: Vec<i64>, device: &Device) -> Result<SeqLens> {
         let cu_q = check_cu("cu_seqlens_q", &q)?;
         let cu_k = check_cu("cu_seqlens_k", &k)?;
         if cu_k.len() != cu_q.len() {
             return Err(Error::Shape { arg: "cu_seqlens_k", expected: format!("[{}] (the batch + 1 of cu_seqlens_q)", cu_q.len()), got: vec![cu_k.len()] });
         }
-        let (device_q, device_k) = match tensors {
-            Some(t) => t,
-            None => {
-                let upload = |cu: &[usize]| Tensor::from_vec(cu.iter().map(|&x| x as i32).collect::<Vec<_>>(), &[cu.len()], device);
-                (upload(&cu_q)?, upload(&cu_k)?)
-            }
-        };
+        let upload = |cu: &[usize]| Tensor::from_vec(cu.iter().map(|&x| x as i32).collect::<Vec<_>>(), &[cu.len()], device);
+        let (device_q, device_k) = (upload(&cu_q)?, upload(&cu_k)?);
         let (max_q, max_k) = (max_len(&cu_q), max_len(&cu_k));
         Ok(SeqLens { inner: Arc::new(Inner { cu_q, cu_k, max_q, max_k, device_q, device_k, orders: Mutex::new(Vec::new()) }) })
     }

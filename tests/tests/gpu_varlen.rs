@@ -266,14 +266,25 @@ fn varlen_decoding_batches() {
 }
 
 /// `cu_seqlens` already on the GPU (as a framework holds them) serve as well as host slices,
-/// one `SeqLens` serves several calls, and one on another device is a typed error.
+/// one `SeqLens` serves several calls, and one on another device is a typed error. The `SeqLens`
+/// keeps its own copy: the caller's tensors refilled in place after it was made (other valid
+/// lengths, as a framework's next step would write) change nothing it computes.
 #[test]
 fn varlen_seqlens_from_device_tensors() {
     let Some(gpu) = gpu() else { return };
     let c = VarlenCase { lens: vec![(129, 200), (0, 5), (64, 64)], heads: 4, kv_heads: 2, head_dim: 64, causal: true, band: None, softcap: 0.0, bias_heads: None, bias_per_query: false, mask: None, dtype: DType::BF16, page_size: None, sparse: None };
     let inputs = c.inputs(&mut seeded_rng(11)).to(&gpu);
     let i32s = |v: &[i32]| Tensor::from_vec(v.to_vec(), &[v.len()], &gpu).unwrap();
-    let from_device = SeqLens::from_tensors(&i32s(&[0, 129, 129, 193]), &i32s(&[0, 200, 205, 269])).unwrap();
+    let (cu_q, cu_k) = (i32s(&[0, 129, 129, 193]), i32s(&[0, 200, 205, 269]));
+    let from_device = SeqLens::from_tensors(&cu_q, &cu_k).unwrap();
+    for (dst, next) in [(&cu_q, [0, 1, 2, 3]), (&cu_k, [0, 1, 2, 3])] {
+        let src = i32s(&next);
+        // Read back: its upload on dmattn's stream is done before the plain copy below.
+        assert_eq!(src.to_vec::<i32>().unwrap(), next);
+        let (d, s) = (dst.device_ptr().unwrap(), src.device_ptr().unwrap());
+        // Safety: both are live device buffers of four int32s.
+        unsafe { dmattn::cudarc::driver::result::memcpy_dtod_sync(d, s, 16).unwrap() };
+    }
     let from_host = c.seqlens(&gpu);
     let run = |seqs: &SeqLens| {
         let fwd = c.forward(&inputs, seqs, true).unwrap();
