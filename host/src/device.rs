@@ -87,7 +87,8 @@ impl fmt::Debug for Device {
 /// kept-key counts back once per prepared mask to size its gathered keys (on a capturing stream it
 /// runs on dense tiles instead). BCSR input is read on the host. A packed batch's work order is
 /// built by the first call on its `SeqLens` outside a capture; a call captured before that runs its
-/// CTAs in grid order (the same results, possibly slower).
+/// CTAs in grid order (the same results, possibly slower). A graph reads the device copies its
+/// `SeqLens` and `PageTable` hold: they must outlive its replays.
 #[derive(Clone)]
 pub struct CudaDevice(pub(crate) Arc<CudaInner>);
 
@@ -144,7 +145,7 @@ impl Kernels {
             return Err(Error::NoCuda(format!("compute capability {major}.{minor}; dmattn needs 8.0 or newer")));
         }
         let mut libraries = vec![Library::of(PTX_SM80)];
-        // The Hopper module is PTX 8.1: a driver older than CUDA 12.1 cannot compile it (its
+        // The Hopper module is PTX 8.3: a driver older than CUDA 12.3 cannot compile it (its
         // declarations alone tell), and the portable module then serves every call.
         if (major, minor) == (9, 0) {
             let hopper = Library::of(PTX_SM90A);

@@ -86,7 +86,8 @@ impl SeqLens {
     /// From int32 `[batch + 1]` tensors, on the device they are on: read back once to be
     /// validated (a CUDA tensor's read waits for the device) and copied, as `PageTable` copies its
     /// table, so that the kernels read what was validated whatever the caller's tensors hold later
-    /// (a framework's buffers, refilled in place between steps, need a new `SeqLens`).
+    /// (a framework's buffers, refilled in place between steps, need a new `SeqLens`, and a CUDA
+    /// graph captured over one a new capture).
     pub fn from_tensors(cu_seqlens_q: &Tensor, cu_seqlens_k: &Tensor) -> Result<SeqLens> {
         let read = |arg: &'static str, t: &Tensor| -> Result<Vec<i64>> {
             if t.dtype() != DType::I32 {
@@ -166,7 +167,12 @@ impl SeqLens {
             return Ok(order);
         }
         let order = make()?;
-        self.inner.orders.lock().unwrap_or_else(|e| e.into_inner()).push((key, order.clone()));
+        let mut orders = self.inner.orders.lock().unwrap_or_else(|e| e.into_inner());
+        // Another thread may have built it meanwhile: one copy is kept.
+        if let Some((_, kept)) = orders.iter().find(|(k, _)| *k == key) {
+            return Ok(kept.clone());
+        }
+        orders.push((key, order.clone()));
         Ok(order)
     }
 

@@ -405,17 +405,23 @@ fn graph_replays_of_a_packed_batch() {
     let out = caller_junk(&c, &shapes[0], DType::BF16, Holding::Contiguous);
     let lse = caller_junk(&c, &[heads, total_q], DType::F32, Holding::Contiguous);
     let seqs = dmattn::SeqLens::from_lengths(&lens_q, &lens_k, &Device::Cuda(c.dev.clone())).unwrap();
-    c.stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
-    let captured = dmattn::attention(&inputs[0], &inputs[1], &inputs[2]).seqlens(&seqs).causal(true).softcap(30.0).out(&out).lse(&lse).forward().map(drop);
-    let graph = c.stream.end_capture(sys::CUgraphInstantiate_flags(0));
-    captured.unwrap();
-    let graph = graph.unwrap().expect("the capture recorded work");
-    for replay in 0..3 {
-        let fresh = if replay == 0 { host.clone() } else { draw() };
-        for (dst, src) in inputs.iter().zip(&fresh) {
-            overwrite(&c, dst, &caller_copy(&c, src, Holding::Contiguous));
+    let forward = || dmattn::attention(&inputs[0], &inputs[1], &inputs[2]).seqlens(&seqs).causal(true).softcap(30.0).out(&out).lse(&lse).forward().map(drop);
+    // Captured before any eager call on `seqs` (no order yet), then again after one (the graph
+    // reads the order `seqs` keeps).
+    for pass in ["before an eager call", "after an eager call"] {
+        c.stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+        let captured = forward();
+        let graph = c.stream.end_capture(sys::CUgraphInstantiate_flags(0));
+        captured.unwrap();
+        let graph = graph.unwrap().expect("the capture recorded work");
+        for replay in 0..3 {
+            let fresh = if replay == 0 { host.clone() } else { draw() };
+            for (dst, src) in inputs.iter().zip(&fresh) {
+                overwrite(&c, dst, &caller_copy(&c, src, Holding::Contiguous));
+            }
+            graph.launch().unwrap();
+            same_bits(&vec![values(&out), values(&lse)], &eager(&fresh)).unwrap_or_else(|e| panic!("replay {replay} of the capture {pass}: {e}"));
         }
-        graph.launch().unwrap();
-        same_bits(&vec![values(&out), values(&lse)], &eager(&fresh)).unwrap_or_else(|e| panic!("replay {replay}: {e}"));
+        forward().unwrap();
     }
 }

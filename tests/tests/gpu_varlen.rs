@@ -282,8 +282,11 @@ fn varlen_seqlens_from_device_tensors() {
         // Read back: its upload on dmattn's stream is done before the plain copy below.
         assert_eq!(src.to_vec::<i32>().unwrap(), next);
         let (d, s) = (dst.device_ptr().unwrap(), src.device_ptr().unwrap());
-        // Safety: both are live device buffers of four int32s.
+        // Safety: both are live device buffers of four int32s; the context is idle again (the
+        // copy done) before `src` is freed or anything reads `dst`.
         unsafe { dmattn::cudarc::driver::result::memcpy_dtod_sync(d, s, 16).unwrap() };
+        dmattn::cudarc::driver::result::ctx::synchronize().unwrap();
+        assert_eq!(dst.to_vec::<i32>().unwrap(), next, "the caller's tensor was refilled");
     }
     let from_host = c.seqlens(&gpu);
     let run = |seqs: &SeqLens| {

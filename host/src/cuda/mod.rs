@@ -488,6 +488,8 @@ fn tma_params(dev: &CudaDevice, p: &Problem, plan: &FwdPlan, params: FwdParams) 
     let (bm, bn) = (plan.tile.block_m, plan.tile.block_n);
     let maps = [map(&params.q, d.seqlen_q, d.heads, bm, "q")?, map(&params.k, d.seqlen_k, d.kv_heads, bn, "k")?, map(&params.v, d.seqlen_k, d.kv_heads, bn, "v")?];
     let buf = DeviceBuffer::uninit(dev.stream(), std::mem::size_of_val(&maps))?;
+    // The copy engine takes maps 64-byte aligned; the pool's allocations are 256-byte aligned.
+    debug_assert_eq!(buf.ptr() % 64, 0);
     let store = dmattn_abi::TensorMapsParams { dst: buf.ptr(), maps: maps.map(|m| m.0) };
     launch(dev, &Launch::kernel(dmattn_abi::names::STORE_TENSOR_MAPS, (1, 1, 1), 1, 0), store)?;
     Ok((dmattn_abi::FwdTmaParams { fwd: params, maps: buf.ptr() }, buf))
