@@ -310,7 +310,8 @@ impl Part {
 impl BandSpec {
     /// The kernels' form; sides beyond every key are unbounded.
     fn resolve(&self, sq: usize, sk: usize) -> Result<Band> {
-        let span = sq + sk;
+        // Saturating: lengths are the caller's, and a side past every key is unbounded anyway.
+        let span = sq.saturating_add(sk);
         let side = |s: Option<usize>| s.filter(|&s| s < span).map_or(Band::NONE, |s| s as u32);
         let compress = match self.compress {
             None => 0,

@@ -639,6 +639,15 @@ fn rejects_bad_sparse_masks() {
             }),
         ),
         ("prepare(0, sk)", Box::new(|| expect("", SparseMask::causal().prepare(0, sk), Want::Param("seqlen")))),
+        (
+            // Lengths whose sum overflows usize: prepared (a band needs no memory), then refused
+            // by a call of other lengths.
+            "parametric prepared for usize::MAX queries",
+            Box::new(|| {
+                let p = SparseMask::window(Some(3), None).prepare(usize::MAX, sk).map_err(|e| format!(": {e}"))?;
+                expect("", attention(&i.q, &i.k, &i.v).sparse_mask(&p).forward(), Want::Shape("sparse_mask"))
+            }),
+        ),
         ("prepare(sq, 0)", Box::new(|| expect("", SparseMask::dense(&dense_ok).prepare(sq, 0), Want::Param("seqlen")))),
         // The call.
         (
