@@ -2,7 +2,7 @@
 use crate::attention::{Gradients, Saved};
 use crate::device::Device;
 use crate::dtype::DType;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::problem::{Dims, KvPages, PackedLayout, Problem};
 use crate::seqlens::SeqLens;
 use std::ops::Range;
@@ -98,9 +98,21 @@ fn host_part(part: &Part, sq: usize, sk: usize) -> Result<HostPart> {
 
 /// The CPU's prepared mask: every part read on the host and ANDed into one dense mask.
 pub(crate) fn prepare(parts: &[Part], sq: usize, sk: usize) -> Result<DenseMask> {
+    // The lengths are the caller's: the dense mask, at most the parts' largest plane dims, is
+    // reserved before any part is read (the tables a part builds are no larger), so that one past
+    // usize or the host's memory is a typed error, not an overflow panic or an aborted allocation.
+    let most = parts.iter().filter_map(|p| p.tensors()[0].1.shape().get(..2).map(|s| [s[0], s[1]])).fold([1, 1], |m, s| [m[0].max(s[0]), m[1].max(s[1])]);
+    let mut keep = Vec::new();
+    match [most[0], most[1], sq, sk].iter().try_fold(1usize, |n, &d| n.checked_mul(d)) {
+        Some(n) if keep.try_reserve_exact(n).is_ok() => {}
+        _ => {
+            let reason = format!("a dense mask of {sq} x {sk} scores per plane ({} x {} planes) is too large for host memory", most[0], most[1]);
+            return Err(Error::Param { arg: "seqlen", reason });
+        }
+    }
     let parts = parts.iter().map(|p| Ok((p.tensors()[0].0, host_part(p, sq, sk)?))).collect::<Result<Vec<_>>>()?;
     let planes = combine_planes(parts.iter().map(|(arg, (planes, _))| (*arg, *planes)))?;
-    let mut keep = vec![true; planes[0] * planes[1] * sq * sk];
+    keep.resize(planes[0] * planes[1] * sq * sk, true);
     for (b, h) in (0..planes[0]).flat_map(|b| (0..planes[1]).map(move |h| (b, h))) {
         for i in 0..sq {
             for j in 0..sk {

@@ -640,6 +640,25 @@ fn rejects_bad_sparse_masks() {
         ),
         ("prepare(0, sk)", Box::new(|| expect("", SparseMask::causal().prepare(0, sk), Want::Param("seqlen")))),
         (
+            // A dense mask of 2^66 scores: a typed error, not an overflow panic.
+            "dense mask prepared for 2^33 x 2^33",
+            Box::new(|| expect("", SparseMask::dense(&t(&[1, 1, 1, 1], DType::Bool)).prepare(1 << 33, 1 << 33), Want::Param("seqlen"))),
+        ),
+        (
+            "index lists prepared for 2^33 x 2^33",
+            Box::new(|| expect("", SparseMask::indices(&t_i32(vec![0], &[1, 1, 1, 1])).prepare(1 << 33, 1 << 33), Want::Param("seqlen"))),
+        ),
+        (
+            "a call of 2^33 x 2^33 with a mask",
+            Box::new(|| {
+                // q and k of 2^33 rows as views with a zero row stride (one row of storage).
+                let row = Tensor::from_fn(&[8], DType::F32, &CPU, |x| x as f64).unwrap();
+                let long = row.as_strided(&[1, 1 << 33, 1, 8], &[0, 0, 0, 1], 0).unwrap();
+                let keep = t(&[1, 1, 1, 1], DType::Bool);
+                expect("", attention(&long, &long, &long).mask(&keep).forward(), Want::Param("seqlen"))
+            }),
+        ),
+        (
             // Lengths whose sum overflows usize: prepared (a band needs no memory), then refused
             // by a call of other lengths.
             "parametric prepared for usize::MAX queries",
