@@ -201,9 +201,19 @@ impl SelectKeys {
                 }
                 shape[d] = s[d].max(b[d]);
             }
+            // The bias's own elements fit in usize; a broadcast with the mask (zero-stride views
+            // are cheap) may not: the selection's [rows, sk] flags must.
+            if shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).is_none() {
+                return Err(Error::Shape { arg: "mask", expected: format!("a shape broadcastable with the bias's {b:?}, the broadcast's elements within usize"), got: s.to_vec() });
+            }
         }
         let sk = shape[3];
-        let width = if block > 0 { k.max((2 * k).min(sk)) } else { k };
+        // k is the caller's (past the row's keys it keeps them all): saturating, and index lists
+        // `width` entries wide must fit in usize.
+        let width = if block > 0 { k.max(k.saturating_mul(2).min(sk)) } else { k };
+        if out == Output::Indices && [4, width, shape[0], shape[1], shape[2]].iter().try_fold(1usize, |n, &d| n.checked_mul(d)).is_none() {
+            return Err(Error::Param { arg: "k", reason: format!("index lists of {width} i32 entries for {:?} rows: their bytes overflow usize", &shape[..3]) });
+        }
         Ok(Plan { rows: [shape[0], shape[1], shape[2]], sk, k, block, width })
     }
 }

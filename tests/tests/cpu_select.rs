@@ -90,6 +90,16 @@ fn bad_selections_are_typed_errors() {
     assert_eq!(arg(select_keys(&bias).top_k(2).within(&mask(&[2, 1, 3, 16], DType::F32)).mask()), "mask");
     assert_eq!(arg(select_keys(&bias).top_k(2).within(&mask(&[2, 1, 2, 16], DType::Bool)).mask()), "mask");
     assert_eq!(arg(select_keys(&bias).top_k(2).within(&mask(&[2, 1, 3, 15], DType::Bool)).mask()), "mask");
+    // Sizes past usize: k (past the row's keys, which keeps them all) and a broadcast of
+    // zero-stride views.
+    let all = select_keys(&bias).top_k(usize::MAX).block_size(2).mask().unwrap();
+    assert!(all.to_f64_vec().unwrap().iter().all(|&x| x != 0.0));
+    assert_eq!(arg(select_keys(&bias).top_k(usize::MAX).indices()), "k");
+    assert_eq!(arg(select_keys(&bias).top_k(usize::MAX).block_size(2).indices()), "k");
+    let row = Tensor::from_fn(&[16], DType::F32, &cpu, |i| i as f64).unwrap();
+    let tall = row.as_strided(&[1 << 33, 1, 1, 16], &[0, 0, 0, 1], 0).unwrap();
+    let wide = mask(&[1], DType::Bool).as_strided(&[1, 1 << 33, 1, 1], &[0, 0, 0, 0], 0).unwrap();
+    assert_eq!(arg(select_keys(&tall).top_k(2).within(&wide).mask()), "mask");
     // A mask broadcast along the keys, and one adding a head dim, are fine.
     let m = select_keys(&bias).top_k(2).within(&mask(&[1, 4, 1, 1], DType::Bool)).mask().unwrap();
     assert_eq!(m.shape(), &[2, 4, 3, 16]);
