@@ -9,7 +9,7 @@ use std::ops::Range;
 use std::sync::Arc;
 use crate::reference::{self, Operands};
 use crate::sparse::{DenseMask, MaskData, Part, bcsr_to_bitset, check_block, check_part_shape, combine_planes, indices_keep};
-use crate::tensor::Tensor;
+use crate::tensor::{Tensor, checked_product};
 
 fn operands(s: &Saved) -> Result<Operands> {
     let mask = match s.mask.as_ref().and_then(|m| m.data.as_ref()) {
@@ -103,7 +103,7 @@ pub(crate) fn prepare(parts: &[Part], sq: usize, sk: usize) -> Result<DenseMask>
     // usize or the host's memory is a typed error, not an overflow panic or an aborted allocation.
     let most = parts.iter().filter_map(|p| p.tensors()[0].1.shape().get(..2).map(|s| [s[0], s[1]])).fold([1, 1], |m, s| [m[0].max(s[0]), m[1].max(s[1])]);
     let mut keep = Vec::new();
-    match [most[0], most[1], sq, sk].iter().try_fold(1usize, |n, &d| n.checked_mul(d)) {
+    match checked_product(&[most[0], most[1], sq, sk]) {
         Some(n) if keep.try_reserve_exact(n).is_ok() => {}
         _ => {
             let reason = format!("a dense mask of {sq} x {sk} scores per plane ({} x {} planes) is too large for host memory", most[0], most[1]);

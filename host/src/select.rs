@@ -7,7 +7,7 @@ use crate::cpu::pick;
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::tensor::Tensor;
+use crate::tensor::{Tensor, checked_product};
 use std::cmp::Ordering;
 
 /// Starts a key selection over `bias` `[{1|b}, {1|h}, {1|sq}, sk]` (f16, bf16 or f32; f64 on
@@ -203,7 +203,7 @@ impl SelectKeys {
             }
             // The bias's own elements fit in usize; a broadcast with the mask (zero-stride views
             // are cheap) may not: the selection's [rows, sk] flags must.
-            if shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).is_none() {
+            if checked_product(&shape).is_none() {
                 return Err(Error::Shape { arg: "mask", expected: format!("a shape broadcastable with the bias's {b:?}, the broadcast's elements within usize"), got: s.to_vec() });
             }
         }
@@ -211,7 +211,7 @@ impl SelectKeys {
         // k is the caller's (past the row's keys it keeps them all): saturating, and index lists
         // `width` entries wide must fit in usize.
         let width = if block > 0 { k.max(k.saturating_mul(2).min(sk)) } else { k };
-        if out == Output::Indices && [4, width, shape[0], shape[1], shape[2]].iter().try_fold(1usize, |n, &d| n.checked_mul(d)).is_none() {
+        if out == Output::Indices && checked_product(&[4, width, shape[0], shape[1], shape[2]]).is_none() {
             return Err(Error::Param { arg: "k", reason: format!("index lists of {width} i32 entries for {:?} rows: their bytes overflow usize", &shape[..3]) });
         }
         Ok(Plan { rows: [shape[0], shape[1], shape[2]], sk, k, block, width })

@@ -163,15 +163,12 @@ impl SeqLens {
 
     /// The work order of `key`, built by `make` on first use.
     pub(crate) fn cached_order(&self, key: [u32; 8], make: impl FnOnce() -> Result<Arc<DeviceBuffer>>) -> Result<Arc<DeviceBuffer>> {
-        if let Some(order) = self.kept_order(key) {
-            return Ok(order);
+        // Held while it is built: two threads never build one twice.
+        let mut orders = self.inner.orders.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, order)) = orders.iter().find(|(k, _)| *k == key) {
+            return Ok(order.clone());
         }
         let order = make()?;
-        let mut orders = self.inner.orders.lock().unwrap_or_else(|e| e.into_inner());
-        // Another thread may have built it meanwhile: one copy is kept.
-        if let Some((_, kept)) = orders.iter().find(|(k, _)| *k == key) {
-            return Ok(kept.clone());
-        }
         orders.push((key, order.clone()));
         Ok(order)
     }

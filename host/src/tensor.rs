@@ -58,6 +58,11 @@ pub struct Layout {
     pub offset: usize,
 }
 
+/// The product of `dims`, `None` where it overflows usize (sizes from the caller's shapes).
+pub(crate) fn checked_product(dims: &[usize]) -> Option<usize> {
+    dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
+}
+
 impl Layout {
     pub fn contiguous(shape: &[usize]) -> Self {
         // Saturating: a stride past usize belongs to a shape with a 0 dimension (no element
@@ -77,7 +82,7 @@ impl Layout {
 
     /// Elements of the shape, `None` where their number overflows usize.
     fn checked_numel(&self) -> Option<usize> {
-        self.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
+        checked_product(&self.shape)
     }
 
     /// Bytes of a contiguous `dtype` tensor of `shape`, or a typed error naming `arg` where they
