@@ -43,8 +43,9 @@ pub struct FwdParams {
     pub split_tiles: u32,
     pub o_split_stride: u64,
     pub lse_split_stride: u64,
-    /// The work order (modifier variant, no splits): CTA `i` (linear block index, x fastest)
-    /// runs the grid position in `order[i]`, a u64 [`packed_position`]; 0: grid order.
+    /// The work order (the modifier variant without splits, and the decoding kernel): CTA `i`
+    /// (linear block index, x fastest) runs the grid position in `order[i]`, a u64
+    /// [`packed_position`]; 0: grid order.
     pub order: u64,
     /// Gather attention (the `_gather` variants, [`names::GATHER_SUFFIX`](crate::names::GATHER_SUFFIX)): each plane's kept
     /// keys in ascending order (`key_pos`, [`KeyCompactParams::pos`](crate::KeyCompactParams::pos)), the kept keys at or before

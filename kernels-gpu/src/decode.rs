@@ -13,7 +13,7 @@ use crate::scores::{Mods, WarpScores};
 use crate::seq::Seq;
 use crate::softmax::OnlineSoftmax;
 use crate::tile::{Fragments, GatheredKv, SmemTile};
-use dmattn_abi::{DECODE_KEYS, DECODE_QUEUE, DECODE_ROWS, DECODE_SCAN_KEYS, DECODE_THREADS, DecodeParams, FwdParams, View4, mask_word_byte, modifiers};
+use dmattn_abi::{DECODE_KEYS, DECODE_QUEUE, DECODE_ROWS, DECODE_SCAN_KEYS, DECODE_THREADS, DecodeParams, FwdParams, View4, mask_word_byte, modifiers, unpacked_position};
 
 const BM: usize = DECODE_ROWS as usize;
 const BN: usize = DECODE_KEYS as usize;
@@ -54,6 +54,18 @@ impl Smem {
     }
 }
 
+/// This CTA's (kv head, split, sequence): its block index, or the grid position the work order
+/// names (`FwdParams::order`: a packed batch's CTAs heaviest first).
+#[inline(always)]
+fn position(p: &FwdParams) -> (u32, u32, u32) {
+    let (bx, by, bz) = block_idx();
+    if p.order == 0 {
+        return (bx, by, bz);
+    }
+    let linear = bx + grid_dim_x() * (by + grid_dim_y() * bz);
+    unpacked_position(unsafe { ld_global_nc_u64(p.order + 8 * linear as u64) })
+}
+
 /// One CTA's problem: its sequence, kv head and split, its rows, and the keys it scans.
 #[derive(Clone, Copy)]
 struct DecodeBlock<'a> {
@@ -79,7 +91,7 @@ impl<'a> DecodeBlock<'a> {
     #[inline(always)]
     fn new(dp: &'a DecodeParams) -> Self {
         let p = &dp.fwd;
-        let (kv_head, split, z) = block_idx();
+        let (kv_head, split, z) = position(p);
         let seq = Seq::of::<true>(p, z);
         let group = p.kv_group;
         let vis = Visibility::new(seq.len_q, seq.len_k, p.band);

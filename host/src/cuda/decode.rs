@@ -39,6 +39,9 @@ pub(crate) struct DecodePlan {
     pub splits: u32,
     pub split_keys: u32,
     pub smem_bytes: u32,
+    /// A packed batch of two or more sequences and more CTAs than SMs: its CTAs run heaviest
+    /// first (`packed::decode_order`), the sequences' lengths differing.
+    pub ordered: bool,
 }
 
 /// Splits at most (the combine pass's limit).
@@ -56,7 +59,8 @@ const MAX_SPLITS: usize = 128;
 ///
 /// Keys are split so that the grid's CTAs number about sixteen per SM (eight with a mask, whose
 /// CTAs read a fraction of their keys) counting every sequence's and kv head's keys, each split
-/// whole scan rounds, at most [`MAX_SPLITS`] per sequence.
+/// whole scan rounds, at most [`MAX_SPLITS`] per sequence. A packed batch's CTAs run in a
+/// work order, heaviest first.
 pub(crate) fn decode_plan(sms: u32, p: &Problem, elem: DeviceElem, mask: Option<MaskShape>) -> Option<DecodePlan> {
     let d = p.dims;
     let group_heads = |h: usize| h == 1 || h == d.kv_heads || d.kv_heads == d.heads;
@@ -88,11 +92,13 @@ pub(crate) fn decode_plan(sms: u32, p: &Problem, elem: DeviceElem, mask: Option<
         splits: splits as u32,
         split_keys: split_keys as u32,
         smem_bytes: decode_smem_bytes(d.head_dim as u32),
+        ordered: p.seqs.is_some() && d.batch > 1 && FORCED_ORDER.with(|f| f.get()).unwrap_or(d.kv_heads * splits * d.batch > sms as usize),
     })
 }
 
 std::thread_local! {
     static FORCED_CTAS_PER_SM: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+    static FORCED_ORDER: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
 }
 
 /// Testing hook: while `Some(n)`, decoding plans this thread makes split keys for about `n`
@@ -100,6 +106,14 @@ std::thread_local! {
 #[doc(hidden)]
 pub fn force_decode_ctas_per_sm(n: Option<usize>) {
     FORCED_CTAS_PER_SM.with(|f| f.set(n.filter(|&n| n > 0)));
+}
+
+/// Testing hook: while `Some(on)`, the decoding plans this thread makes for packed batches of
+/// two or more sequences run their CTAs heaviest first (`on`) or in grid order, however many
+/// CTAs they have; `None`: the plan's own choice (ordered past one CTA an SM).
+#[doc(hidden)]
+pub fn force_decode_order(on: Option<bool>) {
+    FORCED_ORDER.with(|f| f.set(on));
 }
 
 /// Launches `plan` with the forward's parameters `fwd` (its outputs, or with splits the
@@ -170,6 +184,7 @@ mod tests {
         let ctas: usize = lens_k.iter().map(|&k| k.div_ceil(plan.split_keys as usize)).sum::<usize>() * 8;
         assert!((4 * 132..=16 * 132).contains(&ctas), "{ctas} CTAs");
         assert_eq!(plan.smem_bytes, decode_smem_bytes(128));
+        assert!(plan.ordered, "a packed batch of many CTAs runs heaviest first");
         // Contiguous K/V, no mask or bias: the plain kernel, about sixteen CTAs an SM.
         let plain = Problem { pages: None, mask: None, bias: None, packed_mask: None, packed_bias: None, ..p.clone() };
         let plain_plan = decode_plan(132, &plain, DeviceElem::F16, None).unwrap();
@@ -187,6 +202,8 @@ mod tests {
         // A short one: one split.
         let short = decode_plan(132, &problem(dims(1, 2, 1, 1, 700, 64)), DeviceElem::Bf16, None).unwrap();
         assert_eq!((short.splits, short.split_keys), (1, 1024));
+        // A fixed-length batch's CTAs are alike: grid order.
+        assert!(!plan.ordered && !decode_plan(132, &problem(dims(64, 32, 8, 1, 1 << 16, 128)), DeviceElem::Bf16, None).unwrap().ordered);
     }
 
     /// What the decoding kernel does not take: more rows than a tile, sinks, compression, masks

@@ -16,7 +16,7 @@ pub(crate) use select::select_keys;
 pub(crate) use lists::from_bits as lists_from_bits;
 pub use select::{force_select_launches, force_wide_selection};
 pub use gather::force_gather_query_chunks;
-pub use decode::force_decode_ctas_per_sm;
+pub use decode::{force_decode_ctas_per_sm, force_decode_order};
 
 use crate::attention::{Forward, ForwardBuffers, GradientBuffers, Gradients, Saved};
 use crate::cpu::lse_shape;
@@ -509,7 +509,7 @@ fn run_forward(dev: &CudaDevice, plan: &FwdPlan, p: &Problem, saved: &Saved, int
         // Held until the launch is queued; the stream orders its release after the kernel.
         let _order = match &p.seqs {
             Some(seqs) if plan.ordered => {
-                let order = packed::device_order(dev, seqs, &p.band, plan.grid.1, plan.tile.block_m, plan.tile.block_n, plan.grid.0, capturing(dev)?)?;
+                let order = packed::device_order(dev, seqs, &p.band, packed::OrderKey::Forward { heads: plan.grid.1, block_m: plan.tile.block_m, block_n: plan.tile.block_n, grid_x: plan.grid.0 }, capturing(dev)?)?;
                 params.order = order.as_ref().map_or(0, |o| o.ptr());
                 order.map(Order::Kept)
             }
@@ -577,13 +577,23 @@ fn split_and_combine(
 fn run_decode(dev: &CudaDevice, plan: &decode::DecodePlan, p: &Problem, saved: &Saved, into: ForwardBuffers) -> Result<(Tensor, Tensor)> {
     check_limits(&p.dims, dmattn_abi::DECODE_ROWS)?;
     let (out, lse) = forward_outputs(p, saved, into)?;
+    // Held until the launches are queued; kept with the sequence lengths.
+    let order = match &p.seqs {
+        Some(seqs) if plan.ordered => {
+            let which = packed::OrderKey::Decode { kv_heads: plan.grid.0, splits: plan.splits, split_keys: plan.split_keys };
+            packed::device_order(dev, seqs, &p.band, which, capturing(dev)?)?
+        }
+        _ => None,
+    };
+    let order_at = order.as_ref().map_or(0, |o| o.ptr());
     if plan.splits == 1 {
-        decode::launch_decode(dev, plan, fwd_params(p, saved, &out, &lse, false)?)?;
+        decode::launch_decode(dev, plan, FwdParams { order: order_at, ..fwd_params(p, saved, &out, &lse, false)? })?;
     } else {
         split_and_combine(dev, p, plan.elem, plan.splits, &out, &lse, |o_part, lse_part, strides| {
             let mut params = fwd_params(p, saved, o_part, lse_part, false)?;
             params.splits = plan.splits;
             (params.o_split_stride, params.lse_split_stride) = strides;
+            params.order = order_at;
             decode::launch_decode(dev, plan, params)
         })?;
     }

@@ -49,17 +49,56 @@ pub(crate) fn order(seqs: &SeqLens, band: &Band, heads: u32, block_m: u32, block
     ctas.into_iter().map(|(_, at)| at).collect()
 }
 
-/// [`order`] on the device, built on first use and kept with `seqs`; `None` where it is not built
-/// yet and the stream is being captured into a graph: a graph would copy it from host memory the
-/// call frees, and `seqs` would keep an allocation the graph owns. The kernel then takes the
-/// grid's order (the same results; the forward's tiles do not depend on each other).
-pub(crate) fn device_order(dev: &CudaDevice, seqs: &SeqLens, band: &Band, heads: u32, block_m: u32, block_n: u32, grid_x: u32, capturing: bool) -> Result<Option<Arc<DeviceBuffer>>> {
-    let key = [heads, block_m, block_n, grid_x, band.left, band.right, band.sinks, band.compress];
+/// The decoding grid `(kv_heads, splits, batch)`'s CTAs (`split_keys` keys a split), heaviest
+/// first, as the decoding kernel's `FwdParams::order` holds them. A CTA's work is one more than
+/// the keys of its split that some query of its sequence sees (a mask keeps a share of them the
+/// host does not know; it is taken to keep the same share everywhere); 0 for a sequence without
+/// queries (the CTA returns at once). Run in grid order, the batch's last sequences' full splits
+/// were the tail: H100, the masked decode batch of 64 sequences over 1K-64K keys, modelled as
+/// 12 % past perfectly even work in grid order against 3 % heaviest first.
+pub(crate) fn decode_order(seqs: &SeqLens, band: &Band, kv_heads: u32, splits: u32, split_keys: u32) -> Vec<u64> {
+    let mut ctas: Vec<(usize, u64)> = Vec::with_capacity(kv_heads as usize * splits as usize * seqs.batch());
+    for z in 0..seqs.batch() {
+        let (q, k) = seqs.rows(z);
+        let (lo, _) = band_keys(band, q.len(), k.len(), 0);
+        let (_, hi) = band_keys(band, q.len(), k.len(), q.len().max(1) - 1);
+        for split in 0..splits {
+            let begin = (split as usize * split_keys as usize).max(lo);
+            let end = ((split as usize + 1) * split_keys as usize).min(hi);
+            let work = if q.is_empty() { 0 } else { 1 + end.saturating_sub(begin) };
+            ctas.extend((0..kv_heads).map(|x| (work, packed_position(x, split, z as u32))));
+        }
+    }
+    // As pushed, x fastest: equal work keeps grid order (a split's kv heads side by side).
+    ctas.sort_by_key(|&(work, _)| std::cmp::Reverse(work));
+    ctas.into_iter().map(|(_, at)| at).collect()
+}
+
+/// Which work order a [`SeqLens`] keeps: a forward's tile, heads and grid, or a decoding grid's.
+pub(crate) enum OrderKey {
+    Forward { heads: u32, block_m: u32, block_n: u32, grid_x: u32 },
+    Decode { kv_heads: u32, splits: u32, split_keys: u32 },
+}
+
+/// A work order ([`order`] or [`decode_order`]) on the device, built on first use and kept with
+/// `seqs`; `None` where it is not built yet and the stream is being captured into a graph: a
+/// graph would copy it from host memory the call frees, and `seqs` would keep an allocation the
+/// graph owns. The kernel then takes the grid's order (the same results; its CTAs do not depend
+/// on each other).
+pub(crate) fn device_order(dev: &CudaDevice, seqs: &SeqLens, band: &Band, which: OrderKey, capturing: bool) -> Result<Option<Arc<DeviceBuffer>>> {
+    // A decoding key starts with u32::MAX, which no head count is.
+    let key = match which {
+        OrderKey::Forward { heads, block_m, block_n, grid_x } => [heads, block_m, block_n, grid_x, band.left, band.right, band.sinks, band.compress],
+        OrderKey::Decode { kv_heads, splits, split_keys } => [u32::MAX, kv_heads, splits, split_keys, band.left, band.right, band.sinks, band.compress],
+    };
     if capturing {
         return Ok(seqs.kept_order(key));
     }
     seqs.cached_order(key, || {
-        let order = order(seqs, band, heads, block_m, block_n, grid_x);
+        let order = match which {
+            OrderKey::Forward { heads, block_m, block_n, grid_x } => order(seqs, band, heads, block_m, block_n, grid_x),
+            OrderKey::Decode { kv_heads, splits, split_keys } => decode_order(seqs, band, kv_heads, splits, split_keys),
+        };
         let bytes: Vec<u8> = order.iter().flat_map(|at| at.to_le_bytes()).collect();
         Ok(Arc::new(DeviceBuffer::from_host(dev.stream(), &bytes)?))
     })
@@ -90,6 +129,31 @@ mod tests {
         seen.sort();
         seen.dedup();
         assert_eq!(seen.len(), grid_x as usize * heads as usize * 4);
+    }
+
+    /// A decoding grid: every CTA once, full splits of the longest sequences first, each
+    /// split's kv heads side by side in grid order, a sequence without queries last; a window
+    /// leaves the splits before it no work.
+    #[test]
+    fn decoding_ctas_heaviest_first() {
+        let seqs = SeqLens::from_lengths(&[1, 8, 0, 3], &[5000, 1500, 9000, 2048], &Device::Cpu).unwrap();
+        let (kv_heads, splits, split_keys) = (2, 3, 2048);
+        let order = decode_order(&seqs, &Band::CAUSAL, kv_heads, splits, split_keys);
+        let seen: Vec<_> = order.iter().map(|&at| unpacked_position(at)).collect();
+        // (split, sequence) by keys: (0, 0), (1, 0), (0, 3) full, then (0, 1) 1500, (2, 0) 904,
+        // then the empty splits of sequences with queries, then sequence 2's (no queries).
+        let pairs: Vec<(u32, u32)> = seen.iter().step_by(2).map(|&(_, y, z)| (y, z)).collect();
+        assert_eq!(pairs, [(0, 0), (1, 0), (0, 3), (0, 1), (2, 0), (1, 1), (2, 1), (1, 3), (2, 3), (0, 2), (1, 2), (2, 2)]);
+        assert!(seen.chunks(2).all(|c| c[0].0 == 0 && c[1].0 == 1 && (c[0].1, c[0].2) == (c[1].1, c[1].2)));
+        let mut sorted = seen.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(sorted.len(), (kv_heads * splits * 4) as usize);
+        // Causal + left window 100: sequence 0's query sees keys 4900..5000 (split 2), sequence
+        // 1's keys 1392..1500, sequence 3's 1945..2048.
+        let band = Band { left: 100, ..Band::CAUSAL };
+        let windowed: Vec<_> = decode_order(&seqs, &band, 1, 5, 2048).iter().map(|&at| unpacked_position(at)).collect();
+        assert_eq!(windowed[..3], [(0, 0, 1), (0, 0, 3), (0, 2, 0)]);
     }
 
     /// A window's tiles: its width around the diagonal, plus the sink tiles before it.
