@@ -75,11 +75,29 @@ pub struct Packed {
 }
 
 /// k and v as pages `[num_pages, page_size, hk, d]` and the block table's `[batch, max_pages]`
-/// entries.
+/// entries. The pages are views ([`Pages::k`], [`Pages::v`]) of `[num_pages, page_size + pad,
+/// hk, d]` tensors whose `pad` rows after each page are NaN: pages that are not runs of rows of
+/// one tensor take the kernels' general page addressing.
 pub struct Pages {
-    pub k: Tensor,
-    pub v: Tensor,
+    k: Tensor,
+    v: Tensor,
+    pad: usize,
     pub table: Vec<i32>,
+}
+
+impl Pages {
+    fn view(&self, t: &Tensor) -> Tensor {
+        let [n, rows, heads, d] = t.shape()[..] else { unreachable!("pages are 4-D") };
+        t.as_strided(&[n, rows - self.pad, heads, d], &[rows * heads * d, heads * d, d, 1], 0).unwrap()
+    }
+
+    pub fn k(&self) -> Tensor {
+        self.view(&self.k)
+    }
+
+    pub fn v(&self) -> Tensor {
+        self.view(&self.v)
+    }
 }
 
 impl Packed {
@@ -92,7 +110,7 @@ impl Packed {
             dout: mv(&self.dout),
             bias: self.bias.as_ref().map(mv),
             mask: self.mask.as_ref().map(mv),
-            pages: self.pages.as_ref().map(|p| Pages { k: mv(&p.k), v: mv(&p.v), table: p.table.clone() }),
+            pages: self.pages.as_ref().map(|p| Pages { k: mv(&p.k), v: mv(&p.v), pad: p.pad, table: p.table.clone() }),
             sparse: self.sparse.as_ref().map(|d| SparseData { spec: d.spec.clone(), indices: d.indices.as_ref().map(mv), shape: d.shape, keep: d.keep.clone() }),
         }
     }
@@ -231,14 +249,18 @@ impl VarlenCase {
             }
             (next, k0) = (next + need[b], k0 + sk);
         }
+        // Half the cases: 1-2 NaN rows after each page.
+        let pad = if rng.random_bool(0.5) { 0 } else { rng.random_range(1..3) };
         let pages_of = |t: &Tensor| {
             let rows = t.to_f64_vec().unwrap();
-            Tensor::from_fn(&[num_pages, page_size, self.kv_heads, self.head_dim], self.dtype, &Device::Cpu, |i| {
-                owner[i / width].map_or(f64::NAN, |row| rows[row * width + i % width])
+            Tensor::from_fn(&[num_pages, page_size + pad, self.kv_heads, self.head_dim], self.dtype, &Device::Cpu, |i| {
+                let (page, r) = (i / width / (page_size + pad), i / width % (page_size + pad));
+                let owner = if r < page_size { owner[page * page_size + r] } else { None };
+                owner.map_or(f64::NAN, |row| rows[row * width + i % width])
             })
             .unwrap()
         };
-        Pages { k: pages_of(&packed.k), v: pages_of(&packed.v), table }
+        Pages { k: pages_of(&packed.k), v: pages_of(&packed.v), pad, table }
     }
 
     /// The packed call on `inputs` (their device), its band prepared there; on the pages where
@@ -254,11 +276,11 @@ impl VarlenCase {
             .map(|b| b.build().prepare(seqs.max_seqlen_q().max(1), seqs.max_seqlen_k().max(1)))
             .transpose()?;
         let pages = match (&inputs.pages, self.page_size) {
-            (Some(p), Some(_)) => Some((p, PageTable::new(&p.table, self.lens.len(), &inputs.q.device())?)),
+            (Some(p), Some(_)) => Some((p.k(), p.v(), PageTable::new(&p.table, self.lens.len(), &inputs.q.device())?)),
             _ => None,
         };
         let mut call = match &pages {
-            Some((p, table)) => attention(&inputs.q, &p.k, &p.v).kv_pages(table),
+            Some((k, v, table)) => attention(&inputs.q, k, v).kv_pages(table),
             None => attention(&inputs.q, &inputs.k, &inputs.v),
         };
         call = call

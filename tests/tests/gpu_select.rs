@@ -147,7 +147,8 @@ fn few_long_rows_match_cpu() {
     }
 }
 
-/// Typed errors of the GPU call: a mask on another device, a bias dtype the kernels do not take.
+/// Typed errors of the GPU call: a mask on another device, a bias dtype the kernels do not take,
+/// sizes past the kernels' 32 bits.
 #[test]
 fn gpu_selection_errors_are_typed() {
     let Some(gpu) = gpu() else { return };
@@ -157,6 +158,20 @@ fn gpu_selection_errors_are_typed() {
     match select_keys(&bias).top_k(2).within(&mask).mask() {
         Err(Error::Device { arg: "mask", .. }) => {}
         other => panic!("{other:?}"),
+    }
+    // Past 32 bits: a k past the row's keys keeps them all (as on the CPU); rows or keys of a
+    // zero-stride view past 2^32 are a typed error before any launch.
+    let all = select_keys(&bias).top_k((1 << 32) + 1).mask().unwrap();
+    assert!(all.to_f64_vec().unwrap().iter().all(|&x| x != 0.0));
+    let lists = select_keys(&bias).top_k((1 << 32) + 3).block_size(2);
+    assert!(matches!(lists.indices(), Err(Error::Param { arg: "k", .. })));
+    let one = Tensor::from_fn(&[1], DType::F32, &gpu, |_| 1.0).unwrap();
+    for shape in [[1, 1, 1, (1usize << 32) + 8], [1, 1 << 32, 1, 8]] {
+        let view = one.as_strided(&shape, &[0, 0, 0, 0], 0).unwrap();
+        match select_keys(&view).top_k(2).mask() {
+            Err(Error::Shape { arg: "bias", .. }) => {}
+            other => panic!("{shape:?}: {other:?}"),
+        }
     }
     if let Ok(wide) = Tensor::from_fn(&[1, 1, 1, 8], DType::F64, &gpu, |i| i as f64) {
         match select_keys(&wide).top_k(2).mask() {

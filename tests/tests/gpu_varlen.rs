@@ -371,11 +371,11 @@ fn paged_table_from_device_tensor() {
     let pages = inputs.pages.as_ref().unwrap();
     let seqs = c.seqlens(&gpu);
     let table = PageTable::from_tensor(&Tensor::from_vec(pages.table.clone(), &[2, pages.table.len() / 2], &gpu).unwrap()).unwrap();
-    let a = attention(&inputs.q, &pages.k, &pages.v).seqlens(&seqs).kv_pages(&table).causal(true).forward().unwrap();
+    let a = attention(&inputs.q, &pages.k(), &pages.v()).seqlens(&seqs).kv_pages(&table).causal(true).forward().unwrap();
     let b = c.forward(&inputs, &seqs, false).unwrap();
     assert_eq!(a.out.to_f64_vec().unwrap().iter().map(|x| x.to_bits()).collect::<Vec<_>>(), b.out.to_f64_vec().unwrap().iter().map(|x| x.to_bits()).collect::<Vec<_>>());
     let on_cpu = PageTable::new(&pages.table, 2, &Device::Cpu).unwrap();
-    match attention(&inputs.q, &pages.k, &pages.v).seqlens(&seqs).kv_pages(&on_cpu).forward() {
+    match attention(&inputs.q, &pages.k(), &pages.v()).seqlens(&seqs).kv_pages(&on_cpu).forward() {
         Err(Error::Device { arg, .. }) => assert_eq!(arg, "block_table"),
         Err(e) => panic!("expected a device error naming block_table, got {e}"),
         Ok(_) => panic!("expected a device error naming block_table"),

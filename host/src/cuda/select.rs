@@ -164,6 +164,15 @@ pub(crate) fn select_keys(dev: &CudaDevice, plan: &Plan, out: Output, bias: &Ten
             return Err(Error::DType { arg: "bias", expected: "f16, bf16 or f32 on the CUDA backend".into(), got: other });
         }
     };
+    // The kernels count rows, keys and list entries in 32 bits. A k past the row's keys keeps
+    // them all, as the row's keys do.
+    if plan.rows.iter().chain([&plan.sk]).any(|&d| d > u32::MAX as usize) {
+        return Err(Error::Shape { arg: "bias", expected: "dims below 2^32 on the CUDA backend (with the mask's broadcast)".into(), got: plan.shape(Output::Mask) });
+    }
+    if out == Output::Indices && plan.width > u32::MAX as usize {
+        return Err(Error::Param { arg: "k", reason: format!("index lists of {} entries: the CUDA backend's are below 2^32", plan.width) });
+    }
+    let plan = &Plan { k: plan.k.min(plan.sk), ..plan.clone() };
     let plan_with = |resident| plan_run(plan, elem_bytes, dev.sms(), dev.smem_per_block(), FORCED_WIDE.with(|f| f.get()), resident);
     let mut run = plan_with(0)?;
     if let SelectRun::Wide(w) = &run
