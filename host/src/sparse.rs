@@ -312,7 +312,14 @@ impl BandSpec {
     fn resolve(&self, sq: usize, sk: usize) -> Result<Band> {
         // Saturating: lengths are the caller's, and a side past every key is unbounded anyway.
         let span = sq.saturating_add(sk);
-        let side = |s: Option<usize>| s.filter(|&s| s < span).map_or(Band::NONE, |s| s as u32);
+        // The kernels' sides and sinks are 32-bit (Band::NONE unbounded): one that bounds keys
+        // past that is an error, not a wrapped side.
+        let side = |s: Option<usize>| match s.filter(|&s| s < span) {
+            None => Ok(Band::NONE),
+            Some(s) if s < Band::NONE as usize => Ok(s as u32),
+            Some(s) => Err(Error::Param { arg: "window", reason: format!("a side of {s} keys (below {span}, the lengths' sum, so not unbounded) is past the kernels' 2^32 - 2") }),
+        };
+        let sinks = u32::try_from(self.sinks.min(sk)).map_err(|_| Error::Param { arg: "sinks", reason: format!("{} sink keys are past the kernels' 2^32 - 1", self.sinks.min(sk)) })?;
         let compress = match self.compress {
             None => 0,
             Some(0) => {
@@ -320,7 +327,7 @@ impl BandSpec {
             }
             Some(c) => c.min(u32::MAX as usize) as u32,
         };
-        Ok(Band { left: side(self.left), right: side(self.right), sinks: self.sinks.min(sk) as u32, compress })
+        Ok(Band { left: side(self.left)?, right: side(self.right)?, sinks, compress })
     }
 }
 

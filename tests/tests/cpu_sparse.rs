@@ -667,6 +667,9 @@ fn rejects_bad_sparse_masks() {
                 expect("", attention(&i.q, &i.k, &i.v).sparse_mask(&p).forward(), Want::Shape("sparse_mask"))
             }),
         ),
+        // Sides and sinks that bind keys past the kernels' 32 bits (lengths of 2^34).
+        ("a window side of 2^33", Box::new(|| expect("", SparseMask::window(Some(1 << 33), None).prepare(1 << 34, 1 << 34), Want::Param("window")))),
+        ("2^33 sinks", Box::new(|| expect("", SparseMask::causal_window(2).with_sinks(1 << 33).prepare(1 << 34, 1 << 34), Want::Param("sinks")))),
         ("prepare(sq, 0)", Box::new(|| expect("", SparseMask::dense(&dense_ok).prepare(sq, 0), Want::Param("seqlen")))),
         // The call.
         (
