@@ -8,19 +8,15 @@ use crate::device::CudaDevice;
 use crate::error::Result;
 use crate::memory::DeviceBuffer;
 use crate::seqlens::SeqLens;
-use crate::sparse::{band_keys, sink_keys};
+use crate::sparse::{band_keys, band_tiles};
 use dmattn_abi::{Band, packed_position};
 use std::sync::Arc;
 
 /// Key tiles of `block_n` keys that query rows `row0..row0 + rows` of a `len_q x len_k`
-/// sequence visit under `band` (the kernels' `Visibility::key_tiles`: sink tiles, then one
-/// interval from the first row's band start to the last row's band end).
+/// sequence visit under `band` (the sink tiles, then the band's: [`band_tiles`]).
 fn visited_tiles(band: &Band, len_q: usize, len_k: usize, row0: usize, rows: usize, block_n: usize) -> usize {
-    let (lo, _) = band_keys(band, len_q, len_k, row0);
-    let (_, hi) = band_keys(band, len_q, len_k, row0 + rows - 1);
-    let sinks = sink_keys(band, len_k).div_ceil(block_n);
-    let (begin, end) = (lo / block_n, hi.div_ceil(block_n));
-    end.saturating_sub(begin) + sinks.min(begin)
+    let (sinks, tiles) = band_tiles(band, len_q, len_k, row0, rows, block_n);
+    sinks + tiles.len()
 }
 
 /// The work of grid position `x` (query tile `grid_x - 1 - x`) of sequence `z`: one more than
