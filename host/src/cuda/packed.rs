@@ -8,7 +8,7 @@ use crate::device::CudaDevice;
 use crate::error::Result;
 use crate::memory::DeviceBuffer;
 use crate::seqlens::SeqLens;
-use crate::sparse::{band_keys, band_tiles};
+use crate::sparse::band_tiles;
 use dmattn_abi::{Band, packed_position};
 use std::sync::Arc;
 
@@ -41,6 +41,12 @@ pub(crate) fn order(seqs: &SeqLens, band: &Band, heads: u32, block_m: u32, block
         }
     }
     // Linear block index order is x fastest, then heads, then sequences: as pushed.
+    heaviest_first(ctas)
+}
+
+/// The positions of `ctas` (work, `packed_position`), pushed in linear block index order,
+/// sorted by work, most first; equal work keeps the pushed order (a stable sort).
+fn heaviest_first(mut ctas: Vec<(usize, u64)>) -> Vec<u64> {
     ctas.sort_by_key(|&(work, _)| std::cmp::Reverse(work));
     ctas.into_iter().map(|(_, at)| at).collect()
 }
@@ -56,18 +62,18 @@ pub(crate) fn decode_order(seqs: &SeqLens, band: &Band, kv_heads: u32, splits: u
     let mut ctas: Vec<(usize, u64)> = Vec::with_capacity(kv_heads as usize * splits as usize * seqs.batch());
     for z in 0..seqs.batch() {
         let (q, k) = seqs.rows(z);
-        let (lo, _) = band_keys(band, q.len(), k.len(), 0);
-        let (_, hi) = band_keys(band, q.len(), k.len(), q.len().max(1) - 1);
+        // The keys some query sees: the band's span in 1-key tiles (the decoding kernel takes
+        // no sinks).
+        let (_, keys) = band_tiles(band, q.len(), k.len(), 0, q.len().max(1), 1);
         for split in 0..splits {
-            let begin = (split as usize * split_keys as usize).max(lo);
-            let end = ((split as usize + 1) * split_keys as usize).min(hi);
+            let begin = (split as usize * split_keys as usize).max(keys.start);
+            let end = ((split as usize + 1) * split_keys as usize).min(keys.end);
             let work = if q.is_empty() { 0 } else { 1 + end.saturating_sub(begin) };
             ctas.extend((0..kv_heads).map(|x| (work, packed_position(x, split, z as u32))));
         }
     }
     // As pushed, x fastest: equal work keeps grid order (a split's kv heads side by side).
-    ctas.sort_by_key(|&(work, _)| std::cmp::Reverse(work));
-    ctas.into_iter().map(|(_, at)| at).collect()
+    heaviest_first(ctas)
 }
 
 /// Which work order a [`SeqLens`] keeps: a forward's tile, heads and grid, or a decoding grid's.
