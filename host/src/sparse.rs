@@ -312,7 +312,14 @@ impl BandSpec {
     fn resolve(&self, sq: usize, sk: usize) -> Result<Band> {
         // Saturating: lengths are the caller's, and a side past every key is unbounded anyway.
         let span = sq.saturating_add(sk);
-        let side = |s: Option<usize>| s.filter(|&s| s < span).map_or(Band::NONE, |s| s as u32);
+        // The kernels' sides and sinks are 32-bit (Band::NONE unbounded): one that bounds keys
+        // past that is an error, not a wrapped side.
+        let side = |s: Option<usize>| match s.filter(|&s| s < span) {
+            None => Ok(Band::NONE),
+            Some(s) if s < Band::NONE as usize => Ok(s as u32),
+            Some(s) => Err(Error::Param { arg: "window", reason: format!("a side of {s} keys (below {span}, the lengths' sum, so not unbounded) is past the kernels' 2^32 - 2") }),
+        };
+        let sinks = u32::try_from(self.sinks.min(sk)).map_err(|_| Error::Param { arg: "sinks", reason: format!("{} sink keys are past the kernels' 2^32 - 1", self.sinks.min(sk)) })?;
         let compress = match self.compress {
             None => 0,
             Some(0) => {
@@ -320,7 +327,7 @@ impl BandSpec {
             }
             Some(c) => c.min(u32::MAX as usize) as u32,
         };
-        Ok(Band { left: side(self.left), right: side(self.right), sinks: self.sinks.min(sk) as u32, compress })
+        Ok(Band { left: side(self.left)?, right: side(self.right)?, sinks, compress })
     }
 }
 
@@ -430,7 +437,7 @@ impl PreparedMask {
         {
             // Gathered: the band's tiles, each holding the kept keys' share of the keys (none
             // where the mask hides every key: every gathered tile is then skipped).
-            let band = (0..qb).map(|i| (0..kb).filter(|&j| self.band_touches(self.seqlen_q, self.seqlen_k, i * 64, j * 64)).count()).sum::<usize>();
+            let band = (0..qb).map(|i| self.band_shows(self.seqlen_q, self.seqlen_k, i).0).sum::<usize>();
             let visited = band as f64 * lists.longest()?.next_multiple_of(64) as f64 / (kb * 64) as f64;
             return Ok((qb * kb) as f64 / visited.max(1.0));
         }
@@ -445,13 +452,13 @@ impl PreparedMask {
         };
         let planes = classes.as_ref().map_or(1, |c| c.len() / (qb * kb));
         let mut visited = 0usize;
-        for plane in 0..planes {
-            for i in 0..qb {
-                for j in 0..kb {
-                    let kept = classes.as_ref().is_none_or(|c| c[(plane * qb + i) * kb + j]);
-                    visited += (kept && self.band_touches(self.seqlen_q, self.seqlen_k, i * 64, j * 64)) as usize;
-                }
-            }
+        for i in 0..qb {
+            let (count, shows) = self.band_shows(self.seqlen_q, self.seqlen_k, i);
+            visited += match &classes {
+                // The band alone: its tiles' count (a long call has too many to walk).
+                None => count,
+                Some(c) => (0..planes).map(|plane| (0..kb).filter(|&j| c[(plane * qb + i) * kb + j] && shows(j)).count()).sum(),
+            };
         }
         Ok((planes * qb * kb) as f64 / visited.max(1) as f64)
     }
@@ -480,8 +487,9 @@ impl PreparedMask {
             let (q, k) = seqs.rows(b);
             let (qb, kb) = (q.len().div_ceil(64), k.len().div_ceil(64));
             tiles += ph * qb * kb;
-            for (h, r, c) in (0..ph).flat_map(|h| (0..qb).flat_map(move |r| (0..kb).map(move |c| (h, r, c)))) {
-                visited += (self.band_touches(q.len(), k.len(), 64 * r, 64 * c) && kept(h, &q, k.len(), r, c)) as usize;
+            for r in 0..qb {
+                let (_, shows) = self.band_shows(q.len(), k.len(), r);
+                visited += (0..ph).map(|h| (0..kb).filter(|&c| shows(c) && kept(h, &q, k.len(), r, c)).count()).sum::<usize>();
             }
         }
         Ok(tiles as f64 / visited.max(1) as f64)
@@ -546,16 +554,11 @@ impl PreparedMask {
         matches!(&self.data, Some(MaskData::Cuda(g)) if g.rows.is_some())
     }
 
-    /// Whether the band shows any score of the 64x64 block at `(row0, col0)` of a call of
-    /// `sq x sk`.
-    fn band_touches(&self, sq: usize, sk: usize, row0: usize, col0: usize) -> bool {
-        let rows = row0..(row0 + 64).min(sq);
-        let cols = col0..(col0 + 64).min(sk);
-        rows.into_iter().any(|i| {
-            let (lo, hi) = band_keys(&self.band, sq, sk, i);
-            let sinks = sink_keys(&self.band, sk);
-            (cols.start < hi && cols.end > lo) || (cols.start < sinks.min(hi))
-        })
+    /// The 64-key tiles the band shows a score of to query tile `r` (64 rows) of a call of
+    /// `sq x sk`: how many, and whether tile `c` is one ([`band_tiles`]).
+    fn band_shows(&self, sq: usize, sk: usize, r: usize) -> (usize, impl Fn(usize) -> bool) {
+        let (sinks, tiles) = band_tiles(&self.band, sq, sk, 64 * r, (sq - 64 * r).min(64), 64);
+        (sinks + tiles.len(), move |c| c < sinks || tiles.contains(&c))
     }
 }
 
@@ -592,6 +595,19 @@ pub(crate) fn band_keys(band: &Band, sq: usize, sk: usize, i: usize) -> (usize, 
 /// Keys `0..n` exempt from the band's left edge.
 pub(crate) fn sink_keys(band: &Band, sk: usize) -> usize {
     if band.left == Band::NONE { 0 } else { (band.sinks as usize).min(sk) }
+}
+
+/// The tiles of `block_n` keys that query rows `row0..row0 + rows` (`rows >= 1`) of a `sq x sk`
+/// call see some key of under `band`, as the kernels visit them (`Visibility::key_tiles`): the
+/// sink tiles before the band's, then the band's, from its first row's first key to its last
+/// row's end. Between them every tile is seen: each row's ends move by at most one key a row
+/// (a compressed band's by at most one every `compress` rows), and a row that sees nothing
+/// sees nothing at either end.
+pub(crate) fn band_tiles(band: &Band, sq: usize, sk: usize, row0: usize, rows: usize, block_n: usize) -> (usize, Range<usize>) {
+    let (lo, _) = band_keys(band, sq, sk, row0);
+    let (_, hi) = band_keys(band, sq, sk, row0 + rows - 1);
+    let (begin, end) = (lo / block_n, hi.div_ceil(block_n));
+    (sink_keys(band, sk).min(hi).div_ceil(block_n).min(begin), begin..end.max(begin))
 }
 
 /// Whether the band shows key `j` to query `i`.

@@ -400,7 +400,8 @@ fn mask_with_parametric_sparse_mask() {
 
 /// `memory_bytes` is 0 for a parametric mask and positive with data; `estimated_speedup` is
 /// what its docs define (64x64 tiles over those the mask's data and band both touch, computed
-/// here independently), 1 for `all()`, and far above 1 for a sliding window on a long sequence.
+/// here independently), 1 for `all()`, and far above 1 for a sliding window on a long sequence
+/// (at a million tokens, promptly).
 #[test]
 fn memory_and_estimated_speedup() {
     let mut rng = fresh_rng("memory_and_estimated_speedup");
@@ -411,6 +412,11 @@ fn memory_and_estimated_speedup() {
     let expected = MaskSpec::band(BandCtor::CausalWindow(128), 4).estimated_speedup(4096, 4096);
     assert_eq!(speedup, expected, "causal_window(128) + 4 sinks at 4096");
     assert_eq!(SparseMask::all().prepare(300, 500).unwrap().estimated_speedup().unwrap(), 1.0);
+    // A million-token window (16384^2 tiles, which the estimate does not walk): query tile r
+    // sees key tiles r - 16..=r, the first 16 fewer.
+    let long = SparseMask::causal_window(1024).prepare(1 << 20, 1 << 20).unwrap().estimated_speedup().unwrap();
+    let visited = (1..=16).sum::<usize>() + (16384 - 16) * 17;
+    assert_eq!(long, (16384.0 * 16384.0) / visited as f64);
     for (ctor, sq, sk) in [
         (BandCtor::Causal, 1000, 1000),
         (BandCtor::Window(Some(64), Some(64)), 2000, 3000),
@@ -667,6 +673,9 @@ fn rejects_bad_sparse_masks() {
                 expect("", attention(&i.q, &i.k, &i.v).sparse_mask(&p).forward(), Want::Shape("sparse_mask"))
             }),
         ),
+        // Sides and sinks that bind keys past the kernels' 32 bits (lengths of 2^34).
+        ("a window side of 2^33", Box::new(|| expect("", SparseMask::window(Some(1 << 33), None).prepare(1 << 34, 1 << 34), Want::Param("window")))),
+        ("2^33 sinks", Box::new(|| expect("", SparseMask::causal_window(2).with_sinks(1 << 33).prepare(1 << 34, 1 << 34), Want::Param("sinks")))),
         ("prepare(sq, 0)", Box::new(|| expect("", SparseMask::dense(&dense_ok).prepare(sq, 0), Want::Param("seqlen")))),
         // The call.
         (

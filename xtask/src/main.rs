@@ -49,7 +49,8 @@ enum Task {
         arch: Vec<String>,
     },
     /// Builds the test and bench binaries and writes a folder that runs the GPU suite on a
-    /// machine with a GPU and no Rust toolchain: `bash <out>/run.sh [tests|bench|all]`.
+    /// machine with a GPU and no Rust toolchain: `bash <out>/run.sh [tests|bench|all]`, or a
+    /// script of one's own that sources `<out>/lib.sh` (`run`, `san`, `ab` helpers).
     GpuPack {
         #[arg(long, default_value = ".gpu-pack")]
         out: PathBuf,
@@ -57,6 +58,10 @@ enum Task {
         /// rest of the suite does not), after `eval "$(bash .ci/cuda-for-candle.sh)"`.
         #[arg(long)]
         candle: bool,
+        /// Also the PTX text of each module, gzipped (18 MB: the pack then passes the device
+        /// tool's 64 MiB).
+        #[arg(long)]
+        ptx: bool,
     },
     /// Times dmattn, its cuBLAS baseline and the PyTorch peers on this machine's GPU and writes
     /// markdown tables and a plot under bench/results/ (case grid and files: bench/SCHEMA.md).
@@ -106,7 +111,7 @@ fn main() -> ExitCode {
         Task::Ptx { check } => ptx::run(check),
         Task::PtxDiff { base } => ptxdiff::run(&base),
         Task::Ptxas { ptxas, arch } => ptxas::run(ptxas, &arch),
-        Task::GpuPack { out, candle } => pack::run(&out, candle),
+        Task::GpuPack { out, candle, ptx } => pack::run(&out, candle, ptx),
         Task::Bench { quick, groups, from, results, font } => bench::run(&bench::Options { quick, groups, from, results, font }),
     };
     match result {

@@ -74,7 +74,50 @@ fi
 exit $status
 "#;
 
-pub fn run(out: &Path, candle: bool) -> Result<(), String> {
+/// Helpers for a one-call GPU script (`source .gpu-pack/lib.sh`), its logs in `$OUT` (the device
+/// tool's output folder): the sessions wrote these again for each call.
+const LIB_SH: &str = r#"# Helpers for a one-call GPU script: `source <pack>/lib.sh`, then
+#   run BIN [filters]          a test binary (`gpu_decode`): its result line, failures, rc; T: timeout (s, 500)
+#   san BIN [filters]          memcheck then racecheck on it; SC: property cases (4), T: timeout
+#   bench_at FILE.xz           unpacks another build's dmattn-bench (xz) and prints its path
+#   ab ROUNDS ONLY NAME=BENCH.. each bench binary in turn, ROUNDS times, over the cases whose ids
+#                              contain ONLY (`--only`), dmattn alone; G: groups (varlen), T: timeout
+#                              a process (90); prints one line a process, writes $OUT/ab.txt
+# Logs go to $OUT (else logs/ beside this file).
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+OUT=${OUT:-$here/logs}; mkdir -p "$OUT"
+[ -d "$here/bin" ] || tar -xJf "$here/bin.tar.xz" -C "$here"
+run() {
+  local bin=$1; shift; local s=$(date +%s)
+  timeout "${T:-500}" "$here/bin/test-tests-$bin" "$@" --test-threads=4 > "$OUT/$bin.log" 2>&1; local rc=$?
+  echo "$bin rc=$rc $(( $(date +%s) - s ))s $(grep -E '^test result' "$OUT/$bin.log" | tail -n 1)"
+  grep -E "SKIPPED|FAILED|panicked" "$OUT/$bin.log" | head -n 5
+  [ $rc = 0 ] || tail -n 30 "$OUT/$bin.log"
+  return $rc
+}
+san() {
+  local bin=$1; shift
+  for tool in memcheck racecheck; do
+    DMATTN_GPU_CASES=${SC:-4} timeout "${T:-500}" compute-sanitizer --tool $tool --print-limit 10 "$here/bin/test-tests-$bin" "$@" --test-threads=1 > "$OUT/san-$tool-$bin.log" 2>&1
+    echo "$tool $bin rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/san-$tool-$bin.log" | tail -n 1)"
+  done
+}
+bench_at() {
+  local to=/tmp/$(basename "$1" .xz); xz -dc "$1" > "$to" && chmod +x "$to" && echo "$to"
+}
+ab() {
+  local rounds=$1 only=$2; shift 2
+  for r in $(seq "$rounds"); do
+    for pair in "$@"; do
+      local name=${pair%%=*} bin=${pair#*=} s=$(date +%s)
+      timeout "${T:-90}" "$bin" --out "/tmp/ab-$name-$r" --groups "${G:-varlen}" --only "$only" --impls dmattn > "$OUT/bench-$name-$r.log" 2>&1
+      echo "$name #$r ($(( $(date +%s) - s ))s): $(grep -E '^  dmattn' "$OUT/bench-$name-$r.log" | awk '{print $2, $3}' | tr '\n' ' ')"
+    done
+  done | tee "$OUT/ab.txt"
+}
+"#;
+
+pub fn run(out: &Path, candle: bool, ptx: bool) -> Result<(), String> {
     let out = root().join(out);
     let bin = out.join("bin");
     let _ = std::fs::remove_dir_all(&out);
@@ -93,16 +136,19 @@ pub fn run(out: &Path, candle: bool) -> Result<(), String> {
     // Each binary embeds the PTX as text (26 MB): stripped and compressed, the pack travels
     // within the device tool's 64 MiB.
     strip_and_compress(&out, "bin")?;
-    // The PTX text, for ptxas or cuobjdump there; gzipped (18 MB of text) so that the pack
-    // travels within the device tool's 64 MiB.
-    for module in dmattn_ptx_builder::MODULES {
-        let path = out.join(module.file());
-        std::fs::write(&path, crate::ptx::embedded(&module)?).map_err(|e| e.to_string())?;
-        crate::run(std::process::Command::new("gzip").arg("-9f").arg(&path))?;
+    // The PTX text, for ptxas or cuobjdump there (`--ptx`): gzipped it is 18 MB, which with
+    // the binaries passes the device tool's 64 MiB.
+    if ptx {
+        for module in dmattn_ptx_builder::MODULES {
+            let path = out.join(module.file());
+            std::fs::write(&path, crate::ptx::embedded(&module)?).map_err(|e| e.to_string())?;
+            crate::run(std::process::Command::new("gzip").arg("-9f").arg(&path))?;
+        }
     }
     std::fs::copy(root().join("bench/peers.py"), out.join("peers.py")).map_err(|e| format!("bench/peers.py: {e}"))?;
     std::fs::write(out.join("run.sh"), RUN_SH).map_err(|e| e.to_string())?;
-    println!("packed {tests} test binaries{}, dmattn-bench (in bin.tar.xz) and peers.py into {}: run `bash {}/run.sh [tests|bench|all]` on a GPU machine", if candle { " (and the candle feature's)" } else { "" }, out.display(), out.display());
+    std::fs::write(out.join("lib.sh"), LIB_SH).map_err(|e| e.to_string())?;
+    println!("packed {tests} test binaries{}, dmattn-bench (in bin.tar.xz), peers.py and lib.sh into {}: run `bash {}/run.sh [tests|bench|all]` on a GPU machine, or a script that sources lib.sh", if candle { " (and the candle feature's)" } else { "" }, out.display(), out.display());
     Ok(())
 }
 

@@ -8,19 +8,15 @@ use crate::device::CudaDevice;
 use crate::error::Result;
 use crate::memory::DeviceBuffer;
 use crate::seqlens::SeqLens;
-use crate::sparse::{band_keys, sink_keys};
+use crate::sparse::band_tiles;
 use dmattn_abi::{Band, packed_position};
 use std::sync::Arc;
 
 /// Key tiles of `block_n` keys that query rows `row0..row0 + rows` of a `len_q x len_k`
-/// sequence visit under `band` (the kernels' `Visibility::key_tiles`: sink tiles, then one
-/// interval from the first row's band start to the last row's band end).
+/// sequence visit under `band` (the sink tiles, then the band's: [`band_tiles`]).
 fn visited_tiles(band: &Band, len_q: usize, len_k: usize, row0: usize, rows: usize, block_n: usize) -> usize {
-    let (lo, _) = band_keys(band, len_q, len_k, row0);
-    let (_, hi) = band_keys(band, len_q, len_k, row0 + rows - 1);
-    let sinks = sink_keys(band, len_k).div_ceil(block_n);
-    let (begin, end) = (lo / block_n, hi.div_ceil(block_n));
-    end.saturating_sub(begin) + sinks.min(begin)
+    let (sinks, tiles) = band_tiles(band, len_q, len_k, row0, rows, block_n);
+    sinks + tiles.len()
 }
 
 /// The work of grid position `x` (query tile `grid_x - 1 - x`) of sequence `z`: one more than
@@ -45,6 +41,12 @@ pub(crate) fn order(seqs: &SeqLens, band: &Band, heads: u32, block_m: u32, block
         }
     }
     // Linear block index order is x fastest, then heads, then sequences: as pushed.
+    heaviest_first(ctas)
+}
+
+/// The positions of `ctas` (work, `packed_position`), pushed in linear block index order,
+/// sorted by work, most first; equal work keeps the pushed order (a stable sort).
+fn heaviest_first(mut ctas: Vec<(usize, u64)>) -> Vec<u64> {
     ctas.sort_by_key(|&(work, _)| std::cmp::Reverse(work));
     ctas.into_iter().map(|(_, at)| at).collect()
 }
@@ -60,18 +62,18 @@ pub(crate) fn decode_order(seqs: &SeqLens, band: &Band, kv_heads: u32, splits: u
     let mut ctas: Vec<(usize, u64)> = Vec::with_capacity(kv_heads as usize * splits as usize * seqs.batch());
     for z in 0..seqs.batch() {
         let (q, k) = seqs.rows(z);
-        let (lo, _) = band_keys(band, q.len(), k.len(), 0);
-        let (_, hi) = band_keys(band, q.len(), k.len(), q.len().max(1) - 1);
+        // The keys some query sees: the band's span in 1-key tiles (the decoding kernel takes
+        // no sinks).
+        let (_, keys) = band_tiles(band, q.len(), k.len(), 0, q.len().max(1), 1);
         for split in 0..splits {
-            let begin = (split as usize * split_keys as usize).max(lo);
-            let end = ((split as usize + 1) * split_keys as usize).min(hi);
+            let begin = (split as usize * split_keys as usize).max(keys.start);
+            let end = ((split as usize + 1) * split_keys as usize).min(keys.end);
             let work = if q.is_empty() { 0 } else { 1 + end.saturating_sub(begin) };
             ctas.extend((0..kv_heads).map(|x| (work, packed_position(x, split, z as u32))));
         }
     }
     // As pushed, x fastest: equal work keeps grid order (a split's kv heads side by side).
-    ctas.sort_by_key(|&(work, _)| std::cmp::Reverse(work));
-    ctas.into_iter().map(|(_, at)| at).collect()
+    heaviest_first(ctas)
 }
 
 /// Which work order a [`SeqLens`] keeps: a forward's tile, heads and grid, or a decoding grid's.
