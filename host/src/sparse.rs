@@ -371,12 +371,15 @@ impl PreparedMask {
     }
 
     /// A packed batch's bool mask (`layout`, checked by `Problem::new`) for its call, planes `[1,
-    /// heads]`: on the GPU packed per sequence (`cuda::pack_sequences`); on the CPU its flags in
+    /// heads]`: on the GPU packed per sequence (`cuda::pack_sequences`; a key-side one once a
+    /// kernel other than the decoding one reads it); on the CPU its flags in
     /// their packed layout, which the CPU backend cuts per sequence.
     pub(crate) fn packed(t: &Tensor, layout: PackedLayout, seqs: &SeqLens) -> Result<Self> {
         let heads = t.shape()[1];
         let data = match t.device() {
             Device::Cpu => MaskData::Cpu(Arc::new(DenseMask { planes: [1, heads], keep: t.to_f64_vec()?.into_iter().map(|x| x != 0.0).collect() })),
+            // Packed when a kernel other than the decoding one takes it (`cuda::forward`).
+            Device::Cuda(_) if layout == PackedLayout::KeySide => MaskData::Cuda(cuda::key_side_bytes(t, seqs)),
             Device::Cuda(dev) => MaskData::Cuda(cuda::pack_sequences(&dev, t, layout, seqs)?),
         };
         Ok(Self::on_device(data, [1, heads], seqs.max_seqlen_q(), seqs.max_seqlen_k(), t.device()))

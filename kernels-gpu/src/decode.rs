@@ -1,8 +1,8 @@
 //! Decoding: the forward for calls with few queries (see `dmattn_abi::DecodeParams`). One CTA
 //! per (kv head, key split, sequence), its 64 rows the kv group's query heads times the
 //! sequence's queries, so that each K and V row is read once per kv head. The CTA compacts a
-//! key-side mask's kept keys as it goes: a scan round reads the packed bits of 1024 keys (a byte
-//! per thread) and queues the kept positions in shared memory; each key tile is the next 64 of
+//! key-side mask's kept keys as it goes: a scan round reads the mask of 1024 keys (8 a thread:
+//! a byte of a packed word, or 8 bool bytes) and queues the kept positions in shared memory; each key tile is the next 64 of
 //! them, its K and V rows (and the bias) read at those positions while the tile before is
 //! computed. Without a mask every key of the split is queued.
 use crate::arch::*;
@@ -13,7 +13,7 @@ use crate::scores::{Mods, WarpScores};
 use crate::seq::Seq;
 use crate::softmax::OnlineSoftmax;
 use crate::tile::{Fragments, GatheredKv, SmemTile};
-use dmattn_abi::{DECODE_KEYS, DECODE_QUEUE, DECODE_ROWS, DECODE_SCAN_KEYS, DECODE_THREADS, DecodeParams, FwdParams, View4, mask_word_byte, modifiers, unpacked_position};
+use dmattn_abi::{DECODE_KEYS, DECODE_MASK_BYTES_DIMS, DECODE_QUEUE, DECODE_ROWS, DECODE_SCAN_KEYS, DECODE_THREADS, DecodeParams, FwdParams, View4, mask_word_byte, modifiers, unpacked_position};
 
 const BM: usize = DECODE_ROWS as usize;
 const BN: usize = DECODE_KEYS as usize;
@@ -132,23 +132,21 @@ impl<'a> DecodeBlock<'a> {
         if PAGED { head + 2 * Seq::in_page(self.p, &t.stride, page, j) } else { head + 2 * self.seq.k_offset(&t.stride, j) }
     }
 
-    /// Byte address of the packed mask word holding key 0 of this kv head's plane (absent: 0).
+    /// Byte address of key 0 of this kv head's plane of a key-side operand `t` of `bytes`-byte
+    /// elements whose heads `head_div` divides (absent: 0).
     #[inline(always)]
-    fn mask_words(&self) -> u64 {
-        let m = &self.p.mask_bits;
-        if !m.is_present() {
+    fn plane_row(&self, t: &View4, head_div: u32, bytes: u64) -> u64 {
+        if !t.is_present() {
             return 0;
         }
-        let plane = div(self.kv_head * self.group, self.p.mask_head_div) as u64;
-        m.ptr + 8 * (self.seq.origin(&m.stride) + plane * m.stride[1])
+        let plane = div(self.kv_head * self.group, head_div) as u64;
+        t.ptr + bytes * (self.seq.origin(&t.stride) + plane * t.stride[1])
     }
 
     /// Byte address of this kv head's bias at key 0 (keys `stride[3]` elements apart).
     #[inline(always)]
     fn bias_row(&self) -> u64 {
-        let b = &self.p.bias;
-        let plane = div(self.kv_head * self.group, self.p.bias_head_div) as u64;
-        b.ptr + 2 * (self.seq.origin(&b.stride) + plane * b.stride[1])
+        self.plane_row(&self.p.bias, self.p.bias_head_div, 2)
     }
 
     /// Visibility bits (`mask::keys_below`'s accumulator order) of a thread's rows `r0` and
@@ -206,31 +204,78 @@ impl WarpShare {
     }
 }
 
+/// Where the scan reads the mask: packed words, a bool byte a key, or nothing (every key kept).
+#[derive(Clone, Copy)]
+enum MaskSource {
+    None,
+    /// Byte address of the word holding key 0.
+    Words(u64),
+    /// Byte address of key 0's byte, and the bytes between keys.
+    Bytes(u64, u64),
+}
+
 /// The scan's place: queue entries `head..tail` are kept keys not yet in a tile; keys from
-/// `cursor` (a multiple of 64) are not scanned yet, and `word` is this thread's packed mask word
-/// for the round at `cursor` (loaded a round ahead). Every thread holds the same counts.
+/// `cursor` (a multiple of 64) are not scanned yet, and `ahead` is this thread's mask for the
+/// round at `cursor`, loaded a round ahead ([`Scan::load`]). Every thread holds the same counts.
 struct Scan {
     head: u32,
     tail: u32,
     cursor: u32,
-    word: u64,
-    /// Byte address of the mask's key-0 word (0: no mask, every key is kept).
-    words: u64,
+    ahead: [u32; 8],
+    mask: MaskSource,
 }
 
 impl Scan {
+    /// `bytes`: the kernel reads `mask_bytes` (head dims to `DECODE_MASK_BYTES_DIMS`, a
+    /// constant: past it the 6 more registers of a round's bytes spilled the d192 kernels).
     #[inline(always)]
-    fn new(b: &DecodeBlock, tid: u32) -> Self {
+    fn new(dp: &DecodeParams, b: &DecodeBlock, bytes: bool, tid: u32) -> Self {
         let cursor = b.begin & !63;
-        let words = b.mask_words();
-        Scan { head: 0, tail: 0, cursor, word: Self::load_word(words, cursor, b.end, tid), words }
+        let p = b.p;
+        let mask = if bytes && dp.mask_bytes.is_present() {
+            MaskSource::Bytes(b.plane_row(&dp.mask_bytes, p.mask_head_div, 1), dp.mask_bytes.stride[3])
+        } else if p.mask_bits.is_present() {
+            MaskSource::Words(b.plane_row(&p.mask_bits, p.mask_head_div, 8))
+        } else {
+            MaskSource::None
+        };
+        Scan { head: 0, tail: 0, cursor, ahead: Self::load(mask, cursor, b.end, tid), mask }
     }
 
-    /// This thread's word of the round at `cursor` (keys `cursor + 8 tid..`), 0 past `end`.
+    /// This thread's mask of the round at `cursor` (keys `cursor + 8 tid..`): the packed word
+    /// holding them (its halves in entries 0 and 1), or their 8 bytes (a key at or past `end`
+    /// reads the last one's, which the round ignores); nothing past `end`. Loaded a round ahead,
+    /// the 8 bytes are 8 registers: the words' 2 and 6 zeros where the mask is packed.
     #[inline(always)]
-    fn load_word(words: u64, cursor: u32, end: u32, tid: u32) -> u64 {
+    fn load(mask: MaskSource, cursor: u32, end: u32, tid: u32) -> [u32; 8] {
         let key = cursor + 8 * tid;
-        if words == 0 || key >= end { 0 } else { unsafe { ld_global_nc_u64(words + 8 * (key / 64) as u64) } }
+        let mut ahead = [0u32; 8];
+        if key >= end {
+            return ahead;
+        }
+        match mask {
+            MaskSource::None => {}
+            MaskSource::Words(words) => {
+                let w = unsafe { ld_global_nc_u64(words + 8 * (key / 64) as u64) };
+                (ahead[0], ahead[1]) = (w as u32, (w >> 32) as u32);
+            }
+            MaskSource::Bytes(row, stride) => {
+                for (e, a) in ahead.iter_mut().enumerate() {
+                    *a = unsafe { ld_global_nc_u8(row + (key + e as u32).min(end - 1) as u64 * stride) };
+                }
+            }
+        }
+        ahead
+    }
+
+    /// Bit `e` set where key `cursor + 8 tid + e` is shown, from this round's `ahead`.
+    #[inline(always)]
+    fn shown(&self, tid: u32) -> u32 {
+        match self.mask {
+            MaskSource::None => 0xff,
+            MaskSource::Words(_) => mask_word_byte(self.ahead[0] as u64 | (self.ahead[1] as u64) << 32, tid % 8),
+            MaskSource::Bytes(..) => self.ahead.iter().enumerate().fold(0, |m, (e, &a)| m | ((a != 0) as u32) << e),
+        }
     }
 
     /// One round: this thread's 8 keys from `cursor + 8 tid`, kept where the mask shows them and
@@ -238,12 +283,12 @@ impl Scan {
     #[inline(always)]
     fn round(&mut self, b: &DecodeBlock, sm: &Smem, tid: u32) {
         let key0 = self.cursor + 8 * tid;
-        let shown = if self.words == 0 { 0xff } else { mask_word_byte(self.word, tid % 8) };
+        let shown = self.shown(tid);
         let below = |k: u32| if k <= key0 { 0 } else { (1u32 << (k - key0).min(8)) - 1 };
         let kept = shown & below(b.end) & !below(b.begin);
         self.cursor += DECODE_SCAN_KEYS;
-        // The next round's word, in flight while this one is queued.
-        self.word = Self::load_word(self.words, self.cursor, b.end, tid);
+        // The next round's mask, in flight while this one is queued.
+        self.ahead = Self::load(self.mask, self.cursor, b.end, tid);
         let (before, total) = block_scan::<THREADS>(kept.count_ones(), tid, sm.sums);
         let (mut at, mut rest) = (self.tail + before, kept);
         while rest != 0 {
@@ -399,7 +444,7 @@ pub unsafe fn decode<E: Elem, const D: usize, const KT: usize, const DT: usize, 
     let (g, t) = (lane / 4, lane % 4);
     let ws = WarpShare::of(b.rows, tid / 32, D);
 
-    let mut scan = Scan::new(&b, tid);
+    let mut scan = Scan::new(dp, &b, D as u32 <= DECODE_MASK_BYTES_DIMS, tid);
     let (mut first, mut count) = scan.next_tile(&b, &sm, tid);
     let visited = count > 0;
     if visited {

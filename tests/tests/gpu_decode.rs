@@ -6,9 +6,9 @@
 //! biases, windows, and paged K/V (the only paged calls that take a mask). Outputs are poisoned: an unwritten element fails.
 //! `DMATTN_GPU_CASES` sets the property tests' case counts. Skips, saying why, where there is no
 //! CUDA device.
-use dmattn::DType;
+use dmattn::{DType, Tensor};
 use dmattn_tests::sparse::BandCtor;
-use dmattn_tests::varlen::{VarlenCase, VarlenMask, check_varlen};
+use dmattn_tests::varlen::{Packed, VarlenCase, VarlenMask, check_varlen};
 use dmattn_tests::*;
 use proptest::prelude::*;
 
@@ -205,4 +205,38 @@ fn paged_masks_outside_decoding_are_typed_errors() {
         Err(e) => panic!("expected an unsupported-call error, got {e}"),
         Ok(_) => panic!("expected an unsupported-call error"),
     }
+}
+
+/// A packed batch's key-side mask given as a strided view (keys 1 apart, heads `total_k` apart)
+/// gives the bits of the same mask laid out `[total_k, heads]`: the decoding kernel reads its
+/// bytes where they are, by their strides.
+#[test]
+fn strided_key_side_mask_reads_the_same() {
+    let Some(gpu) = gpu() else { return };
+    let c = VarlenCase {
+        lens: vec![(3, 3000), (1, 70), (6, 500), (0, 40), (2, 1500)],
+        heads: 8,
+        kv_heads: 2,
+        head_dim: 64,
+        causal: true,
+        band: None,
+        softcap: 0.0,
+        bias_heads: Some(2),
+        bias_per_query: false,
+        mask: Some(VarlenMask { heads: 2, per_query: false, density: 0.3 }),
+        dtype: DType::BF16,
+        page_size: None,
+        sparse: None,
+    };
+    let seqs = c.seqlens(&gpu);
+    let cpu = c.inputs(&mut seeded_rng(11));
+    let mask = cpu.mask.as_ref().unwrap();
+    let [keys, heads] = mask.shape()[..] else { unreachable!("a key-side mask is 2-D") };
+    let flags = mask.to_f64_vec().unwrap();
+    let by_head: Vec<bool> = (0..heads * keys).map(|i| flags[(i % keys) * heads + i / keys] != 0.0).collect();
+    let strided = Tensor::from_vec(by_head, &[heads, keys], &gpu).unwrap().as_strided(&[keys, heads], &[1, keys], 0).unwrap();
+    let out = |inputs: &Packed| c.forward(inputs, &seqs, false).unwrap().out.to_f64_vec().unwrap();
+    let (contiguous, viewed) = (out(&cpu.to(&gpu)), out(&Packed { mask: Some(strided), ..cpu.to(&gpu) }));
+    assert!(contiguous.iter().all(|x| x.is_finite()));
+    assert!(contiguous.iter().zip(&viewed).all(|(a, b)| a.to_bits() == b.to_bits()), "a strided mask's outputs differ from the contiguous one's");
 }

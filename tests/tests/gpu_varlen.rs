@@ -159,7 +159,7 @@ fn varlen_masks_in_every_layout() {
     }
     // Key-side masks of more heads than their pack takes in one round (eight): 12, the second
     // round partial; 16, two whole rounds; and 8 (every kv head's) over a decoding batch (the
-    // decoding kernel reads the pack).
+    // decoding kernel reads the mask's bytes; the backward packs it).
     let decoding = vec![(1, 700), (8, 3000), (0, 64), (3, 1), (5, 129)];
     for (i, (lens, heads, kv_heads)) in [(lens.clone(), 12, 4), (lens, 16, 8), (decoding, 8, 8)].into_iter().enumerate() {
         let c = VarlenCase {

@@ -5,7 +5,7 @@ use super::launch::{Launch, launch};
 use super::PreparedMask;
 use crate::error::Result;
 use crate::problem::Problem;
-use dmattn_abi::{DECODE_HEAD_DIMS, DECODE_ROWS, DECODE_SPLIT_ALIGN, DECODE_THREADS, DecodeParams, DeviceElem, FwdParams, Band, decode_smem_bytes, names};
+use dmattn_abi::{DECODE_HEAD_DIMS, DECODE_MASK_BYTES_DIMS, DECODE_ROWS, DECODE_SPLIT_ALIGN, DECODE_THREADS, DecodeParams, DeviceElem, FwdParams, Band, View4, decode_smem_bytes, names};
 
 /// What the plan needs to know of a call's mask.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -23,8 +23,10 @@ pub(crate) struct MaskShape {
 
 impl MaskShape {
     pub fn of(m: &PreparedMask) -> Self {
-        // A gathered mask is key-side by construction; otherwise its bits say.
-        MaskShape { key_side: m.gather.is_some() || m.bits.stride[2] == 0, heads: m.planes[1], blocks: m.blocks, gathered: m.gather.is_some() }
+        // A gathered mask, or one left as a packed batch's key-side bytes, is key-side by
+        // construction; otherwise its bits say.
+        let key_side = m.gather.is_some() || m.key_bytes.is_some() || m.bits.stride[2] == 0;
+        MaskShape { key_side, heads: m.planes[1], blocks: m.blocks, gathered: m.gather.is_some() }
     }
 }
 
@@ -42,6 +44,9 @@ pub(crate) struct DecodePlan {
     /// A packed batch of two or more sequences and more CTAs than SMs: its CTAs run heaviest
     /// first (`packed::decode_order`), the sequences' lengths differing.
     pub ordered: bool,
+    /// The kernel reads a packed batch's key-side bool mask as it is (`DecodeParams::mask_bytes`);
+    /// otherwise a mask left so is packed first.
+    pub mask_bytes: bool,
 }
 
 /// Splits at most (the combine pass's limit).
@@ -93,6 +98,7 @@ pub(crate) fn decode_plan(sms: u32, p: &Problem, elem: DeviceElem, mask: Option<
         split_keys: split_keys as u32,
         smem_bytes: decode_smem_bytes(d.head_dim as u32),
         ordered: p.seqs.is_some() && d.batch > 1 && FORCED_ORDER.with(|f| f.get()).unwrap_or(d.kv_heads * splits * d.batch > sms as usize),
+        mask_bytes: d.head_dim as u32 <= DECODE_MASK_BYTES_DIMS,
     })
 }
 
@@ -117,9 +123,10 @@ pub fn force_decode_order(on: Option<bool>) {
 }
 
 /// Launches `plan` with the forward's parameters `fwd` (its outputs, or with splits the
-/// partials', already in them).
-pub(crate) fn launch_decode(dev: &crate::device::CudaDevice, plan: &DecodePlan, fwd: FwdParams) -> Result<()> {
-    let params = DecodeParams { fwd, split_keys: plan.split_keys, _pad: 0 };
+/// partials', already in them) and a key-side mask's bytes (`DecodeParams::mask_bytes`, absent
+/// where the mask, if any, is `fwd.mask_bits`).
+pub(crate) fn launch_decode(dev: &crate::device::CudaDevice, plan: &DecodePlan, fwd: FwdParams, mask_bytes: View4) -> Result<()> {
+    let params = DecodeParams { fwd, split_keys: plan.split_keys, _pad: 0, mask_bytes };
     launch(dev, &Launch::kernel(&plan.kernel, plan.grid, DECODE_THREADS, plan.smem_bytes), params)
 }
 
@@ -185,6 +192,10 @@ mod tests {
         assert!((4 * 132..=16 * 132).contains(&ctas), "{ctas} CTAs");
         assert_eq!(plan.smem_bytes, decode_smem_bytes(128));
         assert!(plan.ordered, "a packed batch of many CTAs runs heaviest first");
+        // Its key-side mask is read as the caller gave it, with no pack launch, up to d128.
+        assert!(plan.mask_bytes);
+        let wide = Problem { dims: Dims { head_dim: 192, ..d }, ..p.clone() };
+        assert!(!decode_plan(132, &wide, DeviceElem::Bf16, Some(KEY_SIDE)).unwrap().mask_bytes);
         // Contiguous K/V, no mask or bias: the plain kernel, about sixteen CTAs an SM.
         let plain = Problem { pages: None, mask: None, bias: None, packed_mask: None, packed_bias: None, ..p.clone() };
         let plain_plan = decode_plan(132, &plain, DeviceElem::F16, None).unwrap();

@@ -11,7 +11,7 @@ mod prepare;
 mod select;
 mod tma;
 
-pub(crate) use prepare::{PreparedMask, pack_sequences, prepare, to_sequences};
+pub(crate) use prepare::{PreparedMask, key_side_bytes, pack_sequences, prepare, to_sequences};
 pub(crate) use select::select_keys;
 pub(crate) use lists::from_bits as lists_from_bits;
 pub use select::{force_select_launches, force_wide_selection};
@@ -142,6 +142,15 @@ fn device_mask(saved: &Saved) -> Option<&PreparedMask> {
         MaskData::Cuda(m) => Some(m),
         MaskData::Cpu(_) => unreachable!("a CPU mask on a CUDA call is rejected by validation"),
     }
+}
+
+/// `saved` with its mask packed where it was left as a packed batch's key-side bytes (see
+/// `prepare::KeyBytes`), for the kernels that read packed bits (all but the decoding one);
+/// `None` where there is nothing to pack.
+fn with_packed_key_bytes(dev: &CudaDevice, saved: &Saved) -> Result<Option<Saved>> {
+    let (Some(mask), Some(key_bytes)) = (&saved.mask, device_mask(saved).and_then(|m| m.key_bytes.as_ref())) else { return Ok(None) };
+    let packed = mask.with_data(MaskData::Cuda(key_bytes.packed(dev)?));
+    Ok(Some(Saved { mask: Some(packed), ..saved.clone() }))
 }
 
 /// The forward kernel's parameters for `saved`'s operands (the backward reads the same);
@@ -415,6 +424,7 @@ pub(crate) fn fwd_plan_copying(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: Fw
 pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, into: ForwardBuffers) -> Result<Forward> {
     let elem = check_operands(&p, &saved)?;
     if let Some(plan) = decode::decode_plan(dev.sms(), &p, elem, device_mask(&saved).map(decode::MaskShape::of)) {
+        let saved = if plan.mask_bytes { saved } else { with_packed_key_bytes(dev, &saved)?.unwrap_or(saved) };
         let (out, lse) = run_decode(dev, &plan, &p, &saved, into)?;
         return Ok(Forward { out, lse, problem: p, saved });
     }
@@ -424,6 +434,7 @@ pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, into: ForwardB
         let what = "a mask with paged K/V outside decoding (a kv group's heads times the longest sequence's queries above 64, or a band with sinks)".into();
         return Err(Error::Unsupported { what, backend: BACKEND });
     }
+    let saved = with_packed_key_bytes(dev, &saved)?.unwrap_or(saved);
     if let Some(lists) = lists::row_lists(&saved)
         && let Some(plan) = lists::lists_plan(&p, elem, lists.planes)
     {
@@ -586,15 +597,17 @@ fn run_decode(dev: &CudaDevice, plan: &decode::DecodePlan, p: &Problem, saved: &
         _ => None,
     };
     let order_at = order.as_ref().map_or(0, |o| o.ptr());
+    // A packed batch's key-side mask as the caller gave it (no pack launch).
+    let mask_bytes = device_mask(saved).and_then(|m| m.key_bytes.as_ref()).map_or(View4::ABSENT, |k| k.view);
     if plan.splits == 1 {
-        decode::launch_decode(dev, plan, FwdParams { order: order_at, ..fwd_params(p, saved, &out, &lse, false)? })?;
+        decode::launch_decode(dev, plan, FwdParams { order: order_at, ..fwd_params(p, saved, &out, &lse, false)? }, mask_bytes)?;
     } else {
         split_and_combine(dev, p, plan.elem, plan.splits, &out, &lse, |o_part, lse_part, strides| {
             let mut params = fwd_params(p, saved, o_part, lse_part, false)?;
             params.splits = plan.splits;
             (params.o_split_stride, params.lse_split_stride) = strides;
             params.order = order_at;
-            decode::launch_decode(dev, plan, params)
+            decode::launch_decode(dev, plan, params, mask_bytes)
         })?;
     }
     Ok((out, lse))
@@ -892,6 +905,10 @@ fn batch_entry(p: &BwdParams, b: u64) -> BwdParams {
 }
 
 pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, into: GradientBuffers) -> Result<Gradients> {
+    if let Some(saved) = with_packed_key_bytes(dev, &fwd.saved)? {
+        let packed = Forward { out: fwd.out.clone(), lse: fwd.lse.clone(), problem: fwd.problem.clone(), saved };
+        return backward(dev, &packed, dout, into);
+    }
     if let Some(lists) = key_lists(&fwd.saved) {
         return gather::backward(dev, fwd, &lists, dout, into);
     }

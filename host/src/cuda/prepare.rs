@@ -39,6 +39,10 @@ pub(crate) struct PreparedMask {
     /// Per-query index lists alone: their keep table and shape, until `PreparedMask::prepare`
     /// has decided whether to lay them out for the lists forward (`rows`).
     pub index_bits: Option<(Tensor, [usize; 4])>,
+    /// A packed batch's key-side bool mask left as the caller gave it (`classes` and `bits` are
+    /// then absent): the decoding kernel reads its bytes, every other kernel takes it packed
+    /// ([`KeyBytes::packed`]).
+    pub key_bytes: Option<KeyBytes>,
     bytes: usize,
     /// The buffers the views point into (one may serve several masks: `to_sequences`).
     _bufs: Vec<Arc<DeviceBuffer>>,
@@ -60,7 +64,7 @@ impl PreparedMask {
     /// A score mask's classes and bits in `bufs`.
     pub fn new(classes: View4, bits: View4, planes: [usize; 2], bufs: Vec<DeviceBuffer>) -> Self {
         let bytes = bufs.iter().map(DeviceBuffer::bytes).sum();
-        PreparedMask { classes, bits, planes, blocks: false, gather: None, rows: None, index_bits: None, bytes, _bufs: bufs.into_iter().map(Arc::new).collect() }
+        PreparedMask { classes, bits, planes, blocks: false, gather: None, rows: None, index_bits: None, key_bytes: None, bytes, _bufs: bufs.into_iter().map(Arc::new).collect() }
     }
 
     pub fn memory_bytes(&self) -> usize {
@@ -69,7 +73,7 @@ impl PreparedMask {
 
     /// The same data seen through other views (into the same buffers) and planes.
     pub fn viewed(&self, classes: View4, bits: View4, planes: [usize; 2]) -> Self {
-        PreparedMask { classes, bits, planes, rows: None, index_bits: None, ..self.clone() }
+        PreparedMask { classes, bits, planes, rows: None, index_bits: None, key_bytes: None, ..self.clone() }
     }
 
     /// Whether each 64x64 block of each plane is visited, `[planes, q_blocks, k_blocks]` (read
@@ -209,6 +213,32 @@ pub(crate) fn pack_sequences(dev: &CudaDevice, t: &Tensor, layout: PackedLayout,
     Ok(PreparedMask::new(params.classes, params.bits, [1, heads], vec![buf]))
 }
 
+/// A packed batch's key-side bool mask, unpacked until a kernel other than the decoding one
+/// needs it: a decoding call reads the bytes where they are (no pack launch before it).
+#[derive(Clone)]
+pub(crate) struct KeyBytes {
+    /// The mask's bytes as the decoding kernel reads them (`DecodeParams::mask_bytes`).
+    pub view: View4,
+    mask: Tensor,
+    seqs: SeqLens,
+}
+
+impl KeyBytes {
+    /// The mask packed as [`pack_sequences`] packs a key-side one (one launch).
+    pub fn packed(&self, dev: &CudaDevice) -> Result<PreparedMask> {
+        pack_sequences(dev, &self.mask, PackedLayout::KeySide, &self.seqs)
+    }
+}
+
+/// A packed batch's key-side bool mask `t` (`[total_k, heads]`, checked), left unpacked: see
+/// [`KeyBytes`].
+pub(crate) fn key_side_bytes(t: &Tensor, seqs: &SeqLens) -> PreparedMask {
+    let heads = t.shape()[1];
+    let view = View4 { ptr: t.device_ptr().expect("CUDA tensor"), stride: packed_strides(PackedLayout::KeySide, heads, |i| t.strides()[i] as u64) };
+    let key_bytes = Some(KeyBytes { view, mask: t.clone(), seqs: seqs.clone() });
+    PreparedMask { classes: View4::ABSENT, bits: View4::ABSENT, planes: [1, heads], blocks: false, gather: None, rows: None, index_bits: None, key_bytes, bytes: 0, _bufs: Vec::new() }
+}
+
 /// A score mask alone in the dense-tile form (block classes and packed bits).
 pub(crate) fn pack_score_mask(dev: &CudaDevice, t: &Tensor, packed: bool, sq: usize, sk: usize) -> Result<PreparedMask> {
     let mut bufs = Vec::new();
@@ -279,7 +309,7 @@ pub(crate) fn prepare(dev: &CudaDevice, parts: &[Part], sq: usize, sk: usize, ga
         if let Some(lists) = super::gather::compact(dev, t, packed, sq, sk)? {
             let planes = lists.planes;
             let gather = Some(Arc::new(lists));
-            return Ok(PreparedMask { classes: View4::ABSENT, bits: View4::ABSENT, planes, blocks: false, gather, rows: None, index_bits: None, bytes: 0, _bufs: Vec::new() });
+            return Ok(PreparedMask { classes: View4::ABSENT, bits: View4::ABSENT, planes, blocks: false, gather, rows: None, index_bits: None, key_bytes: None, bytes: 0, _bufs: Vec::new() });
         }
     }
     let (mut classes, bits, mut planes) = match scores.first() {
@@ -326,7 +356,7 @@ pub(crate) fn prepare(dev: &CudaDevice, parts: &[Part], sq: usize, sk: usize, ga
     };
     let bytes = bufs.iter().map(DeviceBuffer::bytes).sum();
     let blocks = parts.iter().any(|p| !matches!(p, Part::Dense(_) | Part::Packed(_)));
-    Ok(PreparedMask { classes, bits, planes, blocks, gather: None, rows: None, index_bits, bytes, _bufs: bufs.into_iter().map(Arc::new).collect() })
+    Ok(PreparedMask { classes, bits, planes, blocks, gather: None, rows: None, index_bits, key_bytes: None, bytes, _bufs: bufs.into_iter().map(Arc::new).collect() })
 }
 
 /// A mask prepared per sequence (`prepare` at the longest lengths, sequence `b` in plane `b`, or
@@ -364,7 +394,7 @@ pub(crate) fn to_sequences(dev: &CudaDevice, m: &PreparedMask, seqs: &SeqLens) -
     }
     let bytes = bufs.iter().map(|b| b.bytes()).sum();
     let bits = if one_row { m.bits } else { params.bits };
-    Ok(PreparedMask { classes: params.classes, bits, planes: [1, ph], blocks: m.blocks, gather: None, rows: None, index_bits: None, bytes, _bufs: bufs })
+    Ok(PreparedMask { classes: params.classes, bits, planes: [1, ph], blocks: m.blocks, gather: None, rows: None, index_bits: None, key_bytes: None, bytes, _bufs: bufs })
 }
 
 #[cfg(test)]
