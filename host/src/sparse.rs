@@ -605,12 +605,15 @@ pub(crate) fn sink_keys(band: &Band, sk: usize) -> usize {
 /// sink tiles before the band's, then the band's, from its first row's first key to its last
 /// row's end. Between them every tile is seen: each row's ends move by at most one key a row
 /// (a compressed band's by at most one every `compress` rows), and a row that sees nothing
-/// sees nothing at either end.
+/// sees nothing at either end. Rows whose band lies wholly past the keys (ends clamped to `sk`)
+/// see no tile: the kernels' `key_tiles` rounds such an empty run to the tile holding key `sk`
+/// and visits it for nothing (every score hidden), which the estimates here do not count.
 pub(crate) fn band_tiles(band: &Band, sq: usize, sk: usize, row0: usize, rows: usize, block_n: usize) -> (usize, Range<usize>) {
     let (lo, _) = band_keys(band, sq, sk, row0);
     let (_, hi) = band_keys(band, sq, sk, row0 + rows - 1);
-    let (begin, end) = (lo / block_n, hi.div_ceil(block_n));
-    (sink_keys(band, sk).min(hi).div_ceil(block_n).min(begin), begin..end.max(begin))
+    // The ends never decrease along the rows: `lo >= hi` leaves every row nothing.
+    let (begin, end) = if lo < hi { (lo / block_n, hi.div_ceil(block_n)) } else { (hi.div_ceil(block_n), hi.div_ceil(block_n)) };
+    (sink_keys(band, sk).min(hi).div_ceil(block_n).min(begin), begin..end)
 }
 
 /// Whether the band shows key `j` to query `i`.

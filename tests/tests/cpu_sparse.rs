@@ -427,6 +427,11 @@ fn memory_and_estimated_speedup() {
         assert_eq!(p.memory_bytes(), 0, "{ctor:?}");
         assert_eq!(p.estimated_speedup().unwrap(), MaskSpec::band(ctor, 0).estimated_speedup(sq, sk), "{ctor:?} at {sq}x{sk}");
     }
+    // A compressed band with a window whose last rows' band lies past the keys (query tiles 1
+    // and 2 see nothing; found by a random case).
+    let past = MaskSpec { bands: vec![(BandCtor::CompressCausal(2), 0), (BandCtor::Window(Some(1), Some(8)), 0)], data: Vec::new() };
+    assert_eq!(past.prepare(&CPU, 130, 3).unwrap().estimated_speedup().unwrap(), 3.0);
+    assert_eq!(past.estimated_speedup(130, 3), 3.0);
     // With data parts.
     let kinds: [&[Kind]; 6] = [
         &[Kind::Dense],
