@@ -68,8 +68,12 @@ impl<'a> Attention<'a> {
     /// kept-key counts back from the device (see [`crate::CudaDevice`]). With a packed batch
     /// ([`Attention::seqlens`]) the mask is key-side `[total_k, {1|kv_heads|heads}]` or
     /// query-based `[total_q, {1|kv_heads|heads}, max_seqlen_k]`, as its bias may be (columns
-    /// past a sequence's keys are never read). ANDed with [`Attention::causal`] and with a
-    /// parametric [`Attention::sparse_mask`] (a window, compressed causal, sinks).
+    /// past a sequence's keys are never read). A packed batch's key-side mask is read where it
+    /// is, not copied: by the decoding kernel as bytes, or packed by the first kernel that needs
+    /// bits (the backward of a decoding forward among them), so it must stay alive and
+    /// unchanged until the [`Forward`]'s last backward is queued. ANDed with
+    /// [`Attention::causal`] and with a parametric [`Attention::sparse_mask`] (a window,
+    /// compressed causal, sinks).
     pub fn mask(mut self, mask: &'a Tensor) -> Self {
         self.inputs.mask = Some(mask);
         self
@@ -314,8 +318,11 @@ impl Forward {
         .into_iter()
         .flatten()
         .collect();
-        // The mask was read into its prepared form (dmattn's own memory) before the forward.
-        let optional = s.bias.as_ref().map(|t| ("bias", t));
+        // The mask was read into its prepared form (dmattn's own memory) before the forward,
+        // but for a packed batch's key-side mask that a decoding forward read as it is: the
+        // backward packs it, so it is read here.
+        let unpacked = s.mask.as_ref().and_then(|m| m.unpacked_source()).map(|t| ("mask", t));
+        let optional = s.bias.as_ref().map(|t| ("bias", t)).into_iter().chain(unpacked);
         let reads: Vec<_> = [("q", &s.q), ("k", &s.k), ("v", &s.v), ("out", &self.out), ("lse", &self.lse), ("dout", dout)].into_iter().chain(optional).collect();
         buffers::check(&self.out.device(), &dests, &reads)?;
         match self.out.device() {

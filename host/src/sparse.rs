@@ -385,6 +385,15 @@ impl PreparedMask {
         Ok(Self::on_device(data, [1, heads], seqs.max_seqlen_q(), seqs.max_seqlen_k(), t.device()))
     }
 
+    /// The caller's tensor a GPU mask still reads (a packed batch's key-side mask left as bytes,
+    /// `cuda::KeyBytes`), if any.
+    pub(crate) fn unpacked_source(&self) -> Option<&Tensor> {
+        match &self.data {
+            Some(MaskData::Cuda(g)) => g.key_bytes.as_ref().map(|k| k.source()),
+            _ => None,
+        }
+    }
+
     /// The device the mask was prepared on (any device's tensors may use a parametric mask).
     pub fn device(&self) -> Device {
         self.device.clone()

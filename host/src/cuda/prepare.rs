@@ -224,6 +224,11 @@ pub(crate) struct KeyBytes {
 }
 
 impl KeyBytes {
+    /// The caller's mask the bytes are read from.
+    pub fn source(&self) -> &Tensor {
+        &self.mask
+    }
+
     /// The mask packed as [`pack_sequences`] packs a key-side one (one launch).
     pub fn packed(&self, dev: &CudaDevice) -> Result<PreparedMask> {
         pack_sequences(dev, &self.mask, PackedLayout::KeySide, &self.seqs)
