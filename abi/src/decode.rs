@@ -3,8 +3,9 @@
 //! that each K and V row is read once per kv head rather than once per query head, and none of a
 //! 64-row tile is spent on rows that do not exist. A key-side mask's kept keys are compacted as
 //! the CTA goes: it scans the mask (its packed bits, or a packed batch's bool bytes as the caller
-//! gave them), [`DECODE_SCAN_KEYS`] keys a round, into a queue of kept positions, and each key tile is the next [`DECODE_KEYS`] of them, K, V and bias read
-//! at those positions: a hidden key costs a bit, never a row.
+//! gave them), [`DECODE_SCAN_KEYS`] keys a round, into a queue of kept positions, and each key
+//! tile is the next [`DECODE_KEYS`] of them, K, V and bias read at those positions: a hidden key
+//! costs a bit or a byte, never a row.
 
 use crate::FwdParams;
 
@@ -35,8 +36,8 @@ pub const DECODE_HEAD_DIMS: [u32; 6] = [32, 64, 96, 128, 192, 256];
 /// combine), with these restrictions, which the host checks: `kv_group * seqlen_q <=`
 /// [`DECODE_ROWS`] (the longest sequence's queries); a mask, if any, has no query dimension and
 /// no block parts, with 1 or `kv_heads` heads: packed bits (`mask_bits`, `stride[2] == 0`, one
-/// word per 64 keys) or bool bytes (`mask_bytes`); a bias, if any, has no query dimension and 1 or `kv_heads` heads; the
-/// band has no sinks and no compression.
+/// word per 64 keys) or bool bytes (`mask_bytes`); a bias, if any, has no query dimension and
+/// 1 or `kv_heads` heads; the band has no sinks and no compression.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DecodeParams {

@@ -2,9 +2,9 @@
 //! per (kv head, key split, sequence), its 64 rows the kv group's query heads times the
 //! sequence's queries, so that each K and V row is read once per kv head. The CTA compacts a
 //! key-side mask's kept keys as it goes: a scan round reads the mask of 1024 keys (8 a thread:
-//! a byte of a packed word, or 8 bool bytes) and queues the kept positions in shared memory; each key tile is the next 64 of
-//! them, its K and V rows (and the bias) read at those positions while the tile before is
-//! computed. Without a mask every key of the split is queued.
+//! a byte of a packed word, or 8 bool bytes) and queues the kept positions in shared memory;
+//! each key tile is the next 64 of them, its K and V rows (and the bias) read at those positions
+//! while the tile before is computed. Without a mask every key of the split is queued.
 use crate::arch::*;
 use crate::elem::Elem;
 use crate::gemm::{pv_product, scores_product};

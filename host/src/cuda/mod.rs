@@ -183,9 +183,7 @@ fn fwd_params(p: &Problem, saved: &Saved, out: &Tensor, lse: &Tensor, gathered: 
     if let (Some(bias), Some(layout)) = (&saved.bias, p.packed_bias) {
         // Read element by element (a sequence's first key or row is not 16-byte aligned in
         // general); where a sequence starts is `Seq::origin`'s.
-        let (s, heads) = (bias.strides(), bias.shape()[1]);
-        let stride = packed_strides(layout, heads, |i| s[i] as u64);
-        (params.bias, params.bias_head_div) = (View4 { ptr: bias.device_ptr().expect("CUDA tensor"), stride }, head_div(&d, heads));
+        (params.bias, params.bias_head_div) = (packed_view(bias, layout), head_div(&d, bias.shape()[1]));
     } else if let Some(bias) = &saved.bias {
         (params.bias, params.bias_head_div) = broadcast_operand(&d, bias);
         let vectorizable = bias_vectorizable(bias, &params.bias);
@@ -264,6 +262,13 @@ pub(crate) fn packed_strides(layout: PackedLayout, heads: usize, s: impl Fn(usiz
         PackedLayout::KeySide => [s(0), head, 0, s(0)],
         PackedLayout::PerQuery => [0, head, s(0), s(2)],
     }
+}
+
+/// A packed batch's bias or mask tensor `t` (on the device) as the kernels read it, by its own
+/// strides ([`packed_strides`]).
+pub(crate) fn packed_view(t: &Tensor, layout: PackedLayout) -> View4 {
+    let s = t.strides();
+    View4 { ptr: t.device_ptr().expect("CUDA tensor"), stride: packed_strides(layout, t.shape()[1], |i| s[i] as u64) }
 }
 
 /// The bias's dims as the backward's dbias turns see them (`BwdParams::bias_dims`: size 1

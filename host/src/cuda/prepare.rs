@@ -7,7 +7,7 @@
 //! `dmattn_block_mask`.
 use super::launch::{Launch, launch};
 use super::gather::KeyListsBuf;
-use super::{BACKEND, broadcast_view, packed_strides};
+use super::{BACKEND, broadcast_view, packed_view};
 use crate::device::CudaDevice;
 use crate::dtype::DType::{Bool, U8};
 use crate::error::{Error, Result};
@@ -65,6 +65,12 @@ impl PreparedMask {
     pub fn new(classes: View4, bits: View4, planes: [usize; 2], bufs: Vec<DeviceBuffer>) -> Self {
         let bytes = bufs.iter().map(DeviceBuffer::bytes).sum();
         PreparedMask { classes, bits, planes, blocks: false, gather: None, rows: None, index_bits: None, key_bytes: None, bytes, _bufs: bufs.into_iter().map(Arc::new).collect() }
+    }
+
+    /// A mask of `planes` with no classes, bits or buffers: the base of the forms that keep
+    /// their data elsewhere (key lists, a caller's bytes).
+    fn without_data(planes: [usize; 2]) -> Self {
+        PreparedMask { classes: View4::ABSENT, bits: View4::ABSENT, planes, blocks: false, gather: None, rows: None, index_bits: None, key_bytes: None, bytes: 0, _bufs: Vec::new() }
     }
 
     pub fn memory_bytes(&self) -> usize {
@@ -196,7 +202,7 @@ pub(crate) fn pack_sequences(dev: &CudaDevice, t: &Tensor, layout: PackedLayout,
     let (cu_q, cu_k) = seqs.device_tensors();
     let ptr = |t: &Tensor| t.device_ptr().expect("CUDA tensor");
     let params = MaskPackParams {
-        mask: View4 { ptr: ptr(t), stride: packed_strides(layout, heads, |i| t.strides()[i] as u64) },
+        mask: packed_view(t, layout),
         classes: View4 { ptr: buf.ptr() + bits_bytes as u64, stride: out_stride },
         bits: View4 { ptr: buf.ptr(), stride: out_stride },
         dims: [seqs.batch() as u32, heads as u32, rows as u32, max_k as u32],
@@ -238,10 +244,8 @@ impl KeyBytes {
 /// A packed batch's key-side bool mask `t` (`[total_k, heads]`, checked), left unpacked: see
 /// [`KeyBytes`].
 pub(crate) fn key_side_bytes(t: &Tensor, seqs: &SeqLens) -> PreparedMask {
-    let heads = t.shape()[1];
-    let view = View4 { ptr: t.device_ptr().expect("CUDA tensor"), stride: packed_strides(PackedLayout::KeySide, heads, |i| t.strides()[i] as u64) };
-    let key_bytes = Some(KeyBytes { view, mask: t.clone(), seqs: seqs.clone() });
-    PreparedMask { classes: View4::ABSENT, bits: View4::ABSENT, planes: [1, heads], blocks: false, gather: None, rows: None, index_bits: None, key_bytes, bytes: 0, _bufs: Vec::new() }
+    let key_bytes = Some(KeyBytes { view: packed_view(t, PackedLayout::KeySide), mask: t.clone(), seqs: seqs.clone() });
+    PreparedMask { key_bytes, ..PreparedMask::without_data([1, t.shape()[1]]) }
 }
 
 /// A score mask alone in the dense-tile form (block classes and packed bits).
@@ -314,7 +318,7 @@ pub(crate) fn prepare(dev: &CudaDevice, parts: &[Part], sq: usize, sk: usize, ga
         if let Some(lists) = super::gather::compact(dev, t, packed, sq, sk)? {
             let planes = lists.planes;
             let gather = Some(Arc::new(lists));
-            return Ok(PreparedMask { classes: View4::ABSENT, bits: View4::ABSENT, planes, blocks: false, gather, rows: None, index_bits: None, key_bytes: None, bytes: 0, _bufs: Vec::new() });
+            return Ok(PreparedMask { gather, ..PreparedMask::without_data(planes) });
         }
     }
     let (mut classes, bits, mut planes) = match scores.first() {
