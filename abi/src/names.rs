@@ -62,6 +62,8 @@ pub const BWD_PRE_PREFIX: &str = "dmattn_bwd_pre_";
 pub const BWD_SHARES: &str = "dmattn_bwd_shares";
 pub const CONVERT_PREFIX: &str = "dmattn_convert_";
 pub const COMBINE_PREFIX: &str = "dmattn_fwd_combine_";
+/// `dmattn_combine_rows_<elem>`: the combine for calls of few rows, a CTA a row.
+pub const COMBINE_ROWS_PREFIX: &str = "dmattn_combine_rows_";
 /// `dmattn_decode_<elem>_d<dim>`, and its paged-K/V kernel with [`PAGED_SUFFIX`]: the
 /// decoding forward ([`super::DecodeParams`]).
 pub const DECODE_PREFIX: &str = "dmattn_decode_";

@@ -317,3 +317,7 @@ pub const SOFTMAX_ROWS_SMEM_BYTES: u32 = 8 * (SOFTMAX_ROWS_THREADS / 32);
 
 /// Threads per block of the preprocessing and conversion kernels.
 pub const PRE_THREADS: u32 = 256;
+
+/// Dynamic shared memory of `dmattn_combine_rows_<elem>` (a CTA a row, [`PRE_THREADS`]
+/// threads): each thread's 8 f32 partial sums, then each warp's LSE max and sum.
+pub const COMBINE_ROWS_SMEM_BYTES: u32 = 4 * 8 * PRE_THREADS + 8 * (PRE_THREADS / 32);

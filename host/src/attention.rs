@@ -63,15 +63,16 @@ impl<'a> Attention<'a> {
     /// false hides a score. Key tiles it hides entirely are skipped on the GPU. It is prepared
     /// (packed to bits on the GPU) by every call that takes it: a mask used by several calls is
     /// better prepared once ([`SparseMask::dense`], [`Attention::sparse_mask`]). A mask without a
-    /// query dimension (`[.., .., 1, seqlen_k]`, a key-side mask) keeping at most half the keys
-    /// runs on the GPU as gather attention, O(seqlen_q x kept keys); its preparation reads the
-    /// kept-key counts back from the device (see [`crate::CudaDevice`]). With a packed batch
+    /// query dimension (`[.., .., 1, seqlen_k]`, a key-side mask) runs on the GPU as gather
+    /// attention, O(seqlen_q x kept keys): its kept keys are compacted into lists, or on a
+    /// decoding call (a kv group's heads times the queries at most 64, head dim at most 128)
+    /// the decoding kernel compacts them as it reads the keys. With a packed batch
     /// ([`Attention::seqlens`]) the mask is key-side `[total_k, {1|kv_heads|heads}]` or
     /// query-based `[total_q, {1|kv_heads|heads}, max_seqlen_k]`, as its bias may be (columns
-    /// past a sequence's keys are never read). A packed batch's key-side mask is read where it
-    /// is, not copied: by the decoding kernel as bytes, or packed by the first kernel that needs
-    /// bits (the backward of a decoding forward among them), so it must stay alive and
-    /// unchanged until the [`Forward`]'s last backward is queued. ANDed with
+    /// past a sequence's keys are never read). A key-side mask that a decoding call takes is
+    /// read where it is, not copied: by the decoding kernel as bytes, then prepared by the
+    /// first kernel that needs another form (the backward among them), so it must stay alive
+    /// and unchanged until the [`Forward`]'s last backward is queued. ANDed with
     /// [`Attention::causal`] and with a parametric [`Attention::sparse_mask`] (a window,
     /// compressed causal, sinks).
     pub fn mask(mut self, mask: &'a Tensor) -> Self {
@@ -231,6 +232,8 @@ impl<'a> Attention<'a> {
         let mask = match (i.mask, i.indices, i.sparse) {
             (Some(m), _, _) => Some(match (&problem.seqs, problem.packed_mask) {
                 (Some(seqs), Some(layout)) => PreparedMask::packed(m, layout, seqs)?,
+                // A decoding call's key-side mask: read where it is (no launch before the call).
+                _ if m.device().is_cuda() && cuda::reads_key_bytes(&problem, m) => PreparedMask::key_bytes(m, d.seqlen_q, d.seqlen_k),
                 _ => SparseMask::dense(m).prepare(d.seqlen_q, d.seqlen_k)?,
             }),
             (None, Some(t), _) => Some(match &problem.seqs {
@@ -319,8 +322,8 @@ impl Forward {
         .flatten()
         .collect();
         // The mask was read into its prepared form (dmattn's own memory) before the forward,
-        // but for a packed batch's key-side mask that a decoding forward read as it is: the
-        // backward packs it, so it is read here.
+        // but for a key-side mask that a decoding forward read as it is: the backward prepares
+        // it, so it is read here.
         let unpacked = s.mask.as_ref().and_then(|m| m.unpacked_source()).map(|t| ("mask", t));
         let optional = s.bias.as_ref().map(|t| ("bias", t)).into_iter().chain(unpacked);
         let reads: Vec<_> = [("q", &s.q), ("k", &s.k), ("v", &s.v), ("out", &self.out), ("lse", &self.lse), ("dout", dout)].into_iter().chain(optional).collect();

@@ -385,7 +385,14 @@ impl PreparedMask {
         Ok(Self::on_device(data, [1, heads], seqs.max_seqlen_q(), seqs.max_seqlen_k(), t.device()))
     }
 
-    /// The caller's tensor a GPU mask still reads (a packed batch's key-side mask left as bytes,
+    /// A fixed-length call's query-broadcast bool mask (checked by `Problem::new`) left as
+    /// bytes for the decoding kernel (`cuda::reads_key_bytes` says where), on a CUDA device.
+    pub(crate) fn key_bytes(t: &Tensor, seqlen_q: usize, seqlen_k: usize) -> Self {
+        let planes = [t.shape()[0], t.shape()[1]];
+        Self::on_device(MaskData::Cuda(cuda::fixed_key_bytes(t, seqlen_q, seqlen_k)), planes, seqlen_q, seqlen_k, t.device())
+    }
+
+    /// The caller's tensor a GPU mask still reads (a key-side mask left as bytes,
     /// `cuda::KeyBytes`), if any.
     pub(crate) fn unpacked_source(&self) -> Option<&Tensor> {
         match &self.data {

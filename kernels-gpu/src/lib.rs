@@ -505,10 +505,10 @@ lists_kernels! {
     F16, 128: dmattn_lists_fwd_f16_d128, dmattn_lists_fwd_f16_d128_mods;
 }
 
-/// Per element type: the backward's delta and conversion passes, the split-KV combine, and the
+/// Per element type: the backward's delta and conversion passes, the split-KV combines, and the
 /// materialising path's row softmax (`dmattn_softmax_rows_<elem>`).
 macro_rules! elem_kernels {
-    ($($elem:ty: $delta:ident, $convert:ident, $combine:ident, $softmax_rows:ident, $scatter:ident;)*) => {$(
+    ($($elem:ty: $delta:ident, $convert:ident, $combine:ident, $combine_rows:ident, $softmax_rows:ident, $scatter:ident;)*) => {$(
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $scatter(p: ScatterParams) {
             unsafe { gather::scatter_rows::<$elem>(&p) }
@@ -526,6 +526,10 @@ macro_rules! elem_kernels {
             unsafe { combine::combine::<$elem>(&p) }
         }
         #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $combine_rows(p: CombineParams) {
+            unsafe { combine::combine_rows::<$elem>(&p) }
+        }
+        #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $softmax_rows(p: SoftmaxRowsParams) {
             unsafe { softmax_rows::softmax_rows::<$elem>(&p) }
         }
@@ -534,6 +538,6 @@ macro_rules! elem_kernels {
 
 #[cfg(not(target_feature = "sm_90a"))]
 elem_kernels! {
-    Bf16: dmattn_bwd_pre_bf16, dmattn_convert_bf16, dmattn_fwd_combine_bf16, dmattn_softmax_rows_bf16, dmattn_scatter_rows_bf16;
-    F16: dmattn_bwd_pre_f16, dmattn_convert_f16, dmattn_fwd_combine_f16, dmattn_softmax_rows_f16, dmattn_scatter_rows_f16;
+    Bf16: dmattn_bwd_pre_bf16, dmattn_convert_bf16, dmattn_fwd_combine_bf16, dmattn_combine_rows_bf16, dmattn_softmax_rows_bf16, dmattn_scatter_rows_bf16;
+    F16: dmattn_bwd_pre_f16, dmattn_convert_f16, dmattn_fwd_combine_f16, dmattn_combine_rows_f16, dmattn_softmax_rows_f16, dmattn_scatter_rows_f16;
 }

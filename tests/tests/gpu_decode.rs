@@ -1,8 +1,8 @@
 //! The decoding kernel (calls whose kv group's heads times queries fit a 64-row tile) against the
 //! f64 CPU reference: fixed-length calls with key-side biases, GQA groups of 1 to 8, causal,
 //! softcap, head dims 32-256, keys long enough to split, and key-side masks from none to every
-//! key kept (those keeping at most half the keys run as gather attention, which these shapes
-//! test too); packed batches of 0-16 queries per sequence with key-side masks at any density and
+//! key kept (read as bytes by the decoding kernel to d128, compacted into key lists for gather
+//! attention past it), forward and backward; packed batches of 0-16 queries per sequence with key-side masks at any density and
 //! biases, windows, and paged K/V (the only paged calls that take a mask). Outputs are poisoned: an unwritten element fails.
 //! `DMATTN_GPU_CASES` sets the property tests' case counts. Skips, saying why, where there is no
 //! CUDA device.
@@ -57,6 +57,17 @@ fn decode_cases() -> impl Strategy<Value = (Case, u64)> {
 fn decode_matches_reference() {
     let Some(gpu) = gpu() else { return };
     if let Err(e) = gpu_runner(2000).run(&decode_cases(), |(case, seed)| check_gpu_forward(&case, ForwardPath::Fused, &gpu, &case.inputs(&mut seeded_rng(seed)))) {
+        panic!("{e}");
+    }
+}
+
+/// The backward of a decoding forward: a key-side mask the decoding kernel read as bytes is
+/// prepared by the backward (compacted into key lists, or the dense-tile form past half the
+/// keys) from the caller's tensor, which the forward left where it was.
+#[test]
+fn decode_backward_matches_reference() {
+    let Some(gpu) = gpu() else { return };
+    if let Err(e) = gpu_runner(300).run(&decode_cases(), |(case, seed)| check_gpu_backward(&case, ForwardPath::Fused, &gpu, seed, seed % 4 == 0)) {
         panic!("{e}");
     }
 }

@@ -3,8 +3,10 @@
 //! ([`decode_plan`], tested on the CPU), and its launch.
 use super::launch::{Launch, launch};
 use super::PreparedMask;
+use crate::dtype::DType;
 use crate::error::Result;
 use crate::problem::Problem;
+use crate::tensor::Tensor;
 use dmattn_abi::{DECODE_HEAD_DIMS, DECODE_MASK_BYTES_DIMS, DECODE_ROWS, DECODE_SPLIT_ALIGN, DECODE_THREADS, DecodeParams, DeviceElem, FwdParams, Band, View4, decode_smem_bytes, names};
 
 /// What the plan needs to know of a call's mask.
@@ -23,8 +25,8 @@ pub(crate) struct MaskShape {
 
 impl MaskShape {
     pub fn of(m: &PreparedMask) -> Self {
-        // A gathered mask, or one left as a packed batch's key-side bytes, is key-side by
-        // construction; otherwise its bits say.
+        // A gathered mask, or one left as key-side bytes, is key-side by construction;
+        // otherwise its bits say.
         let key_side = m.gather.is_some() || m.key_bytes.is_some() || m.bits.stride[2] == 0;
         MaskShape { key_side, heads: m.planes[1], blocks: m.blocks, gathered: m.gather.is_some() }
     }
@@ -44,9 +46,22 @@ pub(crate) struct DecodePlan {
     /// A packed batch of two or more sequences and more CTAs than SMs: its CTAs run heaviest
     /// first (`packed::decode_order`), the sequences' lengths differing.
     pub ordered: bool,
-    /// The kernel reads a packed batch's key-side bool mask as it is (`DecodeParams::mask_bytes`);
-    /// otherwise a mask left so is packed first.
+    /// The kernel reads a key-side bool mask as it is (`DecodeParams::mask_bytes`); otherwise a
+    /// mask left so is prepared first.
     pub mask_bytes: bool,
+}
+
+/// Whether a fixed-length call's bool mask `m` is left as key-side bytes
+/// (`prepare::fixed_key_bytes`) rather than prepared: a query-broadcast mask over every key of
+/// a call the decoding kernel takes, which reads the bytes itself. Compacting it into key lists
+/// for gather attention costs two launches before the call's own, which on one query over
+/// 512K keys were most of the call's time (the host's, each launch 3.5-5 us).
+pub(crate) fn reads_key_bytes(p: &Problem, m: &Tensor) -> bool {
+    let s = m.shape();
+    let key_side = p.seqs.is_none() && m.dtype() == DType::Bool && s.len() == 4 && s[2] == 1 && s[3] == p.dims.seqlen_k && s[3] > 1;
+    // (The element type names the kernel only.)
+    let shape = MaskShape { key_side, heads: s.get(1).copied().unwrap_or(0), blocks: false, gathered: false };
+    key_side && decode_plan(1, p, DeviceElem::Bf16, Some(shape)).is_some_and(|plan| plan.mask_bytes)
 }
 
 /// Splits at most (the combine pass's limit).
@@ -55,9 +70,8 @@ const MAX_SPLITS: usize = 128;
 /// The decoding plan for `p` on a GPU of `sms` SMs, or `None` where the decoding kernel does not
 /// take the call: a kv group's query heads times the longest sequence's queries must fit one
 /// 64-row tile; a mask, if any, key-side with 1 or kv_heads heads and no block parts, and not
-/// compacted into key lists already (gather attention runs those: the decoding kernel would
-/// scan every key's bit again, which costs more than the lists save where they are short, H100:
-/// one query over 1024 of 512K keys, 0.075 ms against gather attention's 0.037); a bias, if
+/// compacted into key lists already (gather attention runs those; a fixed-length call's mask
+/// that this kernel takes is left as bytes for it, [`reads_key_bytes`]); a bias, if
 /// any, without a query dimension and with 1 or kv_heads heads; a band without sinks or
 /// compression. (Every such call is one the general forward would run on tiles mostly of rows
 /// that do not exist, reading each K and V row once per query head.)
@@ -215,6 +229,29 @@ mod tests {
         assert_eq!((short.splits, short.split_keys), (1, 1024));
         // A fixed-length batch's CTAs are alike: grid order.
         assert!(!plan.ordered && !decode_plan(132, &problem(dims(64, 32, 8, 1, 1 << 16, 128)), DeviceElem::Bf16, None).unwrap().ordered);
+    }
+
+    /// A fixed-length call's bool mask is left as bytes exactly where the decoding kernel reads
+    /// it: key-side over every key, the call decoding-shaped, head dims to 128.
+    #[test]
+    fn fixed_key_side_masks_left_as_bytes_for_decoding_calls() {
+        let cpu = Device::Cpu;
+        let mask = |shape: &[usize], dtype: DType| Tensor::from_fn(shape, dtype, &cpu, |i| (i % 3) as f64).unwrap();
+        let p = problem(dims(2, 4, 2, 3, 5000, 64));
+        assert!(reads_key_bytes(&p, &mask(&[1, 1, 1, 5000], DType::Bool)));
+        assert!(reads_key_bytes(&p, &mask(&[2, 2, 1, 5000], DType::Bool)));
+        // A query dimension, a broadcast key dimension, bits, or a head per query head under GQA.
+        for (shape, dtype) in [([2, 2, 3, 5000], DType::Bool), ([2, 2, 1, 1], DType::Bool), ([1, 1, 1, 625], DType::U8), ([1, 4, 1, 5000], DType::Bool)] {
+            assert!(!reads_key_bytes(&p, &mask(&shape, dtype)), "{shape:?} {dtype:?}");
+        }
+        let m = mask(&[1, 1, 1, 5000], DType::Bool);
+        // Not decoding-shaped (a group of 2 heads times 33 queries), or a head dim whose kernel
+        // takes packed bits.
+        assert!(!reads_key_bytes(&problem(dims(2, 4, 2, 33, 5000, 64)), &m));
+        assert!(!reads_key_bytes(&problem(dims(2, 4, 2, 3, 5000, 192)), &m));
+        // A packed batch's masks are laid out by their own rule (`key_side_bytes`).
+        let seqs = SeqLens::from_lengths(&[3, 3], &[5000, 5000], &cpu).unwrap();
+        assert!(!reads_key_bytes(&Problem { seqs: Some(seqs), ..p }, &m));
     }
 
     /// What the decoding kernel does not take: more rows than a tile, sinks, compression, masks

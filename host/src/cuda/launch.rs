@@ -73,6 +73,17 @@ impl Launch {
     }
 }
 
+#[cfg(test)]
+impl Launch {
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub(crate) fn grid(&self) -> (u32, u32, u32) {
+        self.grid
+    }
+}
+
 /// Launches `l` with `params` (nothing where its grid is empty). The caller guarantees `params` describes live device buffers of
 /// the sizes the kernel indexes (the backends build them from validated problems).
 pub(crate) fn launch<T: Copy>(dev: &CudaDevice, l: &Launch, params: T) -> Result<()>

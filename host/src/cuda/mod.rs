@@ -11,7 +11,8 @@ mod prepare;
 mod select;
 mod tma;
 
-pub(crate) use prepare::{PreparedMask, key_side_bytes, pack_sequences, prepare, to_sequences};
+pub(crate) use prepare::{PreparedMask, fixed_key_bytes, key_side_bytes, pack_sequences, prepare, to_sequences};
+pub(crate) use decode::reads_key_bytes;
 pub(crate) use select::select_keys;
 pub(crate) use lists::from_bits as lists_from_bits;
 pub use select::{force_select_launches, force_wide_selection};
@@ -144,13 +145,13 @@ fn device_mask(saved: &Saved) -> Option<&PreparedMask> {
     }
 }
 
-/// `saved` with its mask packed where it was left as a packed batch's key-side bytes (see
-/// `prepare::KeyBytes`), for the kernels that read packed bits (all but the decoding one);
-/// `None` where there is nothing to pack.
-fn with_packed_key_bytes(dev: &CudaDevice, saved: &Saved) -> Result<Option<Saved>> {
+/// `saved` with its mask prepared where it was left as key-side bytes (see
+/// `prepare::KeyBytes`), for the kernels that do not read bytes (all but the decoding one);
+/// `None` where there is nothing to prepare.
+fn with_prepared_key_bytes(dev: &CudaDevice, saved: &Saved) -> Result<Option<Saved>> {
     let (Some(mask), Some(key_bytes)) = (&saved.mask, device_mask(saved).and_then(|m| m.key_bytes.as_ref())) else { return Ok(None) };
-    let packed = mask.with_data(MaskData::Cuda(key_bytes.packed(dev)?));
-    Ok(Some(Saved { mask: Some(packed), ..saved.clone() }))
+    let prepared = mask.with_data(MaskData::Cuda(key_bytes.prepared(dev)?));
+    Ok(Some(Saved { mask: Some(prepared), ..saved.clone() }))
 }
 
 /// The forward kernel's parameters for `saved`'s operands (the backward reads the same);
@@ -428,8 +429,17 @@ pub(crate) fn fwd_plan_copying(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: Fw
 
 pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, into: ForwardBuffers) -> Result<Forward> {
     let elem = check_operands(&p, &saved)?;
-    if let Some(plan) = decode::decode_plan(dev.sms(), &p, elem, device_mask(&saved).map(decode::MaskShape::of)) {
-        let saved = if plan.mask_bytes { saved } else { with_packed_key_bytes(dev, &saved)?.unwrap_or(saved) };
+    let decode = |saved: &Saved| decode::decode_plan(dev.sms(), &p, elem, device_mask(saved).map(decode::MaskShape::of));
+    // A mask left as key-side bytes is prepared unless the decoding kernel reads it (the plan
+    // then made again: a fixed-length call's prepared as key lists, which that kernel declines).
+    let (plan, saved) = match decode(&saved) {
+        Some(plan) if plan.mask_bytes => (Some(plan), saved),
+        plan => match with_prepared_key_bytes(dev, &saved)? {
+            Some(prepared) => (decode(&prepared), prepared),
+            None => (plan, saved),
+        },
+    };
+    if let Some(plan) = plan {
         let (out, lse) = run_decode(dev, &plan, &p, &saved, into)?;
         return Ok(Forward { out, lse, problem: p, saved });
     }
@@ -439,7 +449,6 @@ pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, into: ForwardB
         let what = "a mask with paged K/V outside decoding (a kv group's heads times the longest sequence's queries above 64, or a band with sinks)".into();
         return Err(Error::Unsupported { what, backend: BACKEND });
     }
-    let saved = with_packed_key_bytes(dev, &saved)?.unwrap_or(saved);
     if let Some(lists) = lists::row_lists(&saved)
         && let Some(plan) = lists::lists_plan(&p, elem, lists.planes)
     {
@@ -584,8 +593,20 @@ fn split_and_combine(
         splits,
         rows,
     };
-    let name = format!("{}{}", dmattn_abi::names::COMBINE_PREFIX, elem.name());
-    launch(dev, &Launch::kernel(&name, (row_blocks(&rows), 1, 1), PRE_THREADS, 0), combine)
+    launch(dev, &combine_launch(elem, &rows, dev.sms()), combine)
+}
+
+/// The combine's launch for `rows` on a GPU of `sms` SMs: where the rows number at most the
+/// SMs, a CTA a row (`dmattn_combine_rows_<elem>`, the row's splits shared by its threads: a
+/// decoding call of one query over long keys has a few rows and up to 128 splits), else a few
+/// lanes a row (`dmattn_fwd_combine_<elem>`).
+fn combine_launch(elem: DeviceElem, rows: &QueryRows, sms: u32) -> Launch {
+    use dmattn_abi::names::{COMBINE_PREFIX, COMBINE_ROWS_PREFIX};
+    if rows.count() <= sms {
+        let name = format!("{COMBINE_ROWS_PREFIX}{}", elem.name());
+        return Launch::kernel(&name, (rows.count(), 1, 1), PRE_THREADS, dmattn_abi::COMBINE_ROWS_SMEM_BYTES);
+    }
+    Launch::kernel(&format!("{COMBINE_PREFIX}{}", elem.name()), (row_blocks(rows), 1, 1), PRE_THREADS, 0)
 }
 
 /// Runs a decoding `plan` (see [`decode::decode_plan`]) of problem `p` on `saved`'s operands:
@@ -602,7 +623,7 @@ fn run_decode(dev: &CudaDevice, plan: &decode::DecodePlan, p: &Problem, saved: &
         _ => None,
     };
     let order_at = order.as_ref().map_or(0, |o| o.ptr());
-    // A packed batch's key-side mask as the caller gave it (no pack launch).
+    // A key-side mask as the caller gave it (no launch before the kernel).
     let mask_bytes = device_mask(saved).and_then(|m| m.key_bytes.as_ref()).map_or(View4::ABSENT, |k| k.view);
     if plan.splits == 1 {
         decode::launch_decode(dev, plan, FwdParams { order: order_at, ..fwd_params(p, saved, &out, &lse, false)? }, mask_bytes)?;
@@ -727,6 +748,7 @@ pub(crate) fn forward_materialized(dev: &CudaDevice, p: Problem, saved: Saved) -
     if p.seqs.is_some() {
         return Err(Error::Unsupported { what: "forward_materialized of a packed batch".into(), backend: BACKEND });
     }
+    let saved = with_prepared_key_bytes(dev, &saved)?.unwrap_or(saved);
     match key_lists(&saved) {
         Some(lists) => gather::forward_materialized(dev, p, saved, &lists),
         None => materialized::forward(dev, p, saved),
@@ -910,7 +932,7 @@ fn batch_entry(p: &BwdParams, b: u64) -> BwdParams {
 }
 
 pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, into: GradientBuffers) -> Result<Gradients> {
-    if let Some(saved) = with_packed_key_bytes(dev, &fwd.saved)? {
+    if let Some(saved) = with_prepared_key_bytes(dev, &fwd.saved)? {
         let packed = Forward { out: fwd.out.clone(), lse: fwd.lse.clone(), problem: fwd.problem.clone(), saved };
         return backward(dev, &packed, dout, into);
     }
@@ -1039,6 +1061,22 @@ mod tests {
         assert_eq!(key_splits(132, &dims(1, 2, 32768, 1024), 128, 128).0, 1);
         let (splits, tiles) = key_splits(132, &dims(1, 2, 2048, 8192), 128, 128);
         assert!(splits > 1 && splits * tiles >= 64, "{splits} x {tiles}");
+    }
+
+    /// Few rows (one query of a few heads over split keys) take a CTA a row; many rows (the
+    /// decoding batch's thousands) a few lanes a row, every row covered.
+    #[test]
+    fn few_rows_combine_a_cta_a_row() {
+        let rows = |batch, heads, seqlen_q, head_dim| QueryRows { batch, heads, seqlen_q, head_dim };
+        let few = combine_launch(DeviceElem::Bf16, &rows(1, 2, 1, 64), 132);
+        assert_eq!((few.name(), few.grid()), ("dmattn_combine_rows_bf16", (2, 1, 1)));
+        let edge = combine_launch(DeviceElem::F16, &rows(2, 66, 1, 128), 132);
+        assert_eq!((edge.name(), edge.grid()), ("dmattn_combine_rows_f16", (132, 1, 1)));
+        let many = rows(1, 32, 304, 128);
+        let lanes = combine_launch(DeviceElem::Bf16, &many, 132);
+        assert_eq!(lanes.name(), "dmattn_fwd_combine_bf16");
+        // A warp holds 32 / lanes rows (16 bytes of the row a lane).
+        assert!(lanes.grid().0 * PRE_THREADS / many.lanes() >= many.count().min(4096 * PRE_THREADS / many.lanes()));
     }
 
     /// An H100's size with only the portable module, and an H100.

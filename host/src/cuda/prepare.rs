@@ -39,9 +39,9 @@ pub(crate) struct PreparedMask {
     /// Per-query index lists alone: their keep table and shape, until `PreparedMask::prepare`
     /// has decided whether to lay them out for the lists forward (`rows`).
     pub index_bits: Option<(Tensor, [usize; 4])>,
-    /// A packed batch's key-side bool mask left as the caller gave it (`classes` and `bits` are
-    /// then absent): the decoding kernel reads its bytes, every other kernel takes it packed
-    /// ([`KeyBytes::packed`]).
+    /// A key-side bool mask left as the caller gave it (`classes` and `bits` are then absent):
+    /// the decoding kernel reads its bytes, every other kernel takes it prepared
+    /// ([`KeyBytes::prepared`]).
     pub key_bytes: Option<KeyBytes>,
     bytes: usize,
     /// The buffers the views point into (one may serve several masks: `to_sequences`).
@@ -219,14 +219,26 @@ pub(crate) fn pack_sequences(dev: &CudaDevice, t: &Tensor, layout: PackedLayout,
     Ok(PreparedMask::new(params.classes, params.bits, [1, heads], vec![buf]))
 }
 
-/// A packed batch's key-side bool mask, unpacked until a kernel other than the decoding one
-/// needs it: a decoding call reads the bytes where they are (no pack launch before it).
+/// A key-side bool mask left as the caller gave it until a kernel other than the decoding one
+/// needs it: a decoding call reads the bytes where they are (no launch before it). Either a
+/// packed batch's (`[total_k, heads]`) or a fixed-length call's (`[{1|b}, {1|hk|h}, 1, sk]`,
+/// left so only where the decoding kernel reads it: see `decode::reads_key_bytes`).
 #[derive(Clone)]
 pub(crate) struct KeyBytes {
     /// The mask's bytes as the decoding kernel reads them (`DecodeParams::mask_bytes`).
     pub view: View4,
     mask: Tensor,
-    seqs: SeqLens,
+    rows: KeyRows,
+}
+
+/// Whose keys a [`KeyBytes`] mask's are, which decides its prepared form.
+#[derive(Clone)]
+enum KeyRows {
+    /// A packed batch's sequences: packed per sequence.
+    Packed(SeqLens),
+    /// A fixed-length call's `seqlen_q x seqlen_k`: prepared as any query-broadcast mask
+    /// (compacted into key lists for gather attention).
+    Fixed(usize, usize),
 }
 
 impl KeyBytes {
@@ -235,17 +247,29 @@ impl KeyBytes {
         &self.mask
     }
 
-    /// The mask packed as [`pack_sequences`] packs a key-side one (one launch).
-    pub fn packed(&self, dev: &CudaDevice) -> Result<PreparedMask> {
-        pack_sequences(dev, &self.mask, PackedLayout::KeySide, &self.seqs)
+    /// The mask prepared for every kernel but the decoding one: a packed batch's packed as
+    /// [`pack_sequences`] packs a key-side one (one launch), a fixed-length call's as
+    /// [`prepare`] prepares it (key lists: two launches).
+    pub fn prepared(&self, dev: &CudaDevice) -> Result<PreparedMask> {
+        match &self.rows {
+            KeyRows::Packed(seqs) => pack_sequences(dev, &self.mask, PackedLayout::KeySide, seqs),
+            &KeyRows::Fixed(sq, sk) => prepare(dev, &[Part::Dense(self.mask.clone())], sq, sk, true),
+        }
     }
 }
 
 /// A packed batch's key-side bool mask `t` (`[total_k, heads]`, checked), left unpacked: see
 /// [`KeyBytes`].
 pub(crate) fn key_side_bytes(t: &Tensor, seqs: &SeqLens) -> PreparedMask {
-    let key_bytes = Some(KeyBytes { view: packed_view(t, PackedLayout::KeySide), mask: t.clone(), seqs: seqs.clone() });
+    let key_bytes = Some(KeyBytes { view: packed_view(t, PackedLayout::KeySide), mask: t.clone(), rows: KeyRows::Packed(seqs.clone()) });
     PreparedMask { key_bytes, ..PreparedMask::without_data([1, t.shape()[1]]) }
+}
+
+/// A fixed-length call's query-broadcast bool mask `t` (`[{1|b}, {1|hk|h}, 1, sk]`, checked)
+/// for calls of `sq x sk`, left unpacked: see [`KeyBytes`].
+pub(crate) fn fixed_key_bytes(t: &Tensor, sq: usize, sk: usize) -> PreparedMask {
+    let key_bytes = Some(KeyBytes { view: broadcast_view(t), mask: t.clone(), rows: KeyRows::Fixed(sq, sk) });
+    PreparedMask { key_bytes, ..PreparedMask::without_data([t.shape()[0], t.shape()[1]]) }
 }
 
 /// A score mask alone in the dense-tile form (block classes and packed bits).
