@@ -65,14 +65,15 @@ impl<'a> Attention<'a> {
     /// better prepared once ([`SparseMask::dense`], [`Attention::sparse_mask`]). A mask without a
     /// query dimension (`[.., .., 1, seqlen_k]`, a key-side mask) runs on the GPU as gather
     /// attention, O(seqlen_q x kept keys): its kept keys are compacted into lists, or on a
-    /// decoding call (a kv group's heads times the queries at most 64, head dim at most 128)
-    /// the decoding kernel compacts them as it reads the keys. With a packed batch
-    /// ([`Attention::seqlens`]) the mask is key-side `[total_k, {1|kv_heads|heads}]` or
-    /// query-based `[total_q, {1|kv_heads|heads}, max_seqlen_k]`, as its bias may be (columns
-    /// past a sequence's keys are never read). A key-side mask that a decoding call takes is
-    /// read where it is, not copied: by the decoding kernel as bytes, then prepared by the
-    /// first kernel that needs another form (the backward among them), so it must stay alive
-    /// and unchanged until the [`Forward`]'s last backward is queued. ANDed with
+    /// decoding call the decoding kernel compacts them as it reads the keys (a kv group's heads
+    /// times the queries at most 64, head dim at most 128, a mask over every key with one head
+    /// or one per kv head, a bias, if any, without a query dimension, no sinks or compressed
+    /// causal). With a packed batch ([`Attention::seqlens`]) the mask is key-side `[total_k,
+    /// {1|kv_heads|heads}]` or query-based `[total_q, {1|kv_heads|heads}, max_seqlen_k]`, as its
+    /// bias may be (columns past a sequence's keys are never read). A key-side mask that a
+    /// decoding call takes is read where it is, not copied: by the decoding kernel as bytes,
+    /// and again by each backward, which prepares it afresh (compacted or packed), so it must
+    /// stay alive and unchanged until the [`Forward`]'s last backward is queued. ANDed with
     /// [`Attention::causal`] and with a parametric [`Attention::sparse_mask`] (a window,
     /// compressed causal, sinks).
     pub fn mask(mut self, mask: &'a Tensor) -> Self {

@@ -85,7 +85,9 @@ impl fmt::Debug for Device {
 /// the call), which reads a flag back (on a capturing stream, an error: prepare them before
 /// capturing); and the backward of gather attention (a mask without a query dimension) reads its
 /// kept-key counts back once per prepared mask to size its gathered keys (on a capturing stream it
-/// runs on dense tiles instead). BCSR input is read on the host. A packed batch's work order is
+/// runs on dense tiles instead; a decoding call's `.mask()`, which its forward reads as bytes,
+/// is compacted by each backward, which then reads the counts back each time). BCSR input is
+/// read on the host. A packed batch's work order is
 /// built by the first call on its `SeqLens` outside a capture; a call captured before that runs its
 /// CTAs in grid order (the same results, possibly slower). A graph reads the device copies its
 /// `SeqLens` and `PageTable` hold: they must outlive its replays.

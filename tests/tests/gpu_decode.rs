@@ -251,3 +251,46 @@ fn strided_key_side_mask_reads_the_same() {
     assert!(contiguous.iter().all(|x| x.is_finite()));
     assert!(contiguous.iter().zip(&viewed).all(|(a, b)| a.to_bits() == b.to_bits()), "a strided mask's outputs differ from the contiguous one's");
 }
+
+/// A fixed-length decoding call's key-side mask, which the decoding kernel reads as bytes by
+/// its strides: a view with keys 2 apart, and one expanded over the batch (stride 0), give the
+/// outputs of the same mask laid out contiguous, bit for bit. And a decoding forward's mask,
+/// prepared afresh by each backward, gives two deterministic backwards the same gradients.
+#[test]
+fn fixed_key_side_mask_views_read_the_same() {
+    let Some(gpu) = gpu() else { return };
+    let (b, hk, keys) = (2, 2, 3000);
+    let case = Case {
+        mask: Some([b, hk, 1, keys]),
+        mask_pattern: MaskPattern::Random(0.1),
+        bias: Some([1, hk, 1, keys]),
+        causal: true,
+        dtype: DType::BF16,
+        ..Case::new(b, 3, keys, 4, hk, 64)
+    };
+    let mut cpu = case.inputs(&mut seeded_rng(23));
+    // Batch entry 1's mask made entry 0's, so that an expanded view can give the same mask.
+    let flags = cpu.mask.as_ref().unwrap().to_f64_vec().unwrap();
+    let plane = hk * keys;
+    let same: Vec<bool> = (0..b * plane).map(|i| flags[i % plane] != 0.0).collect();
+    cpu.mask = Some(Tensor::from_vec(same.clone(), &[b, hk, 1, keys], &dmattn::Device::Cpu).unwrap());
+    let spread: Vec<bool> = (0..2 * b * plane).map(|i| i % 2 == 0 && same[i / 2]).collect();
+    let strided = Tensor::from_vec(spread, &[b, hk, 1, 2 * keys], &gpu).unwrap().as_strided(&[b, hk, 1, keys], &[2 * plane, 2 * keys, 2 * keys, 2], 0).unwrap();
+    let one = Tensor::from_vec(same[..plane].to_vec(), &[1, hk, 1, keys], &gpu).unwrap();
+    let expanded = one.as_strided(&[b, hk, 1, keys], &[0, keys, keys, 1], 0).unwrap();
+    let on_gpu = cpu.to(&gpu);
+    let out = |mask: &Tensor| {
+        let inputs = Inputs { q: on_gpu.q.clone(), k: on_gpu.k.clone(), v: on_gpu.v.clone(), mask: Some(mask.clone()), bias: on_gpu.bias.clone() };
+        case.call(&inputs).forward().unwrap().out.to_f64_vec().unwrap()
+    };
+    let contiguous = out(on_gpu.mask.as_ref().unwrap());
+    check_gpu_forward(&case, ForwardPath::Fused, &gpu, &cpu).unwrap();
+    for (what, mask) in [("strided", &strided), ("expanded", &expanded)] {
+        let viewed = out(mask);
+        assert!(contiguous.iter().zip(&viewed).all(|(a, b)| a.to_bits() == b.to_bits()), "a {what} mask's outputs differ from the contiguous one's");
+    }
+    let fwd = case.call(&on_gpu).deterministic(true).forward().unwrap();
+    let dout = gpu_dout(&case, 5).to_device(&gpu).unwrap();
+    let (first, again) = (grads_vec(&fwd.backward(&dout).unwrap()), grads_vec(&fwd.backward(&dout).unwrap()));
+    assert_same_bits(&first, &again, &case);
+}

@@ -432,7 +432,15 @@ pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, into: ForwardB
     let decode = |saved: &Saved| decode::decode_plan(dev.sms(), &p, elem, device_mask(saved).map(decode::MaskShape::of));
     // A mask left as key-side bytes is prepared unless the decoding kernel reads it (the plan
     // then made again: a fixed-length call's prepared as key lists, which that kernel declines).
-    let (plan, saved) = match decode(&saved) {
+    let plan = decode(&saved);
+    if plan.is_none() && p.pages.is_some() && p.mask.is_some() {
+        // The paged kernels of the general forward have no mask tiles (their lookups left no
+        // registers for them). (A mask's form does not decide whether the decoding kernel
+        // takes a call: checked before any is prepared.)
+        let what = "a mask with paged K/V outside decoding (a kv group's heads times the longest sequence's queries above 64, or a band with sinks)".into();
+        return Err(Error::Unsupported { what, backend: BACKEND });
+    }
+    let (plan, saved) = match plan {
         Some(plan) if plan.mask_bytes => (Some(plan), saved),
         plan => match with_prepared_key_bytes(dev, &saved)? {
             Some(prepared) => (decode(&prepared), prepared),
@@ -442,12 +450,6 @@ pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, into: ForwardB
     if let Some(plan) = plan {
         let (out, lse) = run_decode(dev, &plan, &p, &saved, into)?;
         return Ok(Forward { out, lse, problem: p, saved });
-    }
-    if p.pages.is_some() && p.mask.is_some() {
-        // The paged kernels of the general forward have no mask tiles (their lookups left no
-        // registers for them).
-        let what = "a mask with paged K/V outside decoding (a kv group's heads times the longest sequence's queries above 64, or a band with sinks)".into();
-        return Err(Error::Unsupported { what, backend: BACKEND });
     }
     if let Some(lists) = lists::row_lists(&saved)
         && let Some(plan) = lists::lists_plan(&p, elem, lists.planes)

@@ -219,8 +219,9 @@ pub(crate) fn pack_sequences(dev: &CudaDevice, t: &Tensor, layout: PackedLayout,
     Ok(PreparedMask::new(params.classes, params.bits, [1, heads], vec![buf]))
 }
 
-/// A key-side bool mask left as the caller gave it until a kernel other than the decoding one
-/// needs it: a decoding call reads the bytes where they are (no launch before it). Either a
+/// A key-side bool mask left as the caller gave it, prepared by each call of a kernel other
+/// than the decoding one (not kept: a backward's form would outlive a graph capture it was made
+/// in): a decoding call reads the bytes where they are (no launch before it). Either a
 /// packed batch's (`[total_k, heads]`) or a fixed-length call's (`[{1|b}, {1|hk|h}, 1, sk]`,
 /// left so only where the decoding kernel reads it: see `decode::reads_key_bytes`).
 #[derive(Clone)]
