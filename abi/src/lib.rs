@@ -164,6 +164,26 @@ mod tests {
         assert!(fwd_variants_for(128, true).unwrap().mods_ws.is_some());
     }
 
+    /// Every warp-specialised forward kernel has launch bounds of its tile's threads and one CTA
+    /// an SM: without them ptxas gives it more registers than a CTA of its threads can have (a
+    /// d64 mask-only kernel tried without them, branch wip-d64-mask-ws, took 182 a thread, and
+    /// its launches failed for lack of resources).
+    #[test]
+    fn warp_specialised_forwards_have_launch_bounds() {
+        extern crate std;
+        for v in FWD_TILES_SM90 {
+            let d = v.mods.head_dim;
+            let ws = [("", v.plain), ("_mods", v.mods_ws), ("_mask", v.mask_ws)];
+            for (suffix, tile) in ws.into_iter().filter_map(|(s, t)| t.map(|t| (s, t))) {
+                for elem in ["bf16", "f16"] {
+                    let name = std::format!("{}{elem}_d{d}{suffix}", names::FWD_WGMMA_PREFIX);
+                    let bounds = LAUNCH_BOUNDS.iter().find(|(n, _, _)| *n == name);
+                    assert_eq!(bounds.map(|&(_, threads, ctas)| (threads, ctas)), Some((tile.threads(), 1)), "{name}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn block_class_of_any_and_all() {
         assert_eq!(block_class::of(false, false), block_class::EMPTY);
