@@ -59,9 +59,26 @@ pub(crate) struct DecodePlan {
 pub(crate) fn reads_key_bytes(p: &Problem, m: &Tensor) -> bool {
     let s = m.shape();
     let key_side = p.seqs.is_none() && m.dtype() == DType::Bool && s.len() == 4 && s[2] == 1 && s[3] == p.dims.seqlen_k && s[3] > 1;
-    // (The element type names the kernel only.)
-    let shape = MaskShape { key_side, heads: s.get(1).copied().unwrap_or(0), blocks: false, gathered: false };
-    key_side && decode_plan(1, p, DeviceElem::Bf16, Some(shape)).is_some_and(|plan| plan.mask_bytes)
+    key_side && reads_mask_bytes(p) && takes(p, Some(MaskShape { key_side, heads: s[1], blocks: false, gathered: false }))
+}
+
+/// Whether the decoding kernel reads a key-side mask's bytes itself at `p`'s head dim
+/// (`DecodeParams::mask_bytes`), rather than its packed bits.
+fn reads_mask_bytes(p: &Problem) -> bool {
+    p.dims.head_dim as u32 <= DECODE_MASK_BYTES_DIMS
+}
+
+/// Whether the decoding kernel takes `p` with a mask of shape `mask` (see [`decode_plan`]).
+fn takes(p: &Problem, mask: Option<MaskShape>) -> bool {
+    let d = p.dims;
+    let group_heads = |h: usize| h == 1 || h == d.kv_heads || d.kv_heads == d.heads;
+    DECODE_HEAD_DIMS.contains(&(d.head_dim as u32))
+        && d.kv_group() * d.seqlen_q <= DECODE_ROWS as usize
+        && (p.band.left == Band::NONE || p.band.sinks == 0)
+        && p.band.compress == 0
+        && mask.is_none_or(|m| m.key_side && !m.blocks && !m.gathered && group_heads(m.heads))
+        && p.bias.is_none_or(|[_, heads, rows, _]| rows == 1 && group_heads(heads))
+        && d.batch <= u16::MAX as usize
 }
 
 /// Splits at most (the combine pass's limit).
@@ -81,18 +98,10 @@ const MAX_SPLITS: usize = 128;
 /// whole scan rounds, at most [`MAX_SPLITS`] per sequence. A packed batch's CTAs run in a
 /// work order, heaviest first.
 pub(crate) fn decode_plan(sms: u32, p: &Problem, elem: DeviceElem, mask: Option<MaskShape>) -> Option<DecodePlan> {
-    let d = p.dims;
-    let group_heads = |h: usize| h == 1 || h == d.kv_heads || d.kv_heads == d.heads;
-    let takes = DECODE_HEAD_DIMS.contains(&(d.head_dim as u32))
-        && d.kv_group() * d.seqlen_q <= DECODE_ROWS as usize
-        && (p.band.left == Band::NONE || p.band.sinks == 0)
-        && p.band.compress == 0
-        && mask.is_none_or(|m| m.key_side && !m.blocks && !m.gathered && group_heads(m.heads))
-        && p.bias.is_none_or(|[_, heads, rows, _]| rows == 1 && group_heads(heads))
-        && d.batch <= u16::MAX as usize;
-    if !takes {
+    if !takes(p, mask) {
         return None;
     }
+    let d = p.dims;
     let keys = p.seqs.as_ref().map_or(d.batch * d.seqlen_k, |s| s.total_k()) * d.kv_heads;
     let align = DECODE_SPLIT_ALIGN as usize;
     // H100, the 64-sequence decode batch (h32 hk8 d128, 2.1M keys, ms at 2 / 4 / 8 / 16 CTAs an
@@ -112,7 +121,7 @@ pub(crate) fn decode_plan(sms: u32, p: &Problem, elem: DeviceElem, mask: Option<
         split_keys: split_keys as u32,
         smem_bytes: decode_smem_bytes(d.head_dim as u32),
         ordered: p.seqs.is_some() && d.batch > 1 && FORCED_ORDER.with(|f| f.get()).unwrap_or(d.kv_heads * splits * d.batch > sms as usize),
-        mask_bytes: d.head_dim as u32 <= DECODE_MASK_BYTES_DIMS,
+        mask_bytes: reads_mask_bytes(p),
     })
 }
 
