@@ -204,7 +204,7 @@ const fn bwd_tile_in(tiles: &[BwdTile], head_dim: u32, modifiers: u8) -> Option<
 /// `__launch_bounds__`: (kernel name, threads per block, CTAs per SM to fit). ptxas then keeps
 /// each thread's registers within what that many CTAs leave; the host launches these kernels
 /// with exactly these threads.
-pub const LAUNCH_BOUNDS: [(&str, u32, u32); 36] = [
+pub const LAUNCH_BOUNDS: [(&str, u32, u32); 38] = [
     (names::SELECT_KEYS_16, SELECT_THREADS, select_ctas_per_sm(2)),
     (names::SELECT_KEYS_32, SELECT_THREADS, select_ctas_per_sm(4)),
     (names::FWD_BF16_D64_GATHER_NARROW, 128, GATHER_NARROW_CTAS_PER_SM),
@@ -215,6 +215,7 @@ pub const LAUNCH_BOUNDS: [(&str, u32, u32); 36] = [
     ("dmattn_fwd_sm90_bf16_d64_packed", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_bf16_d64_paged", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_bf16_d64_mods", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_bf16_d64_mask", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_bf16_d64_mods_gather", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d64_mods_packed", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d64_mods_paged", 256, FWD_SM90_CTAS_PER_SM),
@@ -222,6 +223,7 @@ pub const LAUNCH_BOUNDS: [(&str, u32, u32); 36] = [
     ("dmattn_fwd_sm90_f16_d64_packed", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_f16_d64_paged", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_f16_d64_mods", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_f16_d64_mask", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_f16_d64_mods_gather", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d64_mods_packed", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d64_mods_paged", 256, FWD_SM90_CTAS_PER_SM),
@@ -478,7 +480,7 @@ pub const FWD_TILES: [FwdVariants; 6] = [
 /// warpgroup's products, runs under the other two's (FlashAttention-3's d64 shape); packed
 /// batches take [`fwd_ws_packed_tile`].
 pub const FWD_TILES_SM90: [FwdVariants; 2] = [
-    FwdVariants { plain: Some(ws_tile(64, 192, 128)), mods: wgmma_tile(64, 128, 128), mods_ws: None, mask_ws: None, gather_narrow: Some(wgmma_tile(64, 64, 128)) },
+    FwdVariants { plain: Some(ws_tile(64, 192, 128)), mods: wgmma_tile(64, 128, 128), mods_ws: None, mask_ws: Some(ws_mask_tile(64, 128, 128)), gather_narrow: Some(wgmma_tile(64, 64, 128)) },
     FwdVariants { plain: Some(ws_tile(128, 128, 128)), mods: wgmma_tile(128, 128, 64), mods_ws: Some(ws_mods_tile(128, 128, 64)), mask_ws: Some(ws_mask_tile(128, 128, 128)), gather_narrow: None },
 ];
 

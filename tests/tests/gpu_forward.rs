@@ -36,15 +36,19 @@ fn modifier_forward_matches_reference() {
     });
 }
 
-/// A mask alone (no bias or softcap) at d128, up to 600 keys: on Hopper the mask-only kernel
+/// A mask alone (no bias or softcap) at d64 and d128, up to 600 keys: on Hopper the mask-only kernel
 /// (128-key tiles, no bias ring) where the keys are not split, whatever the mask's broadcast and
-/// pattern (a case drawn without a mask gets a full-shape one).
+/// pattern (a case drawn without a mask gets a full-shape one). Forced: at d64 the plan takes
+/// it only over many key tiles.
 #[test]
 fn mask_only_forward_matches_reference() {
     let Some(gpu) = gpu() else { return };
+    dmattn::force_forward_mask_only(Some(true));
     gpu_property(2000, 600, |(case, seed)| {
         let mask = case.mask.or(Some([case.batch, case.kv_heads, case.seqlen_q, case.seqlen_k]));
-        let case = Case { mask, bias: None, softcap: 0.0, head_dim: 128, ..case };
+        // d64 and d128: the head dims with a mask-only kernel on Hopper.
+        let head_dim = if seed % 2 == 0 { 64 } else { 128 };
+        let case = Case { mask, bias: None, softcap: 0.0, head_dim, ..case };
         check_gpu_forward(&case, ForwardPath::Fused, &gpu, &case.inputs(&mut seeded_rng(seed)))
     });
 }
@@ -57,11 +61,13 @@ fn mask_only_forward_matches_reference() {
 fn each_forward_kernel() {
     let Some(gpu) = gpu() else { return };
     let mut rng = fresh_rng("each_forward_kernel");
+    // (At d64 the plan takes the mask-only kernel only over many key tiles.)
+    dmattn::force_forward_mask_only(Some(true));
     for head_dim in [32, 64, 96, 128, 192, 256] {
         for dtype in [DType::BF16, DType::F16] {
             let plain = Case { dtype, causal: true, ..Case::new(1, 150, 170, 4, 2, head_dim) };
             let mods = Case { mask: Some([1, 2, 150, 170]), bias: Some([1, 4, 150, 170]), softcap: 20.0, ..plain.clone() };
-            // A mask alone (d128 on Hopper: the mask-only kernel).
+            // A mask alone (d64 and d128 on Hopper: the mask-only kernel).
             let masked = Case { mask: Some([1, 2, 150, 170]), ..plain.clone() };
             let gathered = Case { mask: Some([1, 2, 1, 170]), mask_pattern: MaskPattern::Random(0.3), bias: Some([1, 2, 1, 170]), ..plain.clone() };
             let decode = Case { dtype, bias: Some([1, 2, 1, 3000]), ..Case::new(1, 1, 3000, 4, 2, head_dim) };

@@ -31,7 +31,7 @@ use crate::sparse::MaskData;
 use std::sync::Arc;
 use dmattn_abi::{
     BwdParams, BwdSharesParams, BwdTile, BwdPreParams, CombineParams, ConvertParams, DeviceElem, FwdParams, FwdTile, KeyLists, ORDER_SMEM_BYTES, ORDER_WARPS, OrderParams,
-    PRE_THREADS, QueryRows, Seqs, View4, bwd_split_kernel, bwd_splits, bwd_tile, flags, fwd_variants_for, modifiers,
+    PRE_THREADS, QueryRows, Seqs, View4, bwd_split_kernel, bwd_splits, bwd_tile, flags, fwd_variants_for, modifiers, FwdVariants,
 };
 use launch::{Launch, launch};
 
@@ -240,6 +240,16 @@ fn key_splits(sms: u32, d: &Dims, block_m: u32, block_n: u32) -> (u32, u32) {
     (k_tiles.div_ceil(per_split) as u32, per_split as u32)
 }
 
+/// Key tiles (of the mask-only kernel's 128 keys) a call must span for that one-CTA-an-SM kernel
+/// to beat a two-CTA modifier kernel (d64), whose second CTA hides its short rows' prologue and
+/// epilogue (H200, 50 % masks: 2 tiles 0.34 -> 0.42 ms, 9 level, 16-32 6-10 % faster). Where the
+/// modifier kernel is warp-specialised too (d128) the mask-only one always serves.
+const MASK_WS_MIN_KEY_TILES: usize = 16;
+
+fn mask_ws_pays(variants: &FwdVariants, d: &Dims) -> bool {
+    variants.mods_ws.is_some() || variants.mask_ws.is_some_and(|t| d.seqlen_k.div_ceil(t.block_n as usize) >= MASK_WS_MIN_KEY_TILES)
+}
+
 /// The query rows a row pass walks: `[batch, seqlen_q]`, or a packed batch's `[1, total_q]`.
 fn query_rows(p: &Problem) -> QueryRows {
     let d = &p.dims;
@@ -357,14 +367,15 @@ pub(crate) struct Gpu {
 /// The forward's plan for `p` on `gpu`, its operands taking bulk tensor copies (see
 /// [`fwd_plan_copying`]).
 pub(crate) fn fwd_plan(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: FwdMask) -> Result<FwdPlan> {
-    fwd_plan_copying(gpu, p, elem, mask, true)
+    fwd_plan_copying(gpu, p, elem, mask, true, None)
 }
 
 /// The forward's plan for `p` on `gpu`. `bulk_copies`: whether the Hopper lean fixed-length
 /// kernel may run, whose producer copies Q, K and V by the bulk tensor copy engine through
 /// tensor maps written per call: not where an operand has none (`tma::TileMap::of`: a
-/// broadcast dimension). The modifier kernel then serves the lean call.
-pub(crate) fn fwd_plan_copying(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: FwdMask, bulk_copies: bool) -> Result<FwdPlan> {
+/// broadcast dimension). The modifier kernel then serves the lean call. `forced_mask_only`
+/// overrides whether the mask-only kernel pays where it may run ([`force_forward_mask_only`]).
+pub(crate) fn fwd_plan_copying(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: FwdMask, bulk_copies: bool, forced_mask_only: Option<bool>) -> Result<FwdPlan> {
     let d = p.dims;
     let Gpu { sms, l2_bytes, wgmma } = gpu;
     let variants = fwd_variants_for(d.head_dim as u32, wgmma).ok_or_else(|| unsupported_head_dim(d.head_dim))?;
@@ -386,7 +397,7 @@ pub(crate) fn fwd_plan_copying(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: Fw
     // A mask alone, unsplit: the mask-only kernel, where there is one (its 128-key tiles; the
     // same query rows as the modifier tile, so the same work order).
     let mods_tile = match (variants.mods_ws, variants.mask_ws) {
-        (_, Some(ws)) if p.seqs.is_none() && modifiers_of(p) == modifiers::MASK && splits == 1 => ws,
+        (_, Some(ws)) if p.seqs.is_none() && modifiers_of(p) == modifiers::MASK && splits == 1 && forced_mask_only.unwrap_or_else(|| mask_ws_pays(&variants, &d)) => ws,
         (Some(ws), _) if p.seqs.is_none() => ws,
         _ => variants.mods,
     };
@@ -463,7 +474,7 @@ pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, into: ForwardB
     }
     let mask = if device_mask(&saved).is_some() { FwdMask::Prepared } else { FwdMask::None };
     let bulk_copies = tensor_maps_exist(&p, &saved)?;
-    let plan = fwd_plan_copying(dev.gpu(), &p, elem, mask, bulk_copies)?;
+    let plan = fwd_plan_copying(dev.gpu(), &p, elem, mask, bulk_copies, FORCED_MASK_ONLY.with(|f| f.get()))?;
     let (out, lse) = run_forward(dev, &plan, &p, &saved, into, None)?;
     Ok(Forward { out, lse, problem: p, saved })
 }
@@ -798,6 +809,19 @@ fn bwd_q_split_shift(sms: u32, batch: usize, ctas: u64, m_tiles: usize) -> u32 {
         shift += 1;
     }
     shift
+}
+
+std::thread_local! {
+    static FORCED_MASK_ONLY: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Testing hook: while `Some(on)`, a forward this thread runs that may take a mask-only kernel
+/// (a mask alone, fixed lengths, keys not split) does (`true`) or does not, however few key tiles
+/// it spans (see `MASK_WS_MIN_KEY_TILES`), so that small problems exercise that kernel; `None`:
+/// the plan's own choice.
+#[doc(hidden)]
+pub fn force_forward_mask_only(on: Option<bool>) {
+    FORCED_MASK_ONLY.with(|f| f.set(on));
 }
 
 std::thread_local! {
@@ -1297,25 +1321,36 @@ mod tests {
         }
     }
 
-    /// A mask alone at d128 on Hopper: the mask-only kernel on 128-key tiles where the keys are
-    /// not split, on the modifier tile's query rows (the same grid and work order); split, or
-    /// with a bias, the modifier kernel.
+    /// A mask alone at d64 or d128 on Hopper: the mask-only kernel on 128-key tiles where the
+    /// keys are not split, on the modifier tile's query rows (the same grid and work order);
+    /// split, or with a bias, the modifier kernel; at d64 over few key tiles, the two-CTA
+    /// modifier kernel too.
     #[test]
     fn mask_only_plans() {
-        let masked = |d: Dims, bias: bool| {
-            let p = problem(Dims { head_dim: 128, ..d }, dmattn_abi::Band::CAUSAL, bias);
-            Problem { mask: Some([1, 1]), ..p }
-        };
-        let plan = |gpu: Gpu, p: &Problem| fwd_plan(gpu, p, DeviceElem::Bf16, FwdMask::Prepared).unwrap();
-        let big = masked(dims(2, 8, 8192, 8192), false);
-        let (mask, mods) = (plan(H100, &big), plan(H100, &masked(dims(2, 8, 8192, 8192), true)));
-        assert_eq!((mask.kernel.as_str(), mask.tile.block_n, mask.tile.mask_only), ("dmattn_fwd_sm90_bf16_d128_mask", 128, true));
-        assert_eq!((mods.kernel.as_str(), mods.tile.block_n), ("dmattn_fwd_sm90_bf16_d128_mods", 64));
-        assert_eq!((mask.grid, mask.splits, mask.ordered, mask.tile.block_m), (mods.grid, 1, mods.ordered, mods.tile.block_m));
-        assert!(mask.tile.smem_bytes() <= 227 * 1024);
-        let split = plan(H100, &masked(dims(1, 2, 64, 1 << 16), false));
-        assert!(split.splits > 1 && split.kernel.ends_with("_d128_mods"), "{split:?}");
-        assert_eq!(plan(A100_LIKE, &big).kernel, "dmattn_fwd_bf16_d128_mods");
+        for head_dim in [64, 128] {
+            let masked = |d: Dims, bias: bool| {
+                let p = problem(Dims { head_dim, ..d }, dmattn_abi::Band::CAUSAL, bias);
+                Problem { mask: Some([1, 1]), ..p }
+            };
+            let plan = |gpu: Gpu, p: &Problem| fwd_plan(gpu, p, DeviceElem::Bf16, FwdMask::Prepared).unwrap();
+            let big = masked(dims(2, 8, 8192, 8192), false);
+            let (mask, mods) = (plan(H100, &big), plan(H100, &masked(dims(2, 8, 8192, 8192), true)));
+            let name = format!("dmattn_fwd_sm90_bf16_d{head_dim}");
+            assert_eq!((mask.kernel.clone(), mask.tile.block_n, mask.tile.mask_only), (format!("{name}_mask"), 128, true));
+            assert_eq!(mods.kernel, format!("{name}_mods"));
+            assert_eq!((mask.grid, mask.splits, mask.ordered, mask.tile.block_m), (mods.grid, 1, mods.ordered, mods.tile.block_m));
+            assert!(mask.tile.smem_bytes() <= 227 * 1024);
+            let split = plan(H100, &masked(dims(1, 2, 64, 1 << 16), false));
+            assert!(split.splits > 1 && split.kernel.ends_with("_mods"), "{split:?}");
+            assert_eq!(plan(A100_LIKE, &big).kernel, format!("dmattn_fwd_bf16_d{head_dim}_mods"));
+            // Few key tiles (a 16K x 256 compressed pattern): d128 keeps the mask-only kernel.
+            let short = plan(H100, &masked(dims(2, 8, 16384, 256), false));
+            assert_eq!(short.kernel, format!("{name}_{}", if head_dim == 64 { "mods" } else { "mask" }));
+            let edge = |sk| plan(H100, &masked(dims(2, 8, 4096, sk), false)).kernel;
+            assert_eq!((edge(15 * 128).ends_with("_mask"), edge(15 * 128 + 1).ends_with("_mask")), (head_dim != 64, true));
+            let forced = |on| fwd_plan_copying(H100, &masked(dims(2, 8, 16384, 256), false), DeviceElem::Bf16, FwdMask::Prepared, true, Some(on)).unwrap().kernel;
+            assert_eq!((forced(true), forced(false)), (format!("{name}_mask"), format!("{name}_mods")));
+        }
     }
 
     /// Without bulk tensor copies (a broadcast operand) a lean fixed-length call
@@ -1325,16 +1360,16 @@ mod tests {
     fn lean_plans_without_bulk_copies() {
         for head_dim in [64, 128] {
             let p = problem(Dims { head_dim, ..dims(2, 8, 4096, 4096) }, dmattn_abi::Band::CAUSAL, false);
-            let (bulk, copying) = (fwd_plan(H100, &p, DeviceElem::Bf16, FwdMask::None).unwrap(), fwd_plan_copying(H100, &p, DeviceElem::Bf16, FwdMask::None, false).unwrap());
+            let (bulk, copying) = (fwd_plan(H100, &p, DeviceElem::Bf16, FwdMask::None).unwrap(), fwd_plan_copying(H100, &p, DeviceElem::Bf16, FwdMask::None, false, None).unwrap());
             assert!(bulk.tma && !copying.tma, "{copying:?}");
             assert_eq!(copying.kernel, format!("dmattn_fwd_sm90_bf16_d{head_dim}_mods"));
             assert_eq!((copying.splits, copying.ordered), (1, false));
-            let ampere = fwd_plan_copying(A100_LIKE, &p, DeviceElem::Bf16, FwdMask::None, false).unwrap();
+            let ampere = fwd_plan_copying(A100_LIKE, &p, DeviceElem::Bf16, FwdMask::None, false, None).unwrap();
             assert_eq!(ampere, fwd_plan(A100_LIKE, &p, DeviceElem::Bf16, FwdMask::None).unwrap());
         }
         let seqs = Some(crate::SeqLens::from_lengths(&[100, 3000, 0], &[100, 3000, 7], &crate::Device::Cpu).unwrap());
         let packed = Problem { seqs, ..problem(Dims { head_dim: 128, ..dims(3, 8, 3000, 3000) }, dmattn_abi::Band::CAUSAL, false) };
-        let copying = fwd_plan_copying(H100, &packed, DeviceElem::Bf16, FwdMask::None, false).unwrap();
+        let copying = fwd_plan_copying(H100, &packed, DeviceElem::Bf16, FwdMask::None, false, None).unwrap();
         assert_eq!(copying.kernel, "dmattn_fwd_sm90_bf16_d128_packed");
     }
 
