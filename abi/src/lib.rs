@@ -134,10 +134,11 @@ mod tests {
             }
             let lean = v.plain.unwrap();
             assert!(lean.producer && !lean.modifiers && !v.mods.producer);
-            // The fixed-length modifier kernel, where warp-specialised: on the modifier tile's shape.
+            // The fixed-length modifier kernel, where warp-specialised: the modifier tile's query
+            // rows (its work order); its keys split in its own tiles.
             if let Some(ws) = v.mods_ws {
-                assert!(ws.producer && ws.modifiers && !ws.mask_only && ws.smem_bytes() <= 227 * 1024);
-                assert_eq!((ws.head_dim, ws.block_m, ws.block_n, ws.threads()), (v.mods.head_dim, v.mods.block_m, v.mods.block_n, FWD_WS_THREADS));
+                assert!(ws.producer && ws.modifiers && !ws.mask_only && ws.ws_bias_ring() && ws.smem_bytes() <= 227 * 1024);
+                assert_eq!((ws.head_dim, ws.block_m, ws.threads()), (v.mods.head_dim, v.mods.block_m, FWD_WS_THREADS));
             }
             // The mask-only kernel: the modifier tile's query rows (its work order), no bias ring.
             if let Some(ws) = v.mask_ws {

@@ -292,16 +292,30 @@ pub struct FwdTile {
 /// producer fills the next.
 pub const FWD_WS_STAGES: u32 = 2;
 
+/// Barriers of a warp-specialised forward: Q's, a full and an empty one per slot of the K and V
+/// rings, and one the consumers arrive on once they have read a key tile's mask bits (the
+/// single mask slot beside a bias ring, see [`fwd_ws_mask_slots`]).
+pub const FWD_WS_BARRIERS: u32 = 2 + 4 * FWD_WS_STAGES;
+
+/// Packed-mask slots of a warp-specialised modifier forward: one per ring slot, but one in all
+/// beside a bias ring (`bias_ring`). There, on 128-key tiles at d128, Q, the K, V and bias rings
+/// take 224 KB of the 227 a CTA may have: the producer copies a tile's mask bits once the
+/// consumers have read the last tile's (they do at the tile's start, a product ahead of the
+/// copy), and the consumers keep their softmax state in registers.
+pub const fn fwd_ws_mask_slots(bias_ring: bool) -> u32 {
+    if bias_ring { 1 } else { FWD_WS_STAGES }
+}
+
 /// Register limits (`setmaxnreg`) of a warp-specialised forward's warpgroups: the producer keeps
 /// what its copies' addresses need, two consumer warpgroups the rest of the 64K (one CTA per
 /// SM, launched at 384 threads, 168 registers each).
 pub const FWD_WS_PRODUCER_REGS: u32 = 40;
 pub const FWD_WS_CONSUMER_REGS: u32 = 232;
 /// The same with modifiers, where the producer also walks the block map and loads bias and mask
-/// tiles (at 56 registers the d128 kernel spilled 4 bytes; its consumers need far fewer than
-/// these, holding a 64-key S), and over paged K/V, where it looks up each row's page (at 40
-/// registers d128 spilled 100 bytes).
-pub const FWD_WS_MODS_PRODUCER_REGS: u32 = 64;
+/// tiles (on 128-key tiles the d128 kernel's producer spilled 4 bytes at 56 registers, 8 at 64,
+/// none at 72), and over paged K/V, where it looks up each row's page (at 40 registers d128
+/// spilled 100 bytes). The two take the CTA's 64,512 registers exactly.
+pub const FWD_WS_MODS_PRODUCER_REGS: u32 = 72;
 pub const FWD_WS_MODS_CONSUMER_REGS: u32 = 216;
 /// Three consumer warpgroups (512 threads, launched at 128 registers each): the lean producer
 /// and consumers split the 64K exactly (FlashAttention-3's split). A paged producer's lookups
@@ -348,20 +362,27 @@ impl FwdTile {
     /// running state.
     pub const fn smem_bytes(&self) -> u32 {
         if self.producer {
-            // Q, the K and V rings, with modifiers the bias and mask rings, the tiles' indices
-            // and the grid position, then the softmax state and the ring's barriers (one Q, a
-            // full and an empty one per slot of each ring).
+            // Q, the K and V rings, with modifiers the bias ring and mask slots, the tiles'
+            // indices and the grid position, then the softmax state (in registers beside a
+            // bias ring) and the barriers.
             let qkv = (self.block_m + 2 * FWD_WS_STAGES * self.block_n) * self.head_dim * 2;
+            let bias_ring = self.ws_bias_ring();
             let mods = if self.modifiers {
-                let bias = if self.mask_only { 0 } else { self.bias_tile_bytes() };
-                FWD_WS_STAGES * (bias + self.mask_tile_bytes() + 4) + POSITION_BYTES
+                let bias = if bias_ring { self.bias_tile_bytes() } else { 0 };
+                FWD_WS_STAGES * (bias + 4) + fwd_ws_mask_slots(bias_ring) * self.mask_tile_bytes() + POSITION_BYTES
             } else {
                 0
             };
-            return qkv + mods + self.softmax_state_bytes() + 8 * (1 + 4 * FWD_WS_STAGES);
+            let softmax = if bias_ring { 0 } else { self.softmax_state_bytes() };
+            return qkv + mods + softmax + 8 * FWD_WS_BARRIERS;
         }
         let qkv = (self.block_m + 2 * self.block_n) * self.head_dim * 2;
         qkv + self.bias_tile_bytes() + self.mask_tile_bytes() + self.key_pos_bytes() + POSITION_BYTES + self.softmax_state_bytes()
+    }
+    /// A warp-specialised modifier tile whose ring slots hold bias tiles (see
+    /// [`fwd_ws_mask_slots`]).
+    pub const fn ws_bias_ring(&self) -> bool {
+        self.producer && self.modifiers && !self.mask_only
     }
     /// The gather variant's key positions of two key tiles (the current one's and the next's).
     pub const fn key_pos_bytes(&self) -> u32 {
@@ -481,7 +502,7 @@ pub const FWD_TILES: [FwdVariants; 6] = [
 /// batches take [`fwd_ws_packed_tile`].
 pub const FWD_TILES_SM90: [FwdVariants; 2] = [
     FwdVariants { plain: Some(ws_tile(64, 192, 128)), mods: wgmma_tile(64, 128, 128), mods_ws: None, mask_ws: Some(ws_mask_tile(64, 128, 128)), gather_narrow: Some(wgmma_tile(64, 64, 128)) },
-    FwdVariants { plain: Some(ws_tile(128, 128, 128)), mods: wgmma_tile(128, 128, 64), mods_ws: Some(ws_mods_tile(128, 128, 64)), mask_ws: Some(ws_mask_tile(128, 128, 128)), gather_narrow: None },
+    FwdVariants { plain: Some(ws_tile(128, 128, 128)), mods: wgmma_tile(128, 128, 64), mods_ws: Some(ws_mods_tile(128, 128, 128)), mask_ws: Some(ws_mask_tile(128, 128, 128)), gather_narrow: None },
 ];
 
 /// The forward kernels for a head dimension: the Hopper module's where `wgmma` (the GPU runs

@@ -371,7 +371,7 @@ unsafe fn tile_products<E: Elem, const NTW: usize, const KT: usize, const DT: us
     b: &DecodeBlock,
     sm: &Smem,
     mods: &Mods,
-    softmax: &OnlineSoftmax<1>,
+    softmax: &mut OnlineSoftmax<1>,
     o: &mut [[[f32; 4]; DT]; 1],
     ws: &WarpShare,
     tile: &Tile,
@@ -400,7 +400,7 @@ unsafe fn tile_products<E: Elem, const NTW: usize, const KT: usize, const DT: us
 /// outputs go through shared memory (over the K and V slots, free once every warp is past its
 /// last tile), their softmax states are where they are. Collective.
 #[inline(always)]
-unsafe fn merge_shares<const DT: usize>(b: &DecodeBlock, sm: &Smem, softmax: &OnlineSoftmax<1>, o: &mut [[[f32; 4]; DT]; 1], ws: &WarpShare, tid: u32) {
+unsafe fn merge_shares<const DT: usize>(b: &DecodeBlock, sm: &Smem, softmax: &mut OnlineSoftmax<1>, o: &mut [[[f32; 4]; DT]; 1], ws: &WarpShare, tid: u32) {
     let lane = tid % 32;
     // Value `i` of warp `w`'s thread `lane`: 32 lanes' values consecutive, conflict-free.
     let at = |w: u32, i: usize| sm.kv.k(0).base + 4 * ((w * 4 * DT as u32 + i as u32) * 32 + lane);
@@ -437,7 +437,7 @@ pub unsafe fn decode<E: Elem, const D: usize, const KT: usize, const DT: usize, 
     }
     // The mask is the queue's business; the tiles hold only kept keys.
     let mods = Mods { mask: false, ..Mods::of(p, modifiers::ALL) };
-    let softmax = OnlineSoftmax::<1>::at(sm.softmax, tid, THREADS);
+    let mut softmax = OnlineSoftmax::<1>::at(sm.softmax, tid, THREADS);
     softmax.reset();
     let mut o = [[[0f32; 4]; DT]; 1];
     let lane = tid % 32;
@@ -486,9 +486,9 @@ pub unsafe fn decode<E: Elem, const D: usize, const KT: usize, const DT: usize, 
                 let tile = Tile { slot, first, count, check };
                 unsafe {
                     match ws.shares {
-                        4 => tile_products::<E, { NT / 4 }, KT, DT>(&b, &sm, &mods, &softmax, &mut o, &ws, &tile, lane),
-                        2 => tile_products::<E, { NT / 2 }, KT, DT>(&b, &sm, &mods, &softmax, &mut o, &ws, &tile, lane),
-                        _ => tile_products::<E, NT, KT, DT>(&b, &sm, &mods, &softmax, &mut o, &ws, &tile, lane),
+                        4 => tile_products::<E, { NT / 4 }, KT, DT>(&b, &sm, &mods, &mut softmax, &mut o, &ws, &tile, lane),
+                        2 => tile_products::<E, { NT / 2 }, KT, DT>(&b, &sm, &mods, &mut softmax, &mut o, &ws, &tile, lane),
+                        _ => tile_products::<E, NT, KT, DT>(&b, &sm, &mods, &mut softmax, &mut o, &ws, &tile, lane),
                     }
                 }
             }
@@ -504,7 +504,7 @@ pub unsafe fn decode<E: Elem, const D: usize, const KT: usize, const DT: usize, 
     // and LSE = -inf; a split that saw no key writes its LSE alone (the combine never reads the
     // O of such a split).
     if ws.shares > 1 {
-        unsafe { merge_shares::<DT>(&b, &sm, &softmax, &mut o, &ws, tid) };
+        unsafe { merge_shares::<DT>(&b, &sm, &mut softmax, &mut o, &ws, tid) };
     }
     let (inv, lse) = softmax.finish();
     let keeps = ws.share == 0;

@@ -9,7 +9,7 @@ use crate::elem::Elem;
 use crate::gemm::{pv_product, scores_product};
 use crate::mask::{GatheredRows, MapRows, Tile, TileCursor, TileLine, load_mask_tile};
 use crate::scores::{Mods, WarpScores};
-use crate::softmax::OnlineSoftmax;
+use crate::softmax::{OnlineSoftmax, State};
 use crate::tile::{Fragments, SmemTile};
 use dmattn_abi::{FwdParams, POSITION_BYTES, View4, flags, mask_tile_bytes, modifiers};
 
@@ -158,11 +158,19 @@ pub unsafe fn load_k_side<const D: usize, const BM: usize, const BN: usize, cons
         }
     }
     if mods.mask && !tile.full {
-        let bits = b.mask_bits() + 8 * (col0 / 64) as u64;
-        let classes = b.block_map() + (b.row0 / 64) as u64 * p.block_map.stride[2] + (col0 / 64) as u64;
-        let (bits_stride, q_stride) = (p.mask_bits.stride[2], p.block_map.stride[2]);
-        unsafe { load_mask_tile::<BM, BN>(sm.mask, bits, bits_stride, classes, q_stride, b.rows_valid, true, tid, threads) };
+        unsafe { load_mask_side::<BM, BN>(b, sm.mask, col0, tid, threads) };
     }
+}
+
+/// The packed mask tile (a partial tile's) of the key tile at key `col0` into `mask`, by
+/// `threads` threads.
+#[inline(always)]
+pub unsafe fn load_mask_side<const BM: usize, const BN: usize>(b: &BlockInfo, mask: u32, col0: u32, tid: u32, threads: u32) {
+    let p = b.p;
+    let bits = b.mask_bits() + 8 * (col0 / 64) as u64;
+    let classes = b.block_map() + (b.row0 / 64) as u64 * p.block_map.stride[2] + (col0 / 64) as u64;
+    let (bits_stride, q_stride) = (p.mask_bits.stride[2], p.block_map.stride[2]);
+    unsafe { load_mask_tile::<BM, BN>(mask, bits, bits_stride, classes, q_stride, b.rows_valid, true, tid, threads) };
 }
 
 /// The next key tile at or after `n` this CTA visits (its split's share): the band and the
@@ -396,18 +404,18 @@ unsafe fn store_output<E: Elem, const BM: usize, const MT: usize, const DT: usiz
     let tid = opaque(tid);
     let b = BlockInfo::new::<MODS, PACKED>(p, BM as u32, reread_position::<MODS>(sm.position));
     let softmax = OnlineSoftmax::<MT>::at(sm.softmax, tid, threads);
-    unsafe { write_output::<E, MT, DT>(p, &b, sm.q, softmax, o, tid, threads, sync_threads) };
+    unsafe { write_output::<E, MT, DT, _>(p, &b, sm.q, softmax, o, tid, threads, sync_threads) };
 }
 
 /// O normalised by `softmax`'s sums, staged through `q` (free: the `threads` threads' rows of it
 /// read for the last time) and stored, and each row's LSE; `barrier` orders the staging among
 /// the `threads`. A row with nothing visible gets O = 0 and LSE = -inf.
 #[inline(always)]
-pub unsafe fn write_output<E: Elem, const MT: usize, const DT: usize>(
+pub unsafe fn write_output<E: Elem, const MT: usize, const DT: usize, S: State>(
     p: &FwdParams,
     b: &BlockInfo,
     q: SmemTile,
-    softmax: OnlineSoftmax<MT>,
+    softmax: OnlineSoftmax<MT, S>,
     o: &[[[f32; 4]; DT]; MT],
     tid: u32,
     threads: u32,

@@ -20,9 +20,9 @@ use crate::fwd::{self, load_k_side, load_kv_paged, write_output};
 use crate::gemm::{pack_p, wgmma_pv, wgmma_scores};
 use crate::mask::{KeyTiles, MapRows, Tile, TileCursor, TileLine};
 use crate::scores::{Mods, WarpScores};
-use crate::softmax::OnlineSoftmax;
+use crate::softmax::{InRegisters, OnlineSoftmax, State};
 use crate::tile::SmemTile;
-use dmattn_abi::{FWD_WS_STAGES, FwdParams, POSITION_BYTES, TensorMapsParams, flags, mask_tile_bytes, modifiers};
+use dmattn_abi::{FWD_WS_BARRIERS, FWD_WS_STAGES, FwdParams, POSITION_BYTES, TensorMapsParams, flags, fwd_ws_mask_slots, mask_tile_bytes, modifiers};
 
 const STAGES: u32 = FWD_WS_STAGES;
 // The tile words (4 bytes a slot) keep the position slot and the barriers 8-byte aligned.
@@ -42,6 +42,13 @@ const fn modifiers_of<const MODS: bool, const BIAS: bool>() -> u8 {
     }
 }
 
+/// Whether the ring slots hold bias tiles: then one mask slot serves all, and the consumers keep
+/// their softmax state in registers (`dmattn_abi::fwd_ws_mask_slots`).
+#[inline(always)]
+const fn bias_ring<const MODS: bool, const BIAS: bool>() -> bool {
+    MODS && BIAS
+}
+
 /// The consumer threads of a `BM`-row tile: a warpgroup per 64 rows.
 #[inline(always)]
 const fn consumers<const BM: usize>() -> u32 {
@@ -50,13 +57,16 @@ const fn consumers<const BM: usize>() -> u32 {
 
 /// The barriers, by role: Q landed; per ring slot, its K (V) tile landed (`FULL_*`, the
 /// producer's threads arrive once their copies have) or read (`EMPTY_*`, the consumers' threads
-/// arrive once their products have).
+/// arrive once their products have); beside a bias ring, the single mask slot read (`MASK_READ`,
+/// the consumers arrive once per key tile, after its start values: its phase `i` is tile `i`'s).
 const BAR_Q: u32 = 0;
 const FULL_K: u32 = 1;
 const FULL_V: u32 = FULL_K + STAGES;
 const EMPTY_K: u32 = FULL_V + STAGES;
 const EMPTY_V: u32 = EMPTY_K + STAGES;
-const BARRIERS: u32 = EMPTY_V + STAGES;
+const MASK_READ: u32 = EMPTY_V + STAGES;
+const BARRIERS: u32 = MASK_READ + 1;
+const _: () = assert!(BARRIERS == FWD_WS_BARRIERS);
 
 /// The consumers' barrier before the epilogue's store (0 is the CTA's).
 const EPILOGUE_BARRIER: u32 = 1;
@@ -107,9 +117,9 @@ impl Turns {
     }
 }
 
-/// Shared memory: Q, the K ring, the V ring, with modifiers the bias and packed-mask rings, the
-/// tiles' words (see [`TileWord`]) and the grid position, then the consumers' softmax state and
-/// the barriers (`FwdTile::smem_bytes`).
+/// Shared memory: Q, the K ring, the V ring, with modifiers the bias ring and the packed-mask
+/// slots, the tiles' words (see [`TileWord`]) and the grid position, then the consumers' softmax
+/// state (none beside a bias ring: [`bias_ring`]) and the barriers (`FwdTile::smem_bytes`).
 #[derive(Clone, Copy)]
 struct Smem {
     q: SmemTile,
@@ -117,6 +127,8 @@ struct Smem {
     tile_bytes: u32,
     bias: u32,
     mask: u32,
+    /// Bytes from one ring slot's mask tile to the next (0: one slot serves all).
+    mask_step: u32,
     words: u32,
     position: u32,
     softmax: u32,
@@ -130,11 +142,14 @@ impl Smem {
         let tile_bytes = (BN * D * 2) as u32;
         let ring = q.base + q.bytes();
         let bias = ring + 2 * STAGES * tile_bytes;
-        let mask = bias + if MODS && BIAS { STAGES * (BM * BN * 2) as u32 } else { 0 };
-        let words = mask + if MODS { STAGES * mask_tile_bytes(BM as u32, BN as u32) } else { 0 };
+        let mask = bias + if bias_ring::<MODS, BIAS>() { STAGES * (BM * BN * 2) as u32 } else { 0 };
+        let (mask_bytes, mask_slots) = (mask_tile_bytes(BM as u32, BN as u32), fwd_ws_mask_slots(bias_ring::<MODS, BIAS>()));
+        let words = mask + if MODS { mask_slots * mask_bytes } else { 0 };
         let position = words + if MODS { 4 * STAGES } else { 0 };
         let softmax = position + if MODS { POSITION_BYTES } else { 0 };
-        Self { q, ring, tile_bytes, bias, mask, words, position, softmax, bars: softmax + consumers::<BM>() * 16 }
+        let softmax_bytes = if bias_ring::<MODS, BIAS>() { 0 } else { consumers::<BM>() * 16 };
+        let mask_step = if mask_slots == 1 { 0 } else { mask_bytes };
+        Self { q, ring, tile_bytes, bias, mask, mask_step, words, position, softmax, bars: softmax + softmax_bytes }
     }
 
     #[inline(always)]
@@ -153,10 +168,11 @@ impl Smem {
         SmemTile::new(self.bias + slot * (BM * BN * 2) as u32, BM, BN * 2)
     }
 
-    /// The packed mask tile of ring slot `slot` (modifiers only).
+    /// The packed mask tile of ring slot `slot` (modifiers only; beside a bias ring, the one
+    /// slot).
     #[inline(always)]
-    fn mask<const BM: usize, const BN: usize>(&self, slot: u32) -> u32 {
-        self.mask + slot * mask_tile_bytes(BM as u32, BN as u32)
+    fn mask(&self, slot: u32) -> u32 {
+        self.mask + slot * self.mask_step
     }
 
     /// The [`TileWord`] of ring slot `slot` (modifiers only).
@@ -333,9 +349,17 @@ unsafe fn produce<const D: usize, const BM: usize, const BN: usize, const PACKED
         unsafe {
             mbarrier_wait(sm.bar(EMPTY_K, r.slot()), r.free_parity());
             if MODS {
-                // The portable forward's K-side copies (K, bias and mask tiles) into this slot.
-                let slot = fwd::Smem::k_side(sm.k::<D, BN>(r.slot()), sm.bias::<BM, BN>(r.slot()), sm.mask::<BM, BN>(r.slot()));
-                load_k_side::<D, BM, BN, false, PACKED, false>(&b, &slot, mods, t, b.keys(), ptid, PRODUCERS);
+                // The portable forward's K-side copies (K, bias and mask tiles) into this slot;
+                // beside a bias ring, a partial tile's mask bits once the consumers have read the
+                // last tile's (its start values: phase i - 1 of `MASK_READ`).
+                let slot = fwd::Smem::k_side(sm.k::<D, BN>(r.slot()), sm.bias::<BM, BN>(r.slot()), sm.mask(r.slot()));
+                let mask_later = bias_ring::<MODS, BIAS>() && mods.mask && !t.full && i > 0;
+                let k_side = if mask_later { Mods { mask: false, ..mods } } else { mods };
+                load_k_side::<D, BM, BN, false, PACKED, false>(&b, &slot, k_side, t, b.keys(), ptid, PRODUCERS);
+                if mask_later {
+                    mbarrier_wait(sm.bar(MASK_READ, 0), (i - 1) & 1);
+                    fwd::load_mask_side::<BM, BN>(&b, sm.mask(r.slot()), col0, ptid, PRODUCERS);
+                }
                 if ptid == 0 {
                     st_shared_u32(sm.word(r.slot()), TileWord::of(Some(t)));
                 }
@@ -404,7 +428,7 @@ fn start_scores<E: Elem, const BM: usize, const BN: usize, const NT: usize, cons
     // A lean call has no bias or mask tiles (the Q tile stands in, never read).
     let bias = if MODS && BIAS { sm.bias::<BM, BN>(r.slot()) } else { sm.q };
     let bias_rows = b.p.flags & flags::BIAS_ROW == 0;
-    let warp = WarpScores::new::<NT>(bias, bias_rows, sm.mask::<BM, BN>(r.slot()), (BN / 8) as u32, at.warp_row0, 0, at.lane);
+    let warp = WarpScores::new::<NT>(bias, bias_rows, sm.mask(r.slot()), (BN / 8) as u32, at.warp_row0, 0, at.lane);
     let accumulate = WarpScores::has_start_values(mods, check);
     if accumulate {
         warp.init::<E, 1, NT>(s, mods, &band, check, mods.mask && !tile.full);
@@ -433,6 +457,15 @@ fn fetch<const MODS: bool>(sm: &Smem, tiles: &KeyTiles, prev: Option<u32>, r: Ri
         TileWord::tile(unsafe { ld_shared_u32(sm.word(r.slot())) })
     } else {
         band_tile(tiles, prev.map_or(0, |n| n + 1))
+    }
+}
+
+/// Beside a bias ring: this thread has read its key tile's mask bits (its start values), and
+/// the producer may copy the next tile's into the one mask slot.
+#[inline(always)]
+fn mask_read<const MODS: bool, const BIAS: bool>(sm: &Smem) {
+    if bias_ring::<MODS, BIAS>() {
+        unsafe { mbarrier_arrive(sm.bar(MASK_READ, 0)) };
     }
 }
 
@@ -477,11 +510,13 @@ unsafe fn consume<
     const PACKED: bool,
     const MODS: bool,
     const BIAS: bool,
+    S: State,
 >(
     p: &FwdParams,
     sm: &Smem,
     pos: (u32, u32, u32),
     ctid: u32,
+    mut softmax: OnlineSoftmax<1, S>,
 ) {
     let b = BlockInfo::new::<MODS, PACKED>(p, BM as u32, pos);
     let mods = Mods::of(p, modifiers_of::<MODS, BIAS>());
@@ -489,7 +524,6 @@ unsafe fn consume<
     let warp_row0 = (ctid / 32) * 16;
     let at = Rows { warp_row0, group_row0: warp_row0 & !63, lane };
     let consumers = consumers::<BM>();
-    let softmax = OnlineSoftmax::<1>::at(sm.softmax, ctid, consumers);
     softmax.reset();
     let tiles = key_tiles::<BM, BN>(&b);
     let mut o = [[[0f32; 4]; DT]; 1];
@@ -500,6 +534,7 @@ unsafe fn consume<
         // The first tile alone: its probabilities need no output to rescale. A turn holds
         // only the products' issue: start values and waits for data come before it.
         let (warp, accumulate) = start_scores::<E, BM, BN, NT, MODS, BIAS>(&b, sm, at, &mods, &mut s, tile, Ring(0));
+        mask_read::<MODS, BIAS>(sm);
         landed(sm, FULL_K, Ring(0));
         turns.take();
         issue_scores::<E, D, BN, NT, KT>(sm, at, &mut s, Ring(0), accumulate);
@@ -514,6 +549,7 @@ unsafe fn consume<
             tile = next;
             let (r, prev) = (Ring(i), Ring(i - 1));
             let (warp, accumulate) = start_scores::<E, BM, BN, NT, MODS, BIAS>(&b, sm, at, &mods, &mut s, tile, r);
+            mask_read::<MODS, BIAS>(sm);
             landed(sm, FULL_K, r);
             landed(sm, FULL_V, prev);
             turns.take();
@@ -544,7 +580,7 @@ unsafe fn consume<
         wgmma_wait::<0, DT>(&mut o[0]);
     }
     // This warpgroup's QKᵀ were its last reads of its Q rows: they stage its O.
-    unsafe { write_output::<E, 1, DT>(p, &b, sm.q, softmax, &o, ctid, consumers, || named_barrier(EPILOGUE_BARRIER, consumers)) };
+    unsafe { write_output::<E, 1, DT, S>(p, &b, sm.q, softmax, &o, ctid, consumers, || named_barrier(EPILOGUE_BARRIER, consumers)) };
 }
 
 /// Whether the producer uses the bulk tensor copy engine: lean fixed-length calls (the packed
@@ -615,6 +651,15 @@ pub unsafe fn forward<
         }
     } else {
         setmaxnreg::<true, CONSUMER_REGS>();
-        unsafe { consume::<E, D, BM, BN, NT, KT, DT, KP, PACKED, MODS, BIAS>(p, &sm, pos, tid - PRODUCERS) };
+        let ctid = tid - PRODUCERS;
+        unsafe {
+            if bias_ring::<MODS, BIAS>() {
+                let softmax = OnlineSoftmax::<1, InRegisters<4>>::in_registers();
+                consume::<E, D, BM, BN, NT, KT, DT, KP, PACKED, MODS, BIAS, _>(p, &sm, pos, ctid, softmax);
+            } else {
+                let softmax = OnlineSoftmax::<1>::at(sm.softmax, ctid, consumers::<BM>());
+                consume::<E, D, BM, BN, NT, KT, DT, KP, PACKED, MODS, BIAS, _>(p, &sm, pos, ctid, softmax);
+            }
+        }
     }
 }

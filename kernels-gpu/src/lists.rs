@@ -281,7 +281,7 @@ pub unsafe fn lists_fwd<E: Elem, const D: usize, const KT: usize, const DT: usiz
     let r = ListRow::new(lp, i);
     let bias = MODS == modifiers::ALL && p.bias.is_present();
     let softcap = if MODS == modifiers::ALL { p.softcap } else { 0.0 };
-    let softmax = OnlineSoftmax::<1>::at(sm.softmax, lane, 32);
+    let mut softmax = OnlineSoftmax::<1>::at(sm.softmax, lane, 32);
     softmax.reset();
     let mut o = [[[0f32; 4]; DT]; 1];
     let (g, t) = (lane / 4, lane % 4);

@@ -1,17 +1,61 @@
 //! Online softmax over the rows a thread holds in MMA accumulator layout: `MT` row tiles of 16,
 //! each thread owning rows `g` and `g + 8` (`g = lane / 4`) and sharing them with its quad.
 //!
-//! The running max and sum live in shared memory, not registers: they are touched once per key
-//! tile, and the 4 x `MT` registers they would hold across the main loop are what tipped the
-//! 32-rows-per-warp forward tiles into spills.
+//! The running max and sum live in shared memory ([`InShared`]) where registers are short: they
+//! are touched once per key tile, and the 4 x `MT` registers they would hold across the main loop
+//! are what tipped the 32-rows-per-warp forward tiles into spills. A kernel whose shared memory
+//! is full keeps them in registers instead ([`InRegisters`]).
 use crate::arch::{ballot, exp2, fma, ld_shared_u32, log2, rcp, shfl_xor, st_shared_u32};
 
-/// One thread's running state: value `j` (max of row `2 mt + h` at `j = 2 (2 mt + h)`, its
-/// sum at `j + 1`) at `base + j * stride`, so a warp's accesses hit 32 distinct banks.
+/// Where a thread's running state lives: value `j` is the max of row `2 mt + h` at
+/// `j = 2 (2 mt + h)`, its sum at `j + 1`.
+pub trait State: Copy {
+    fn get(&self, j: usize) -> f32;
+    fn set(&mut self, j: usize, v: f32);
+}
+
+/// In shared memory: value `j` at `base + j * stride`, so a warp's accesses hit 32 distinct
+/// banks.
 #[derive(Clone, Copy)]
-pub struct OnlineSoftmax<const MT: usize> {
+pub struct InShared {
     base: u32,
     stride: u32,
+}
+
+impl State for InShared {
+    #[inline(always)]
+    fn get(&self, j: usize) -> f32 {
+        f32::from_bits(unsafe { ld_shared_u32(self.base + j as u32 * self.stride) })
+    }
+
+    #[inline(always)]
+    fn set(&mut self, j: usize, v: f32) {
+        unsafe { st_shared_u32(self.base + j as u32 * self.stride, v.to_bits()) }
+    }
+}
+
+/// In registers: `N` = 4 `MT` values, indexed by constants only (every loop over them unrolls).
+/// (The Hopper module's warp-specialised forward keeps its state here.)
+#[cfg_attr(not(target_feature = "sm_90a"), allow(dead_code))]
+#[derive(Clone, Copy)]
+pub struct InRegisters<const N: usize>([f32; N]);
+
+impl<const N: usize> State for InRegisters<N> {
+    #[inline(always)]
+    fn get(&self, j: usize) -> f32 {
+        self.0[j]
+    }
+
+    #[inline(always)]
+    fn set(&mut self, j: usize, v: f32) {
+        self.0[j] = v;
+    }
+}
+
+/// One thread's running state (see [`State`]).
+#[derive(Clone, Copy)]
+pub struct OnlineSoftmax<const MT: usize, S: State = InShared> {
+    state: S,
 }
 
 /// How far (base 2) a row's running max may lag the tile's before the output is rescaled. Until
@@ -36,22 +80,34 @@ impl<const MT: usize> OnlineSoftmax<MT> {
     /// Thread `tid`'s state in the region at `region` shared by `threads` threads.
     #[inline(always)]
     pub fn at(region: u32, tid: u32, threads: u32) -> Self {
-        Self { base: region + 4 * tid, stride: 4 * threads }
+        Self { state: InShared { base: region + 4 * tid, stride: 4 * threads } }
     }
+}
 
+#[cfg_attr(not(target_feature = "sm_90a"), allow(dead_code))]
+impl<const MT: usize, const N: usize> OnlineSoftmax<MT, InRegisters<N>> {
+    /// A state in registers (not yet [`OnlineSoftmax::reset`]).
+    #[inline(always)]
+    pub fn in_registers() -> Self {
+        const { assert!(N == 4 * MT) };
+        Self { state: InRegisters([0.0; N]) }
+    }
+}
+
+impl<const MT: usize, S: State> OnlineSoftmax<MT, S> {
     #[inline(always)]
     fn load(&self, j: usize) -> f32 {
-        f32::from_bits(unsafe { ld_shared_u32(self.base + j as u32 * self.stride) })
+        self.state.get(j)
     }
 
     #[inline(always)]
-    fn store(&self, j: usize, v: f32) {
-        unsafe { st_shared_u32(self.base + j as u32 * self.stride, v.to_bits()) }
+    fn store(&mut self, j: usize, v: f32) {
+        self.state.set(j, v)
     }
 
     /// The state before the first key tile: max -inf, sum 0.
     #[inline(always)]
-    pub fn reset(&self) {
+    pub fn reset(&mut self) {
         for r in 0..2 * MT {
             self.store(2 * r, f32::NEG_INFINITY);
             self.store(2 * r + 1, 0.0);
@@ -64,7 +120,7 @@ impl<const MT: usize> OnlineSoftmax<MT> {
     /// (warp-uniform: `None` means no output row changes). A row with no visible score so far
     /// keeps max -inf and gets probabilities 0.
     #[inline(always)]
-    pub fn update<const NT: usize>(&self, s: &mut [[[f32; 4]; NT]; MT], scale: f32) -> Option<[[f32; 2]; MT]> {
+    pub fn update<const NT: usize>(&mut self, s: &mut [[[f32; 4]; NT]; MT], scale: f32) -> Option<[[f32; 2]; MT]> {
         let mut correction = [[1.0; 2]; MT];
         let mut rescale = false;
         for mt in 0..MT {
@@ -103,7 +159,7 @@ impl<const MT: usize> OnlineSoftmax<MT> {
     /// [`OnlineSoftmax::update`], then the output accumulators `o` (rows in the same layout)
     /// rescaled where a row's max moved.
     #[inline(always)]
-    pub fn update_rescaling<const NT: usize, const DT: usize>(&self, s: &mut [[[f32; 4]; NT]; MT], scale: f32, o: &mut [[[f32; 4]; DT]; MT]) {
+    pub fn update_rescaling<const NT: usize, const DT: usize>(&mut self, s: &mut [[[f32; 4]; NT]; MT], scale: f32, o: &mut [[[f32; 4]; DT]; MT]) {
         if let Some(correction) = self.update(s, scale) {
             for mt in 0..MT {
                 for dt in 0..DT {
@@ -120,7 +176,7 @@ impl<const MT: usize> OnlineSoftmax<MT> {
     /// warp that took another share of each key tile). A side with nothing visible in a row
     /// (max -inf) adds nothing to it; neither side: the row stays empty.
     #[inline(always)]
-    pub fn merge<const DT: usize>(&self, other: &Self, o: &mut [[[f32; 4]; DT]; MT], other_o: impl Fn(usize, usize, usize) -> f32) {
+    pub fn merge<const DT: usize>(&mut self, other: &Self, o: &mut [[[f32; 4]; DT]; MT], other_o: impl Fn(usize, usize, usize) -> f32) {
         for mt in 0..MT {
             for h in 0..2 {
                 let j = 2 * (2 * mt + h);

@@ -23,9 +23,10 @@ fn lean_forward_matches_reference() {
     });
 }
 
-/// Every modifier (mask, bias, softcap, causal) at d64 and d128, up to 600 keys: on Hopper the
-/// warp-specialised modifier kernel, whose producer walks the block map and passes each tile to
-/// the consumers through a two-slot ring.
+/// Every modifier (mask, bias, softcap, causal) at d64 and d128, up to 600 keys: on Hopper at
+/// d128 the warp-specialised modifier kernel, whose producer walks the block map and passes each
+/// tile to the consumers through a two-slot ring, and its mask bits through one slot (up to
+/// five 128-key tiles a row here).
 #[test]
 fn modifier_forward_matches_reference() {
     let Some(gpu) = gpu() else { return };

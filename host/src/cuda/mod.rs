@@ -384,16 +384,22 @@ pub(crate) fn fwd_plan_copying(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: Fw
     // CTAs.
     let mods_ctas = (d.seqlen_q.div_ceil(variants.mods.block_m as usize) * d.heads * d.batch) as u64;
     let (gather_tile, narrow) = dmattn_abi::gather_tile(&variants, mods_ctas, sms);
-    // Split-KV runs in the modifier variants only (see `key_splits`); a gathered call's keys are
-    // at most its call's.
-    let split_tile = if gathered { gather_tile } else { variants.mods };
+    // Split-KV runs in the modifier variants only (see `key_splits`), in the key tiles of the
+    // kernel that runs: the gather tile's (a gathered call's keys are at most its call's), the
+    // warp-specialised modifier tile's for fixed lengths on Hopper where it has one (d128), else
+    // the modifier tile's.
+    let split_tile = match variants.mods_ws {
+        _ if gathered => gather_tile,
+        Some(ws) if p.seqs.is_none() => ws,
+        None | Some(_) => variants.mods,
+    };
     let (splits, split_tiles) = key_splits(sms, &d, split_tile.block_m, split_tile.block_n);
     // The forward's variants: the gather variant, lean, or every modifier. Packed batches have a
     // lean kernel in the Hopper module only (contiguous or paged K/V alike, so that both take the
     // same products and give the same bits).
     let lean_serves = p.seqs.is_none() || (variants.plain.is_some_and(|t| t.wgmma) && dmattn_abi::fwd_sm90_lean_packed(d.head_dim as u32));
     // Fixed lengths on Hopper, where it has one (d128): the warp-specialised modifier kernel
-    // (the same tile shape, so the same splits and work order).
+    // (the modifier tile's query rows, so the same work order).
     // A mask alone, unsplit: the mask-only kernel, where there is one (its 128-key tiles; the
     // same query rows as the modifier tile, so the same work order).
     let mods_tile = match (variants.mods_ws, variants.mask_ws) {
@@ -1309,14 +1315,24 @@ mod tests {
                 // run the warp-specialised kernels (the lean one on its own tile); the others the
                 // portable tile shapes.
                 let lean = !bias && mask == FwdMask::None;
-                assert_eq!((hopper.splits, hopper.ordered), (portable.splits, portable.ordered));
+                let ws_mods = head_dim == 128 && !lean && mask != FwdMask::Gathered;
+                assert_eq!(hopper.ordered, portable.ordered);
+                // Keys split in the launched kernel's tiles: at d128 the warp-specialised
+                // modifier kernel's 128 keys, twice the portable tile's.
+                let key_tiles = |plan: &FwdPlan| (plan.splits, plan.split_tiles * plan.tile.block_n);
+                if ws_mods {
+                    assert_eq!((hopper.tile.block_n, portable.tile.block_n), (128, 64));
+                    assert!(hopper.splits <= portable.splits && hopper.splits as usize * hopper.split_tiles as usize * 128 >= d.seqlen_k, "{hopper:?}");
+                } else {
+                    assert_eq!(key_tiles(&hopper), key_tiles(&portable));
+                }
                 let rows = if wgmma && lean && head_dim == 64 { 192 } else { portable.tile.block_m };
                 assert_eq!((hopper.tile.block_m, hopper.grid.0), (rows, d.seqlen_q.div_ceil(rows as usize) as u32));
-                assert_eq!((hopper.grid.1, hopper.grid.2), (portable.grid.1, portable.grid.2));
-                let ws_mods = head_dim == 128 && !lean && mask != FwdMask::Gathered;
+                assert_eq!(hopper.grid.1, portable.grid.1);
+                assert_eq!(hopper.grid.2 / hopper.splits, portable.grid.2 / portable.splits);
                 assert_eq!(hopper.tile.producer, wgmma && (lean || ws_mods));
                 assert_eq!(hopper.tile.modifiers, ws_mods);
-                assert!(lean || hopper.tile.block_n == portable.tile.block_n);
+                assert!(lean || ws_mods || hopper.tile.block_n == portable.tile.block_n);
             }
         }
     }
