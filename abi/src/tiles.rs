@@ -280,7 +280,8 @@ pub struct FwdTile {
     /// own copies the K and V tiles; the `warps` are the consumers.
     pub producer: bool,
     /// A warp-specialised tile whose kernel takes the score modifiers (mask, bias, softcap,
-    /// split-KV, work order): each ring slot also holds a bias and a packed-mask tile, and the
+    /// split-KV, work order): each ring slot also holds a bias tile (the packed-mask tiles: one a
+    /// slot, or one in all beside a bias ring, [`fwd_ws_mask_slots`]), and the
     /// producer passes each key tile's index and fullness to the consumers.
     pub modifiers: bool,
     /// A modifier tile whose ring slots hold no bias tile: its kernel takes a mask alone (no
@@ -419,13 +420,15 @@ pub struct FwdVariants {
     /// The variant with score modifiers.
     pub mods: FwdTile,
     /// The modifier variant's warp-specialised tile for fixed-length calls that gather nothing
-    /// (the Hopper module; the same shape as `mods`, so the same splits and work order). d128
-    /// only: at d64 it was no faster (H100, b2 h32 hk8 8K, same-run A/B: 50 % blocks 1.86 ->
-    /// 1.89 ms, + bias 2.56 -> 2.56, causal + bias 2.66 -> 2.81), where at d128 it gained 3-7 %.
+    /// (the Hopper module; the query rows of `mods`, so the same work order; keys split in its
+    /// own tiles). d128 only, on 128-key tiles since 2026-11-28 (one mask slot beside the bias
+    /// ring: 50 % blocks + bias 8K 3.64 -> 2.75 ms on an H200, against 64-key tiles): at d64 it
+    /// was no faster (H100, b2 h32 hk8 8K, same-run A/B: 50 % blocks 1.86 -> 1.89 ms, + bias
+    /// 2.56 -> 2.56, causal + bias 2.66 -> 2.81), where at d128 it gained 3-7 %.
     pub mods_ws: Option<FwdTile>,
     /// The warp-specialised kernel for fixed-length calls with a mask alone (no bias or softcap)
     /// that neither gather nor split their keys (the Hopper module): the lean tile's 128-key
-    /// tiles, which the bias ring leaves `mods_ws` no room for. Its query rows are the modifier
+    /// tiles, without the bias ring's code and shared memory. Its query rows are the modifier
     /// tile's, so it reads the same work order.
     pub mask_ws: Option<FwdTile>,
     /// A tile of fewer query rows for the gather variant, where the modifier tile's grid would
@@ -495,7 +498,8 @@ pub const FWD_TILES: [FwdVariants; 6] = [
 
 /// The Hopper forward tiles (sm_90a module, `names::FWD_WGMMA_PREFIX`): the portable tiles'
 /// shapes for the modifier and gather variants, so that the work orders, key splits and gather
-/// tile choice are theirs, with a warp per 16 query rows. The lean variant's warp-specialised
+/// tile choice are theirs, with a warp per 16 query rows (the warp-specialised modifier tile
+/// keeps their query rows, and its keys split in its own tiles). The lean variant's warp-specialised
 /// tile (never ordered or split) takes 128 keys at d128 too, and 192 query rows at d64: three
 /// consumer warpgroups taking turns, so that each one's softmax, which at d64 outlasts one
 /// warpgroup's products, runs under the other two's (FlashAttention-3's d64 shape); packed

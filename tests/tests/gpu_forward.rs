@@ -26,7 +26,8 @@ fn lean_forward_matches_reference() {
 /// Every modifier (mask, bias, softcap, causal) at d64 and d128, up to 600 keys: on Hopper at
 /// d128 the warp-specialised modifier kernel, whose producer walks the block map and passes each
 /// tile to the consumers through a two-slot ring, and its mask bits through one slot (up to
-/// five 128-key tiles a row here).
+/// three 128-key tiles a CTA here, the keys of small grids being split; see
+/// `shared_bias_heads_first` for more).
 #[test]
 fn modifier_forward_matches_reference() {
     let Some(gpu) = gpu() else { return };
@@ -73,6 +74,37 @@ fn each_forward_kernel() {
             let gathered = Case { mask: Some([1, 2, 1, 170]), mask_pattern: MaskPattern::Random(0.3), bias: Some([1, 2, 1, 170]), ..plain.clone() };
             let decode = Case { dtype, bias: Some([1, 2, 1, 3000]), ..Case::new(1, 1, 3000, 4, 2, head_dim) };
             for case in [plain, mods, masked, gathered, decode] {
+                check_gpu_forward(&case, ForwardPath::Fused, &gpu, &case.inputs(&mut rng)).unwrap_or_else(|e| panic!("{case:?}: {e}"));
+            }
+        }
+    }
+}
+
+/// A per-query bias the heads share (`[1, 1 | hk, sq, sk]`) over more CTAs than an SM count: at
+/// d128 the plan runs such grids heads fastest (`FwdParams` flag `HEADS_FIRST`), each CTA finding
+/// its query tile and head from its linear index; with a mask, causal or a softcap beside it, on
+/// every forward kernel that takes a bias. At d128 a longer case walks 4-5 key tiles a CTA (two
+/// key splits), so the one mask slot beside the bias ring turns over with each parity twice.
+#[test]
+fn shared_bias_heads_first() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = fresh_rng("shared_bias_heads_first");
+    for head_dim in [64, 128, 96] {
+        for (i, dtype) in [DType::BF16, DType::F16].into_iter().enumerate() {
+            // 5 query tiles x 32 heads: 160 CTAs.
+            let base = Case { dtype, ..Case::new(1, 600, 300 + 77 * i, 32, 8, head_dim) };
+            let (sq, sk) = (base.seqlen_q, base.seqlen_k);
+            let long = Case { seqlen_k: 1100 + 77 * i, ..base.clone() };
+            let mut cases = vec![
+                Case { bias: Some([1, 1, sq, sk]), mask: Some([1, 1, sq, sk]), ..base.clone() },
+                Case { bias: Some([1, 8, sq, sk]), causal: true, ..base.clone() },
+                Case { bias: Some([1, 1, sq, sk]), mask: Some([1, 8, sq, sk]), mask_pattern: MaskPattern::Blocks(0.5), softcap: 15.0, ..base.clone() },
+            ];
+            if head_dim == 128 {
+                let sk = long.seqlen_k;
+                cases.push(Case { bias: Some([1, 1, sq, sk]), mask: Some([1, 1, sq, sk]), mask_pattern: MaskPattern::Random(0.6), ..long });
+            }
+            for case in cases {
                 check_gpu_forward(&case, ForwardPath::Fused, &gpu, &case.inputs(&mut rng)).unwrap_or_else(|e| panic!("{case:?}: {e}"));
             }
         }

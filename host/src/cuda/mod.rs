@@ -438,8 +438,16 @@ pub(crate) fn fwd_plan_copying(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: Fw
     // A packed batch's order comes from its lengths (`packed`), wherever there is more than a
     // wave.
     let packed_pays = p.seqs.is_some() && grid.0 as u64 * grid.1 as u64 * grid.2 as u64 > 2 * sms as u64;
-    let ordered = splits == 1 && mods && (mask == FwdMask::Prepared && order_pays(sms, l2_bytes, &d, grid) || packed_pays);
-    let heads_first = gathered && splits == 1 && grid.0 as u64 * grid.1 as u64 > sms as u64;
+    let more_than_a_wave = grid.0 as u64 * grid.1 as u64 > sms as u64;
+    // A per-query bias that heads share (broadcast over heads or kv groups), on the
+    // warp-specialised modifier kernel (d128): heads fastest, so that the CTAs reading a bias
+    // tile run together and it comes from DRAM once rather than once a head
+    // (`bias_heads_first`), in place of a work order. Same-run A/B (H200, b2 h32 hk8, 50 %
+    // blocks + a `[b, 1, s, s]` bias): d128 4K / 8K / 16K 3 / 3 / 6.5 % faster; the d64 two-CTA
+    // kernel 3 % slower at 4K, level at 8K, so it keeps its order.
+    let bias_first = mods && tile.producer && !gathered && splits == 1 && more_than_a_wave && bias_heads_first(p);
+    let ordered = splits == 1 && mods && !bias_first && (mask == FwdMask::Prepared && order_pays(sms, l2_bytes, &d, grid) || packed_pays);
+    let heads_first = (gathered || bias_first) && splits == 1 && more_than_a_wave;
     let tma = tile.producer && !mods && p.seqs.is_none();
     Ok(FwdPlan { elem, kernel, tile, grid, splits, split_tiles: if gathered { 0 } else { split_tiles }, ordered, heads_first, tma })
 }
@@ -670,6 +678,15 @@ enum Order {
 /// neighbouring CTAs no longer share one head's K and V in L2; it is kept to problems whose K
 /// and V all fit in L2 at once, and to grids of more than one CTA per SM (a single wave has no
 /// tail to balance). The kernels number CTAs in u32.
+/// Whether a fixed-length forward's bias is read by several heads a row (`[.., 1 | hk, sq, sk]`
+/// under more heads): in grid order (query tiles fastest) or a work order, the heads sharing a
+/// bias tile run a wave or more apart and each reads it from DRAM (H200, ncu, b2 h32 hk8 d128 8K,
+/// 50 % blocks + a `[b, 1, s, s]` bias: L2 hit rate 57 %, 26 % of DRAM bandwidth; the same
+/// blocks without the bias 96 %).
+fn bias_heads_first(p: &Problem) -> bool {
+    p.seqs.is_none() && p.bias.is_some_and(|s| s[1] < p.dims.heads && s[2] > 1)
+}
+
 fn order_pays(sms: u32, l2_bytes: usize, d: &Dims, grid: (u32, u32, u32)) -> bool {
     let ctas = grid.0 as u64 * grid.1 as u64 * grid.2 as u64;
     let kv_bytes = 2 * 2 * d.batch * d.kv_heads * d.seqlen_k * d.head_dim;
@@ -1299,7 +1316,8 @@ mod tests {
 
     /// With the Hopper module, d64 and d128 run its forward, on the portable tiles' shapes (so the
     /// same splits, narrow gather tile and work order) but for the lean variant's tile (never split
-    /// or ordered; 192 rows at d64); other head dims the portable one.
+    /// or ordered; 192 rows at d64) and at d128 the warp-specialised modifier tile (its keys split
+    /// in its own 128-key tiles); other head dims the portable one.
     #[test]
     fn hopper_forward_plans() {
         let causal = dmattn_abi::Band::CAUSAL;
@@ -1323,6 +1341,10 @@ mod tests {
                 if ws_mods {
                     assert_eq!((hopper.tile.block_n, portable.tile.block_n), (128, 64));
                     assert!(hopper.splits <= portable.splits && hopper.splits as usize * hopper.split_tiles as usize * 128 >= d.seqlen_k, "{hopper:?}");
+                    if d.seqlen_q == 1 {
+                        // 512K keys: 128 splits of 32 128-key tiles (the portable tile: 64 of 64).
+                        assert_eq!((hopper.splits, hopper.split_tiles, portable.split_tiles), (128, 32, 64));
+                    }
                 } else {
                     assert_eq!(key_tiles(&hopper), key_tiles(&portable));
                 }
@@ -1367,6 +1389,27 @@ mod tests {
             let forced = |on| fwd_plan_copying(H100, &masked(dims(2, 8, 16384, 256), false), DeviceElem::Bf16, FwdMask::Prepared, true, Some(on)).unwrap().kernel;
             assert_eq!((forced(true), forced(false)), (format!("{name}_mask"), format!("{name}_mods")));
         }
+    }
+
+    /// A per-query bias that heads share runs heads fastest (no work order) on the
+    /// warp-specialised modifier kernel (d128); a bias per head, a key-side one, a grid of one
+    /// wave, a split call or the d64 two-CTA kernel keep their order.
+    #[test]
+    fn shared_bias_runs_heads_first() {
+        let d = Dims { kv_heads: 8, head_dim: 128, ..dims(2, 32, 4096, 4096) };
+        let d64 = Problem { mask: Some([1, 1]), bias: Some([2, 1, 4096, 4096]), ..problem(Dims { head_dim: 64, ..d }, dmattn_abi::Band::ALL, false) };
+        assert!(!fwd_plan(H100, &d64, DeviceElem::Bf16, FwdMask::Prepared).unwrap().heads_first);
+        let plan = |d: Dims, bias: [usize; 4]| {
+            let p = Problem { mask: Some([1, 1]), bias: Some(bias), ..problem(d, dmattn_abi::Band::ALL, false) };
+            fwd_plan(H100, &p, DeviceElem::Bf16, FwdMask::Prepared).unwrap()
+        };
+        let order = |p: FwdPlan| (p.heads_first, p.ordered);
+        assert_eq!(order(plan(d, [2, 1, 4096, 4096])), (true, false));
+        assert_eq!(order(plan(d, [2, 8, 4096, 4096])), (true, false));
+        assert_eq!(order(plan(d, [2, 32, 4096, 4096])), (false, true));
+        assert_eq!(order(plan(d, [2, 1, 1, 4096])), (false, true));
+        assert!(!plan(Dims { kv_heads: 1, head_dim: 128, ..dims(1, 1, 256, 8192) }, [1, 1, 256, 8192]).heads_first);
+        assert!(!plan(Dims { kv_heads: 1, head_dim: 128, ..dims(1, 2, 1, 1 << 19) }, [1, 1, 1, 1 << 19]).heads_first);
     }
 
     /// Without bulk tensor copies (a broadcast operand) a lean fixed-length call
