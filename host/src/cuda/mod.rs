@@ -246,8 +246,8 @@ fn key_splits(sms: u32, d: &Dims, block_m: u32, block_n: u32) -> (u32, u32) {
 /// modifier kernel is warp-specialised too (d128) the mask-only one always serves.
 const MASK_WS_MIN_KEY_TILES: usize = 16;
 
-fn mask_ws_pays(variants: &FwdVariants, d: &Dims) -> bool {
-    variants.mods_ws.is_some() || variants.mask_ws.is_some_and(|t| d.seqlen_k.div_ceil(t.block_n as usize) >= MASK_WS_MIN_KEY_TILES)
+fn mask_ws_pays(variants: &FwdVariants, mask_ws: FwdTile, d: &Dims) -> bool {
+    variants.mods_ws.is_some() || d.seqlen_k.div_ceil(mask_ws.block_n as usize) >= MASK_WS_MIN_KEY_TILES
 }
 
 /// The query rows a row pass walks: `[batch, seqlen_q]`, or a packed batch's `[1, total_q]`.
@@ -403,7 +403,7 @@ pub(crate) fn fwd_plan_copying(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: Fw
     // A mask alone, unsplit: the mask-only kernel, where there is one (its 128-key tiles; the
     // same query rows as the modifier tile, so the same work order).
     let mods_tile = match (variants.mods_ws, variants.mask_ws) {
-        (_, Some(ws)) if p.seqs.is_none() && modifiers_of(p) == modifiers::MASK && splits == 1 && forced_mask_only.unwrap_or_else(|| mask_ws_pays(&variants, &d)) => ws,
+        (_, Some(ws)) if p.seqs.is_none() && modifiers_of(p) == modifiers::MASK && splits == 1 && forced_mask_only.unwrap_or_else(|| mask_ws_pays(&variants, ws, &d)) => ws,
         (Some(ws), _) if p.seqs.is_none() => ws,
         _ => variants.mods,
     };
@@ -438,16 +438,18 @@ pub(crate) fn fwd_plan_copying(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: Fw
     // A packed batch's order comes from its lengths (`packed`), wherever there is more than a
     // wave.
     let packed_pays = p.seqs.is_some() && grid.0 as u64 * grid.1 as u64 * grid.2 as u64 > 2 * sms as u64;
-    let more_than_a_wave = grid.0 as u64 * grid.1 as u64 > sms as u64;
+    // Heads fastest (`HEADS_FIRST`) only where the keys are not split and the grid is more than
+    // a wave.
+    let swappable = splits == 1 && grid.0 as u64 * grid.1 as u64 > sms as u64;
     // A per-query bias that heads share (broadcast over heads or kv groups), on the
     // warp-specialised modifier kernel (d128): heads fastest, so that the CTAs reading a bias
     // tile run together and it comes from DRAM once rather than once a head
     // (`bias_heads_first`), in place of a work order. Same-run A/B (H200, b2 h32 hk8, 50 %
     // blocks + a `[b, 1, s, s]` bias): d128 4K / 8K / 16K 3 / 3 / 6.5 % faster; the d64 two-CTA
     // kernel 3 % slower at 4K, level at 8K, so it keeps its order.
-    let bias_first = mods && tile.producer && !gathered && splits == 1 && more_than_a_wave && bias_heads_first(p);
+    let bias_first = mods && tile.producer && !gathered && swappable && bias_heads_first(p);
     let ordered = splits == 1 && mods && !bias_first && (mask == FwdMask::Prepared && order_pays(sms, l2_bytes, &d, grid) || packed_pays);
-    let heads_first = (gathered || bias_first) && splits == 1 && more_than_a_wave;
+    let heads_first = bias_first || (gathered && swappable);
     let tma = tile.producer && !mods && p.seqs.is_none();
     Ok(FwdPlan { elem, kernel, tile, grid, splits, split_tiles: if gathered { 0 } else { split_tiles }, ordered, heads_first, tma })
 }
@@ -674,10 +676,6 @@ enum Order {
     Kept(Arc<DeviceBuffer>),
 }
 
-/// Whether running the forward's CTAs heaviest first pays: the order interleaves heads, so
-/// neighbouring CTAs no longer share one head's K and V in L2; it is kept to problems whose K
-/// and V all fit in L2 at once, and to grids of more than one CTA per SM (a single wave has no
-/// tail to balance). The kernels number CTAs in u32.
 /// Whether a fixed-length forward's bias is read by several heads a row (`[.., 1 | hk, sq, sk]`
 /// under more heads): in grid order (query tiles fastest) or a work order, the heads sharing a
 /// bias tile run a wave or more apart and each reads it from DRAM (H200, ncu, b2 h32 hk8 d128 8K,
@@ -687,6 +685,10 @@ fn bias_heads_first(p: &Problem) -> bool {
     p.seqs.is_none() && p.bias.is_some_and(|s| s[1] < p.dims.heads && s[2] > 1)
 }
 
+/// Whether running the forward's CTAs heaviest first pays: the order interleaves heads, so
+/// neighbouring CTAs no longer share one head's K and V in L2; it is kept to problems whose K
+/// and V all fit in L2 at once, and to grids of more than one CTA per SM (a single wave has no
+/// tail to balance). The kernels number CTAs in u32.
 fn order_pays(sms: u32, l2_bytes: usize, d: &Dims, grid: (u32, u32, u32)) -> bool {
     let ctas = grid.0 as u64 * grid.1 as u64 * grid.2 as u64;
     let kv_bytes = 2 * 2 * d.batch * d.kv_heads * d.seqlen_k * d.head_dim;
