@@ -75,6 +75,16 @@ impl Weights {
     }
 }
 
+/// `acc += w * v` for one split's 16 bytes of a row (eight elements, packed in pairs).
+#[inline(always)]
+fn add_weighted<E: Elem>(acc: &mut [f32; 8], w: f32, v: &[u32; 4]) {
+    for (j, &pair) in v.iter().enumerate() {
+        let (lo, hi) = E::unpack(pair);
+        acc[2 * j] += w * lo;
+        acc[2 * j + 1] += w * hi;
+    }
+}
+
 /// Where row `row` (`[b, sq, h]` order) of `r` lies: its index in the LSEs `[b, h, sq]`, and the
 /// byte offset of its O row in `o`.
 #[inline(always)]
@@ -169,11 +179,7 @@ pub unsafe fn combine<E: Elem>(p: &CombineParams) {
                 }
                 for k in 0..8 {
                     let w = if at[k] != u32::MAX { weights.of(l[k]) } else { 0.0 };
-                    for j in 0..4 {
-                        let (lo, hi) = E::unpack(v[k][j]);
-                        acc[2 * j] += w * lo;
-                        acc[2 * j + 1] += w * hi;
-                    }
+                    add_weighted::<E>(&mut acc, w, &v[k]);
                 }
             }
         }
@@ -254,12 +260,7 @@ pub unsafe fn combine_rows<E: Elem>(p: &CombineParams) {
                 }
             }
             for k in 0..ROWS_IN_FLIGHT {
-                let w = weights.of(l[k]);
-                for j in 0..4 {
-                    let (lo, hi) = E::unpack(v[k][j]);
-                    acc[2 * j] += w * lo;
-                    acc[2 * j + 1] += w * hi;
-                }
+                add_weighted::<E>(&mut acc, weights.of(l[k]), &v[k]);
             }
             s0 += ROWS_IN_FLIGHT as u32 * groups;
         }
