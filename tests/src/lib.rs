@@ -314,6 +314,18 @@ pub fn split_head_dim(case: Case, seed: u64) -> Case {
     }
 }
 
+/// `case` with a key-side bias (`[1|b, 1|hk|h, 1, sk]`) at a head dim whose Hopper backward sums
+/// the dbias of such a bias over a CTA's whole walk where every head of its kv group reads one row
+/// (64 or 128), its keys rounded up to a multiple of 8 so that the bias rows copy in 16-byte
+/// pieces (the case's mask keeps its broadcast).
+pub fn key_side_bias(case: Case, seed: u64) -> Case {
+    let sk = case.seqlen_k.next_multiple_of(8);
+    let heads = [1, case.kv_heads, case.heads][(seed / 2 % 3) as usize];
+    let batch = if seed / 6 % 2 == 0 { 1 } else { case.batch };
+    let mask = case.mask.map(|[b, h, q, k]| [b, h, q, if k == 1 { 1 } else { sk }]);
+    Case { head_dim: if seed % 2 == 0 { 64 } else { 128 }, seqlen_k: sk, bias: Some([batch, heads, 1, sk]), mask, ..case }
+}
+
 /// The backward pass of `case` on `gpu` (after a forward through `path`) against the CPU
 /// reference's, on inputs and an output gradient drawn from `seed`: every gradient finite,
 /// present exactly where the reference's is, and within [`gpu_tolerance`] (widened by twice the

@@ -34,6 +34,16 @@ fn split_query_backward_matches_reference() {
     });
 }
 
+/// Key-side biases at d64 and d128, whose Hopper kernels copy only the bias row and sum dbias
+/// over a CTA's whole walk where every head of its kv group reads that row (bias heads 1 or kv
+/// heads) and per query tile otherwise (bias heads = heads under GQA): every broadcast, GQA,
+/// causal with sq != sk, masks, softcap.
+#[test]
+fn key_side_bias_backward_matches_reference() {
+    let Some(gpu) = gpu() else { return };
+    gpu_property(1000, 300, |(case, seed)| check_gpu_backward(&key_side_bias(case, seed), ForwardPath::Fused, &gpu, seed, false));
+}
+
 /// Every case placed wherever its variant may be (`force_backward_placement`, whatever its
 /// size): under a mask or bias a work order (and kv heads first where a bias is broadcast over
 /// them), the lean variant under causal kv heads first (a swapped grid). Every key tile must still

@@ -40,9 +40,9 @@ use crate::scores::Mods;
 use crate::seq::{localize, localize_split};
 use dmattn_abi::{BWD_PARAMS_BYTES, BwdParams, modifiers};
 use key_block::{KeyBlock, position};
-use reduce::{add_dbias, store_dkdv};
+use reduce::{add_dbias, add_dbias_columns, store_dkdv};
 use smem::{Smem, load_stage};
-use step::Step;
+use step::{Step, bias_columns, score_key_tile};
 use turns::{dbias_turn, pass_skipped_turns};
 
 /// The backward CTA: where it works, K and V loaded, then for each step (query tile, head of
@@ -156,14 +156,15 @@ pub unsafe fn backward<
         unsafe { pass_skipped_turns(p, &kb, 0, next_tile.map_or(m_tiles, |t| t.n), m_tiles, tid) };
     }
     if let Some(first) = next_tile {
-        unsafe { load_stage::<D, BM, BN>(&kb, &sm.stage(0), &mods, by_class, first.n, kb.head(0), tid, threads) };
+        let columns = bias_columns::<WGMMA>(p, &mods);
+        unsafe { load_stage::<D, BM, BN>(&kb, &sm.stage(0), &mods, by_class, columns, first.n, kb.head(0), tid, threads) };
     }
     cp_async_commit();
 
     // Values read from the parameters are read again inside the loop rather than held across it
     // (see `params_in_smem`).
     let mut stage = 0u32;
-    // The kv group's dS summed for dbias (`step::GroupSum`).
+    // The kv group's dS summed for dbias, or for a key-side bias every step's (`step::GroupSum`).
     let mut dbias_sum = [[[0f32; 4]; NC]; MS];
     // Per step, the parameters come from an opaque address (see `params_in_smem`).
     let params_now = || -> &BwdParams { unsafe { smem_ref(opaque(smem_base() + params_at)) } };
@@ -177,6 +178,7 @@ pub unsafe fn backward<
             let (group, m_tiles) = (f.kv_group, f.seqlen_q.div_ceil(BM as u32));
             let h = kb.head(hg);
             let m = tile.n;
+            let columns = bias_columns::<WGMMA>(p, &mods);
             let st = sm.stage(stage);
 
             // This step's stage has landed; every warp is done with the previous step.
@@ -193,14 +195,14 @@ pub unsafe fn backward<
                 (next_tile.map(|t| t.n), 0)
             };
             if let (2, Some(nm)) = (STAGES, next_m) {
-                unsafe { load_stage::<D, BM, BN>(&kb, &sm.stage(1 - stage), &mods, by_class, nm, kb.head(next_h), tid, threads) };
+                unsafe { load_stage::<D, BM, BN>(&kb, &sm.stage(1 - stage), &mods, by_class, columns, nm, kb.head(next_h), tid, threads) };
             }
             cp_async_commit();
 
-            let step = Step::new::<BM, SR, MS, NS>(kb, mods, sm, st, h, m, tid);
+            let step = Step::new::<BM, SR, MS, NS>(kb, mods, sm, st, h, m, columns, tid);
             let (p_kept, mut dp_issued) = unsafe { step.scores_to_p::<E, KT, BM, BN, MS, NS, NC, MODS, WGMMA>(tile.full) };
             let group_sum = step.group_sum::<WGMMA>(group, hg);
-            if group_sum.on && hg == 0 {
+            if group_sum.on && !group_sum.columns && hg == 0 {
                 dbias_sum = [[[0f32; 4]; NC]; MS];
             }
             unsafe { step.dp_to_ds::<E, KT, BN, MS, NS, NC, MODS, WGMMA>(&mut dp_issued, &p_kept, group_sum, &mut dbias_sum) };
@@ -230,7 +232,7 @@ pub unsafe fn backward<
                 // Single stage: load the next step only now that this one is done with it.
                 sync_threads();
                 if let Some(nm) = next_m {
-                    unsafe { load_stage::<D, BM, BN>(&kb, &st, &mods, by_class, nm, kb.head(next_h), tid, threads) };
+                    unsafe { load_stage::<D, BM, BN>(&kb, &st, &mods, by_class, columns, nm, kb.head(next_h), tid, threads) };
                 }
                 cp_async_commit();
             }
@@ -243,9 +245,12 @@ pub unsafe fn backward<
         }
     }
 
-    // Epilogue: the dbias turn passed on, then dK and dV stored.
+    // Epilogue: the dbias turn passed on or a key-side bias's sums added, then dK and dV stored.
     let tid = opaque(tid);
     let kb = KeyBlock::reread::<BAND>(p, BN as u32, placed, swaps, slot);
+    if bias_columns::<WGMMA>(p, &Mods::of(f, MODS)) {
+        unsafe { add_dbias_columns::<MS, NC>(&kb, &dbias_sum, score_key_tile::<SR, MS, NS>(tid / 32), tid % 32) };
+    }
     if let Some((lock, turn)) = dbias_turn::<BN, DET>(&kb, &Mods::of(f, MODS)) {
         unsafe { pass_turn(lock, turn + 1, tid) };
     }

@@ -141,6 +141,30 @@ pub(super) unsafe fn add_dq_v2<const DQ: usize>(dqt: &[[f32; 4]; DQ], rows: u64,
     if rows_valid >= 16 { add(true) } else { add(false) }
 }
 
+/// Adds the CTA's dS sums for a key-side bias (`step::GroupSum::columns`) to the f32 dbias
+/// accumulator, once per CTA: this thread's `sums` hold its share of dS summed over every step
+/// (rows `g` and `g + 8` of each of `MS` m16 tiles, keys `8 (nt_first + nt) + 2 (lane % 4)` and
+/// the next), which its rows, then the warp's eight row groups (shuffles) sum; lanes 0-3 add.
+#[inline(always)]
+pub(super) unsafe fn add_dbias_columns<const MS: usize, const NC: usize>(kb: &KeyBlock, sums: &[[[f32; 4]; NC]; MS], nt_first: u32, lane: u32) {
+    let (p, f) = (kb.p, &kb.p.fwd);
+    let base = kb.broadcast_at(&p.dbias_accum, f.bias_head_div, kb.head(0), 0, 0, 4);
+    let key_bytes = 4 * p.dbias_accum.stride[3];
+    for nt in 0..NC {
+        for e in 0..2 {
+            let mut v = 0.0;
+            for rows in sums {
+                v += rows[nt][e] + rows[nt][2 + e];
+            }
+            v += shfl_xor(v, 4);
+            v += shfl_xor(v, 8);
+            v += shfl_xor(v, 16);
+            let c = 8 * (nt_first + nt as u32) + 2 * (lane % 4) + e as u32;
+            unsafe { red_add_f32_if(lane < 4 && c < kb.keys_valid, base + c as u64 * key_bytes, v) };
+        }
+    }
+}
+
 /// Adds the dS tile (in the stage's bias tile) to the f32 dbias accumulator at the bias's
 /// broadcast coordinates. Where the bias is broadcast over the tile's rows or keys, the tile is
 /// first summed over them here, so that each accumulator element gets one addition per tile

@@ -69,13 +69,15 @@ impl Smem {
 }
 
 /// Starts the copies of (query tile `m`, head `h`)'s Q, dO, bias, packed mask, lse and delta into
-/// `st`. All threads call this.
+/// `st`; of a key-side bias only its one row (`columns`, see `step::bias_columns`). All threads
+/// call this.
 #[inline(always)]
 pub(super) unsafe fn load_stage<const D: usize, const BM: usize, const BN: usize>(
     kb: &KeyBlock,
     st: &Stage,
     mods: &Mods,
     by_class: bool,
+    columns: bool,
     m: u32,
     h: u32,
     tid: u32,
@@ -100,7 +102,9 @@ pub(super) unsafe fn load_stage<const D: usize, const BM: usize, const BN: usize
         let s = f.bias.stride;
         let base = kb.broadcast_at(&f.bias, f.bias_head_div, h, row0, 0, 2);
         unsafe {
-            if f.flags & flags::BIAS_VEC != 0 {
+            if columns {
+                st.bias.load_first_row_async(base, 2 * kb.keys_valid, tid);
+            } else if f.flags & flags::BIAS_VEC != 0 {
                 st.bias.load_async(base, 2 * s[2], rows, 2 * kb.keys_valid, tid, threads);
             } else {
                 st.bias.load_strided(2, base, s[2], s[3], rows, kb.keys_valid, tid, threads);

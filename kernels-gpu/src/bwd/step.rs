@@ -18,7 +18,7 @@ use crate::elem::Elem;
 use crate::gemm::mma_tiles;
 use crate::scores::{LOG2E, Mods, WarpScores};
 use crate::tile::Fragments;
-use dmattn_abi::modifiers;
+use dmattn_abi::{BwdParams, flags, modifiers};
 
 /// One step: the CTA's key block, the stage holding (query tile `m`, head `h`)'s operands, and
 /// this thread's place in them, computed once for every phase (as values the phases share,
@@ -36,6 +36,8 @@ pub(super) struct Step<'a> {
     pub(super) row0: u32,
     pub(super) rows_valid: u32,
     pub(super) tid: u32,
+    /// The stage holds the bias's one row (see [`bias_columns`]).
+    columns: bool,
     /// Fragment origins of the stage's Q and dO and the key tile's K and V.
     q_frag: Fragments,
     do_frag: Fragments,
@@ -93,6 +95,7 @@ impl<'a> Step<'a> {
         st: Stage,
         h: u32,
         m: u32,
+        columns: bool,
         tid: u32,
     ) -> Self {
         let (warp, lane) = (tid / 32, tid % 32);
@@ -105,7 +108,7 @@ impl<'a> Step<'a> {
         let p_at = sm.p.chunk(g, 0) + 4 * t;
         let ds_at = p_at - sm.p.base + sm.ds.base;
         let (lse_at, delta_at) = (st.lse + 4 * (share.r0 + g), st.delta + 4 * (share.r0 + g));
-        Step { kb, mods, sm, st, h, m, row0, rows_valid, tid, q_frag, do_frag, k_frag, v_frag, share, p_at, ds_at, lse_at, delta_at }
+        Step { kb, mods, sm, st, h, m, row0, rows_valid, tid, columns, q_frag, do_frag, k_frag, v_frag, share, p_at, ds_at, lse_at, delta_at }
     }
 
     #[inline(always)]
@@ -122,7 +125,7 @@ impl<'a> Step<'a> {
     #[inline(always)]
     fn scores<const BN: usize, const NC: usize>(&self, c: u32) -> WarpScores {
         let share = &self.share;
-        WarpScores::new::<NC>(self.st.bias, true, self.st.mask, (BN / 8) as u32, share.r0, share.nt0::<NC>(c), self.lane())
+        WarpScores::new::<NC>(self.st.bias, !self.columns, self.st.mask, (BN / 8) as u32, share.r0, share.nt0::<NC>(c), self.lane())
     }
 
     /// S = QKᵀ on the score offsets for the warp's share, then P = exp2(logit - lse) to the P
@@ -366,19 +369,39 @@ impl<'a> Step<'a> {
     #[inline(always)]
     pub(super) fn group_sum<const WGMMA: bool>(&self, group: u32, hg: u32) -> GroupSum {
         let (p, f) = (self.kb.p, &self.kb.p.fwd);
-        let on = WGMMA && self.mods.bias && group > 1 && (f.bias_head_div == group || p.dbias_accum.stride[1] == 0);
-        GroupSum { on, stores: !on || hg + 1 == group }
+        let columns = self.columns;
+        let on = columns || WGMMA && self.mods.bias && group > 1 && (f.bias_head_div == group || p.dbias_accum.stride[1] == 0);
+        GroupSum { on, columns, stores: !columns && (!on || hg + 1 == group) }
     }
 }
 
 /// wgmma, with a bias every head of the kv group shares: the group's dS summed in registers over
 /// its consecutive steps (`on`), stored for dbias and added to the accumulator once per tile, at
 /// its last head (a quarter of the reductions at a group of 4). `stores`: this step stores dS
-/// for dbias and adds it to the accumulator.
+/// for dbias and adds it to the accumulator. `columns`: a key-side bias (see [`bias_columns`]),
+/// summed over every step of the CTA and added once, at its end (`reduce::add_dbias_columns`).
 #[derive(Clone, Copy)]
 pub(super) struct GroupSum {
     pub(super) on: bool,
+    pub(super) columns: bool,
     pub(super) stores: bool,
+}
+
+/// wgmma, with a key-side bias (`flags::BIAS_ROW`: one row, which every query reads) that every
+/// head of the CTA's kv group shares: its dbias for the CTA's keys is a sum of dS over every step
+/// the CTA makes, so the stages hold only the bias row (a 128th of the bias tile's copies), and
+/// dS is summed in registers rather than stored to the stage and summed over its rows per tile.
+#[inline(always)]
+pub(super) fn bias_columns<const WGMMA: bool>(p: &BwdParams, mods: &Mods) -> bool {
+    let f = &p.fwd;
+    WGMMA && mods.bias && f.flags & flags::BIAS_ROW != 0 && (f.bias_head_div == f.kv_group || p.dbias_accum.stride[1] == 0)
+}
+
+/// The first n8 key tile of warp `warp`'s share of S and dP (`SR`, `MS`, `NS`: their grid of
+/// warps), whose keys [`GroupSum::columns`]' sums hold.
+#[inline(always)]
+pub(super) fn score_key_tile<const SR: usize, const MS: usize, const NS: usize>(warp: u32) -> u32 {
+    ScoreShare::of::<SR, MS, NS>(warp).nt_first
 }
 
 /// A warp's place in one product's grid of warps: `rows` warps along the rows, the rest along
