@@ -295,6 +295,13 @@ pub unsafe fn ld_shared_u32(addr: u32) -> u32 {
 }
 
 #[inline(always)]
+pub unsafe fn ld_shared_v2(addr: u32) -> [u32; 2] {
+    let (a, b): (u32, u32);
+    unsafe { asm!("ld.shared.v2.b32 {{{0}, {1}}}, [{2}];", out(reg32) a, out(reg32) b, in(reg32) addr, options(pure, readonly, nostack)) };
+    [a, b]
+}
+
+#[inline(always)]
 pub unsafe fn ld_shared_u16(addr: u32) -> u32 {
     let v: u32;
     unsafe { asm!("ld.shared.u16 {0}, [{1}];", out(reg32) v, in(reg32) addr, options(pure, readonly, nostack)) };

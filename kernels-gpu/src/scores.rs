@@ -139,22 +139,7 @@ impl WarpScores {
         for mt in 0..MT {
             for h in 0..2 {
                 let dr = 16 * mt as u32 + 8 * h as u32;
-                // Bit 2 nt + e of `bits`: the thread's key 8 nt + e (warp-relative) is visible.
-                let bits = if check {
-                    let mut keep = !0u32;
-                    if load_mask {
-                        let row = self.mask_at + dr * self.mask_row_bytes;
-                        keep = 0;
-                        for w in 0..(NT as u32).div_ceil(8) + 1 {
-                            if 16 * w < 2 * NT as u32 + self.mask_shift {
-                                keep |= (unsafe { ld_shared_u16(row + 8 * w) } << (16 * w)) >> self.mask_shift;
-                            }
-                        }
-                    }
-                    keep & band.bits(mt, h)
-                } else {
-                    !0
-                };
+                let bits = self.visible_bits::<NT>(band, mt, h, check, load_mask);
                 for nt in 0..NT as u32 {
                     let bias = if fold { self.bias::<E>(dr, nt) } else { (0.0, 0.0) };
                     for e in 0..2 {
@@ -165,6 +150,27 @@ impl WarpScores {
                 }
             }
         }
+    }
+
+    /// Bit `2 nt + e` set where the thread's key `8 nt + e` (warp-relative) of row `dr + g`
+    /// (`dr = 16 mt + 8 h`) is visible: the mask (read where `load_mask`) and the band and bounds
+    /// (`band`), both only where `check`; all set elsewhere.
+    #[inline(always)]
+    pub fn visible_bits<const NT: usize>(&self, band: &impl RowBits, mt: usize, h: usize, check: bool, load_mask: bool) -> u32 {
+        if !check {
+            return !0;
+        }
+        let mut keep = !0u32;
+        if load_mask {
+            let row = self.mask_at + (16 * mt as u32 + 8 * h as u32) * self.mask_row_bytes;
+            keep = 0;
+            for w in 0..(NT as u32).div_ceil(8) + 1 {
+                if 16 * w < 2 * NT as u32 + self.mask_shift {
+                    keep |= (unsafe { ld_shared_u16(row + 8 * w) } << (16 * w)) >> self.mask_shift;
+                }
+            }
+        }
+        keep & band.bits(mt, h)
     }
 
     /// Base-2 logits of the thread's pair of scores in n8 tile `nt` of row `row0 + dr + g`,

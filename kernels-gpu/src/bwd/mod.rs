@@ -41,7 +41,7 @@ use crate::seq::{localize, localize_split};
 use dmattn_abi::{BWD_PARAMS_BYTES, BwdParams, modifiers};
 use key_block::{KeyBlock, position};
 use reduce::{add_dbias, add_dbias_columns, store_dkdv};
-use smem::{Smem, load_stage};
+use smem::{Smem, load_stage, store_bias_row};
 use step::{Step, bias_columns, score_key_tile};
 use turns::{dbias_turn, pass_skipped_turns};
 
@@ -157,6 +157,9 @@ pub unsafe fn backward<
     }
     if let Some(first) = next_tile {
         let columns = bias_columns::<WGMMA>(p, &mods);
+        if columns && mods.fold_bias() {
+            unsafe { store_bias_row::<E, BN>(&kb, &sm, &mods, tid, threads) };
+        }
         unsafe { load_stage::<D, BM, BN>(&kb, &sm.stage(0), &mods, by_class, columns, first.n, kb.head(0), tid, threads) };
     }
     cp_async_commit();

@@ -3,8 +3,9 @@
 //! that fill a stage.
 use super::key_block::KeyBlock;
 use crate::arch::*;
+use crate::elem::Elem;
 use crate::mask::load_mask_tile;
-use crate::scores::Mods;
+use crate::scores::{LOG2E, Mods};
 use crate::tile::SmemTile;
 use dmattn_abi::{BWD_DQ_STAGE_BYTES, bwd_stage_bytes, flags, mask_tile_bytes};
 
@@ -53,6 +54,13 @@ impl Smem {
         self.ds.base + self.ds.bytes() + self.stages * self.stage_bytes() + w * BWD_DQ_STAGE_BYTES
     }
 
+    /// A key-side bias folded into the scores (see `step::bias_columns`): the CTA's row of it,
+    /// f32 divided by the scale, in stage 0's bias tile, which the stages then leave alone.
+    #[inline(always)]
+    pub(super) fn bias_row(&self) -> u32 {
+        self.stage(0).bias.base
+    }
+
     /// Pipeline stage `i` (computed, not indexed: a runtime index into an array of tiles would
     /// put the array in local memory). Without a bias tile, `bias` is empty (no variant that
     /// runs on such a tile reads it).
@@ -69,8 +77,8 @@ impl Smem {
 }
 
 /// Starts the copies of (query tile `m`, head `h`)'s Q, dO, bias, packed mask, lse and delta into
-/// `st`; of a key-side bias only its one row (`columns`, see `step::bias_columns`). All threads
-/// call this.
+/// `st`; of a key-side bias only its one row, and none where the scores fold it in from the CTA's
+/// f32 row (`columns`, see `step::bias_columns` and [`store_bias_row`]). All threads call this.
 #[inline(always)]
 pub(super) unsafe fn load_stage<const D: usize, const BM: usize, const BN: usize>(
     kb: &KeyBlock,
@@ -98,7 +106,7 @@ pub(super) unsafe fn load_stage<const D: usize, const BM: usize, const BN: usize
         let ok = r < rows;
         unsafe { cp_async_4(dst + 4 * r, src + 4 * kb.row_index(h, row0 + if ok { r } else { 0 }), if ok { 4 } else { 0 }) };
     }
-    if mods.bias {
+    if mods.bias && !(columns && mods.fold_bias()) {
         let s = f.bias.stride;
         let base = kb.broadcast_at(&f.bias, f.bias_head_div, h, row0, 0, 2);
         unsafe {
@@ -121,3 +129,19 @@ pub(super) unsafe fn load_stage<const D: usize, const BM: usize, const BN: usize
     }
 }
 
+
+/// Stores the CTA's row of a key-side bias the scores fold in (see `step::bias_columns`) at
+/// [`Smem::bias_row`]: f32 times `1 / scale` (`WarpScores::init`'s start values), zeros from the
+/// tile's last key on. Read after the walk's first barrier. All threads call this.
+#[inline(always)]
+pub(super) unsafe fn store_bias_row<E: Elem, const BN: usize>(kb: &KeyBlock, sm: &Smem, mods: &Mods, tid: u32, threads: u32) {
+    let f = &kb.p.fwd;
+    let src = kb.broadcast_at(&f.bias, f.bias_head_div, kb.head(0), 0, 0, 2);
+    let inv_scale = LOG2E * rcp(mods.scale_log2);
+    let mut j = tid;
+    while j < BN as u32 {
+        let v = if j < kb.keys_valid { E::unpack(unsafe { ld_global_nc_u16(src + 2 * j as u64 * f.bias.stride[3]) }).0 * inv_scale } else { 0.0 };
+        unsafe { st_shared_u32(sm.bias_row() + 4 * j, v.to_bits()) };
+        j += threads;
+    }
+}

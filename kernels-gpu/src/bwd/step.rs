@@ -16,6 +16,7 @@ use super::turns::dq_turn;
 use crate::arch::*;
 use crate::elem::Elem;
 use crate::gemm::mma_tiles;
+use crate::mask::RowBits;
 use crate::scores::{LOG2E, Mods, WarpScores};
 use crate::tile::Fragments;
 use dmattn_abi::{BwdParams, flags, modifiers};
@@ -166,7 +167,11 @@ impl<'a> Step<'a> {
             let warp_scores = self.scores::<BN, NC>(c);
             let mut s = [[[0f32; 4]; NC]; MS];
             let bounds = kb.vis.at_tile(row0, kb.col0).with_rows(rows_valid).shifted(r0 + g, 8 * nt0 + 2 * t);
-            warp_scores.init::<E, MS, NC>(&mut s, mods, &bounds, check, mods.mask && !full);
+            if self.columns && mods.fold_bias() {
+                self.init_columns::<MS, NC>(&mut s, &warp_scores, &bounds, check, mods.mask && !full, nt0);
+            } else {
+                warp_scores.init::<E, MS, NC>(&mut s, mods, &bounds, check, mods.mask && !full);
+            }
             if WGMMA {
                 sm90::scores_and_dp::<E, NC, KT>(st, sm, r0, nt0, &mut s[0], &mut dp_issued[0]);
             } else {
@@ -198,6 +203,43 @@ impl<'a> Step<'a> {
         (p_kept, dp_issued)
     }
 
+    /// [`WarpScores::init`] for a key-side bias folded in from the CTA's f32 row
+    /// (`smem::store_bias_row`, see [`bias_columns`]): each of the thread's keys (n8 tiles from
+    /// `nt0`) read once for all its rows, already scaled; -inf where hidden, tested only where
+    /// `check`.
+    #[inline(always)]
+    fn init_columns<const MS: usize, const NC: usize>(
+        &self,
+        s: &mut [[[f32; 4]; NC]; MS],
+        warp_scores: &WarpScores,
+        band: &impl RowBits,
+        check: bool,
+        load_mask: bool,
+        nt0: u32,
+    ) {
+        let row = self.sm.bias_row() + 4 * (8 * nt0 + 2 * (self.lane() % 4));
+        let bias: [[u32; 2]; NC] = core::array::from_fn(|nt| unsafe { ld_shared_v2(row + 32 * nt as u32) });
+        let start = |nt: usize, e: usize| f32::from_bits(bias[nt][e]);
+        for (mt, tile) in s.iter_mut().enumerate() {
+            for h in 0..2 {
+                if check {
+                    let bits = warp_scores.visible_bits::<NC>(band, mt, h, check, load_mask);
+                    for (nt, v) in tile.iter_mut().enumerate() {
+                        for e in 0..2 {
+                            v[2 * h + e] = if (bits >> (2 * nt + e)) & 1 != 0 { start(nt, e) } else { f32::NEG_INFINITY };
+                        }
+                    }
+                } else {
+                    for (nt, v) in tile.iter_mut().enumerate() {
+                        for e in 0..2 {
+                            v[2 * h + e] = start(nt, e);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// dP = dO Vᵀ for the warp's share (on Hopper, `dp_issued`: issued beside S, waited for
     /// here), then dS = P (dP - delta): to the stage's bias tile for dbias (see [`GroupSum`]),
     /// and times scale and the softcap's derivative to the dS tile for dK and dQ. P comes from
@@ -219,12 +261,8 @@ impl<'a> Step<'a> {
         group_sum: GroupSum,
         dbias_sum: &mut [[[f32; 4]; NC]; MS],
     ) {
-        let (mods, sm) = (&self.mods, &self.sm);
         let (share, r0) = (&self.share, self.share.r0);
-        let softcap = mods.softcap > 0.0;
-        let (p_at, ds_at, delta_at) = (self.p_at, self.ds_at, self.delta_at);
         let (do_frag, v_frag) = (self.do_frag, self.v_frag);
-        let ds_scale = mods.scale_log2 * core::f32::consts::LN_2;
         for c in 0..(NS / NC) as u32 {
             let nt0 = share.nt0::<NC>(c);
             let mut dp = [[[0f32; 4]; NC]; MS];
@@ -235,40 +273,78 @@ impl<'a> Step<'a> {
                 let (d_o, v) = (do_frag.offset(r0, 0), v_frag.offset(8 * nt0, 0));
                 mma_tiles::<E, MS, NC, KT>(&mut dp, |mt, ks| unsafe { d_o.a(16 * mt, ks) }, |np, ks| unsafe { v.b(16 * np, ks) });
             }
-            for mt in 0..MS {
-                for hh in 0..2 {
-                    let dr = 16 * mt as u32 + 8 * hh as u32;
-                    let delta = unsafe { f32::from_bits(ld_shared_u32(delta_at + 4 * dr)) };
-                    for nt in 0..NC as u32 {
-                        let (p_sh, ds_sh) = (sm.p.shift(p_at, r0 + dr, nt0 + nt), sm.ds.shift(ds_at, r0 + dr, nt0 + nt));
-                        let pv = if keeps_p::<KT, NC, MODS, WGMMA>() {
-                            let p = &p_kept[mt][nt as usize];
-                            (p[2 * hh], p[2 * hh + 1])
-                        } else {
-                            E::unpack(unsafe { ld_shared_u32(p_sh) })
-                        };
-                        let dcap = if softcap { E::unpack(unsafe { ld_shared_u32(ds_sh) }) } else { (1.0, 1.0) };
-                        let d = &dp[mt][nt as usize];
-                        let dsb = [pv.0 * (d[2 * hh] - delta), pv.1 * (d[2 * hh + 1] - delta)];
-                        unsafe {
-                            if mods.bias {
-                                // dS for dbias replaces the bias in the stage's bias tile: the
-                                // same thread read these two elements in S -> P and nothing
-                                // else reads them again.
-                                let v = if group_sum.on {
-                                    let acc = &mut dbias_sum[mt][nt as usize];
-                                    acc[2 * hh] += dsb[0];
-                                    acc[2 * hh + 1] += dsb[1];
-                                    [acc[2 * hh], acc[2 * hh + 1]]
-                                } else {
-                                    dsb
-                                };
-                                if group_sum.stores {
-                                    st_shared_u32(self.scores::<BN, NC>(c).bias_at_pair(dr, nt), E::pack(v[0], v[1]));
-                                }
+            // A key-side bias's sums in a loop of their own: no dS stores for dbias to predicate.
+            if group_sum.columns {
+                unsafe { self.ds_of::<E, KT, BN, MS, NC, MODS, WGMMA, true>(c, &dp, p_kept, group_sum, dbias_sum) };
+            } else {
+                unsafe { self.ds_of::<E, KT, BN, MS, NC, MODS, WGMMA, false>(c, &dp, p_kept, group_sum, dbias_sum) };
+            }
+        }
+    }
+
+    /// [`Self::dp_to_ds`]'s elementwise part for chunk `c`, from its `dp`; `COLUMNS`:
+    /// `group_sum.columns` (dS only summed for dbias, never stored for it).
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn ds_of<
+        E: Elem,
+        const KT: usize,
+        const BN: usize,
+        const MS: usize,
+        const NC: usize,
+        const MODS: u8,
+        const WGMMA: bool,
+        const COLUMNS: bool,
+    >(
+        &self,
+        c: u32,
+        dp: &[[[f32; 4]; NC]; MS],
+        p_kept: &[[[f32; 4]; NC]; MS],
+        group_sum: GroupSum,
+        dbias_sum: &mut [[[f32; 4]; NC]; MS],
+    ) {
+        let (mods, sm) = (&self.mods, &self.sm);
+        let (nt0, r0) = (self.share.nt0::<NC>(c), self.share.r0);
+        let softcap = mods.softcap > 0.0;
+        let (p_at, ds_at, delta_at) = (self.p_at, self.ds_at, self.delta_at);
+        let ds_scale = mods.scale_log2 * core::f32::consts::LN_2;
+        for mt in 0..MS {
+            for hh in 0..2 {
+                let dr = 16 * mt as u32 + 8 * hh as u32;
+                let delta = unsafe { f32::from_bits(ld_shared_u32(delta_at + 4 * dr)) };
+                for nt in 0..NC as u32 {
+                    let (p_sh, ds_sh) = (sm.p.shift(p_at, r0 + dr, nt0 + nt), sm.ds.shift(ds_at, r0 + dr, nt0 + nt));
+                    let pv = if keeps_p::<KT, NC, MODS, WGMMA>() {
+                        let p = &p_kept[mt][nt as usize];
+                        (p[2 * hh], p[2 * hh + 1])
+                    } else {
+                        E::unpack(unsafe { ld_shared_u32(p_sh) })
+                    };
+                    let dcap = if softcap { E::unpack(unsafe { ld_shared_u32(ds_sh) }) } else { (1.0, 1.0) };
+                    let d = &dp[mt][nt as usize];
+                    let dsb = [pv.0 * (d[2 * hh] - delta), pv.1 * (d[2 * hh + 1] - delta)];
+                    unsafe {
+                        if mods.bias && COLUMNS {
+                            let acc = &mut dbias_sum[mt][nt as usize];
+                            acc[2 * hh] += dsb[0];
+                            acc[2 * hh + 1] += dsb[1];
+                        } else if mods.bias {
+                            // dS for dbias replaces the bias in the stage's bias tile: the
+                            // same thread read these two elements in S -> P and nothing
+                            // else reads them again.
+                            let v = if group_sum.on {
+                                let acc = &mut dbias_sum[mt][nt as usize];
+                                acc[2 * hh] += dsb[0];
+                                acc[2 * hh + 1] += dsb[1];
+                                [acc[2 * hh], acc[2 * hh + 1]]
+                            } else {
+                                dsb
+                            };
+                            if group_sum.stores {
+                                st_shared_u32(self.scores::<BN, NC>(c).bias_at_pair(dr, nt), E::pack(v[0], v[1]));
                             }
-                            st_shared_u32(ds_sh, E::pack(dsb[0] * dcap.0 * ds_scale, dsb[1] * dcap.1 * ds_scale));
                         }
+                        st_shared_u32(ds_sh, E::pack(dsb[0] * dcap.0 * ds_scale, dsb[1] * dcap.1 * ds_scale));
                     }
                 }
             }
