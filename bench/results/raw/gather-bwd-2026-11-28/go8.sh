@@ -1,6 +1,6 @@
 # Result (call 9, ab-blocks-bias-call9.txt): no better; the change (bias_rows constant without a softcap in
 # Step::scores) was reverted, not committed. The blocks + bias backward stays 2.5-4 % slower than main.
-# Call 8: calls 7's A/B found the blocks + bias backward (a bias with rows) 2.5-3 % slower since
+# Call 9: call 7's A/B found the blocks + bias backward (a bias with rows) 2.5-3 % slower since
 # 612d1cc: the bias tile's row step had become a runtime value. Now constant where the variant has
 # no softcap. main (8edbb36) against this build on those rows and one gathered row; then the
 # backward property tests that cover the bias variants, fewer cases (time left: ~4 device-minutes).
