@@ -117,6 +117,26 @@ impl DeviceElem {
 mod tests {
     use super::*;
 
+    /// A packed batch's sequences start in dQ's blocked accumulator at multiples of 16, each
+    /// past the previous one's rows rounded up to 16, all within `dq_blocked_rows`: over every
+    /// run of lengths 0-40 (the rounding's cases) of up to four sequences, from every offset.
+    #[test]
+    fn blocked_dq_rows_never_overlap() {
+        for n in 1..=4u32 {
+            for code in 0..41u32.pow(n) {
+                let lens = [0, 1, 2, 3].map(|i| code / 41u32.pow(i) % 41);
+                let (mut q0, mut end) = (0, 0);
+                for (s, len) in lens[..n as usize].iter().enumerate() {
+                    let row = dq_blocked_row(q0, s as u32);
+                    assert!(row % DQ_GROUP_ROWS == 0 && row >= end, "{lens:?}");
+                    end = row + len.div_ceil(DQ_GROUP_ROWS) * DQ_GROUP_ROWS;
+                    q0 += len;
+                }
+                assert!(end as u64 <= dq_blocked_rows(q0 as u64, n as u64), "{lens:?}");
+            }
+        }
+    }
+
     /// The Hopper forward tiles with modifiers have the portable ones' shapes (the work-order
     /// kernels, built once per head dim, count tiles of that shape; the lean variant is never
     /// ordered or split), a warpgroup per 64 rows, and fit the shared memory of one CTA. The lean

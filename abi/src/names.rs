@@ -61,6 +61,9 @@ pub const BWD_PRE_PREFIX: &str = "dmattn_bwd_pre_";
 /// The backward's query-tile shares (`BwdSharesParams`).
 pub const BWD_SHARES: &str = "dmattn_bwd_shares";
 pub const CONVERT_PREFIX: &str = "dmattn_convert_";
+/// `dmattn_convert_dq_<elem>`: dQ out of the Hopper backward's blocked accumulator
+/// (`DqConvertParams`).
+pub const CONVERT_DQ_PREFIX: &str = "dmattn_convert_dq_";
 pub const COMBINE_PREFIX: &str = "dmattn_fwd_combine_";
 /// `dmattn_combine_rows_<elem>`: the combine for calls of few rows, a CTA a row.
 pub const COMBINE_ROWS_PREFIX: &str = "dmattn_combine_rows_";

@@ -202,8 +202,9 @@ impl QueryRows {
 }
 
 /// Backward kernel parameters: the forward's operands and outputs, the output gradient, and
-/// where the gradients go. dq and dbias are accumulated in f32 (`dq_accum` `[b, sq, h, d]`,
-/// `dbias_accum` in the bias's own shape, zero strides on broadcast dims) and converted after;
+/// where the gradients go. dq and dbias are accumulated in f32 (`dq_accum` `[b, sq, h, d]`, or
+/// in the Hopper kernels the blocked layout of [`DqConvertParams`]; `dbias_accum` in the bias's
+/// own shape, zero strides on broadcast dims) and converted after;
 /// dk and dv are written directly, or where the query tiles are split (`q_split_shift`)
 /// accumulated in f32 too. `delta` is rowsum(dO * O), f32 `[b, h, sq]` like `lse`.
 #[repr(C)]
@@ -267,6 +268,52 @@ pub struct BwdPreParams {
     pub dout: View4,
     pub delta: u64,
     pub rows: QueryRows,
+}
+
+/// dQ out of the Hopper backward's (`BwdTile::wgmma`) f32 accumulator into `dst` (`[b, sq, h, d]`
+/// element strides; a packed batch's `[1, total_q, h, d]`), rounded to its 16-bit type.
+///
+/// The accumulator is laid out as the products leave dQ, so that a warp adds a 16 x 8 tile of
+/// it with one 16-byte reduction a lane, 512 contiguous bytes (row-major, a warp's reductions
+/// covered 8 rows x 32 bytes; the reductions were 12-19 % of the backward): rows in groups of
+/// [`DQ_GROUP_ROWS`], each (group, head) `16 d` f32 in `d / 8` blocks of 128, one per n8 column
+/// tile, and in a block lane `4 g + t`'s four at `4 (4 g + t)`: rows `g` and `g + 8`, columns
+/// `2 t` and `2 t + 1` of the tile (`(row g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)`). So
+/// (batch `b`, row `i`, head `h`) of a group starts at `b src.stride[0] + i src.stride[1] + h
+/// src.stride[2]` with strides `[rows H d, H d, 16 d, ·]`: the kernels' row arithmetic, from a
+/// row that is a multiple of 16. A fixed-length call's entries have their rows rounded up to
+/// 16; a packed sequence starts at [`dq_blocked_row`]. Rows past a sequence's end in its last
+/// group are padding: added to, never read.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DqConvertParams {
+    pub src: View4,
+    pub dst: View4,
+    /// A packed batch's prefix sums (`Seqs::cu_q`; 0 for fixed lengths).
+    pub seqs: Seqs,
+    /// Batch entries or packed sequences.
+    pub batch: u32,
+    /// A fixed-length call's query rows.
+    pub seqlen_q: u32,
+    pub heads: u32,
+    pub head_dim: u32,
+}
+
+/// Rows of a group of dQ's blocked accumulator ([`DqConvertParams`]).
+pub const DQ_GROUP_ROWS: u32 = 16;
+
+/// The accumulator row where packed sequence `s` (first query at packed row `q0`) starts in
+/// dQ's blocked accumulator ([`DqConvertParams`]): a multiple of 16, and at least the previous
+/// sequence's start plus its rows rounded up to 16, since `floor((q0 + 16 s) / 16)` grows by at
+/// least `ceil(len / 16)` from one sequence to the next.
+pub const fn dq_blocked_row(q0: u32, s: u32) -> u32 {
+    (q0 + DQ_GROUP_ROWS * s) & !(DQ_GROUP_ROWS - 1)
+}
+
+/// The rows of dQ's blocked accumulator for a packed batch of `sequences` and `total_q` rows:
+/// every sequence's [`dq_blocked_row`] plus its rows rounded up to 16 lies within.
+pub const fn dq_blocked_rows(total_q: u64, sequences: u64) -> u64 {
+    total_q + DQ_GROUP_ROWS as u64 * sequences
 }
 
 /// f32 → 16-bit conversion of an accumulated gradient, `len` contiguous elements.

@@ -42,6 +42,11 @@ pub fn grid_dim_y() -> u32 {
     unsafe { nvptx::_grid_dim_y() as u32 }
 }
 
+#[inline(always)]
+pub fn grid_dim_z() -> u32 {
+    unsafe { nvptx::_grid_dim_z() as u32 }
+}
+
 /// CTA-wide barrier (collective).
 #[inline(always)]
 pub fn sync_threads() {
@@ -649,6 +654,15 @@ pub unsafe fn red_add_v2_f32_if(pred: bool, addr: u64, v: [f32; 2]) {
     unsafe {
         asm!("{{ .reg .pred p; setp.ne.u32 p, {3}, 0; @p red.global.add.v2.f32 [{0}], {{{1}, {2}}}; }}",
             in(reg64) addr, in(reg32) v[0], in(reg32) v[1], in(reg32) pred as u32, options(nostack))
+    };
+}
+
+/// sm_90's 16-byte vector reduction: four consecutive f32 added at `addr` (16-byte aligned).
+#[inline(always)]
+pub unsafe fn red_add_v4_f32(addr: u64, v: [f32; 4]) {
+    unsafe {
+        asm!("red.global.add.v4.f32 [{0}], {{{1}, {2}, {3}, {4}}};",
+            in(reg64) addr, in(reg32) v[0], in(reg32) v[1], in(reg32) v[2], in(reg32) v[3], options(nostack))
     };
 }
 

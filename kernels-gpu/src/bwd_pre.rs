@@ -1,10 +1,11 @@
 //! The backward's small passes: delta = rowsum(dO * O) per query row and, where the query tiles
 //! are split, their shares before the main kernel; the f32 → 16-bit conversion of the
-//! accumulated gradients after it.
+//! accumulated gradients after it (dQ's from the Hopper kernels' blocked layout).
 use crate::arch::*;
 use crate::elem::Elem;
 use crate::mask::Visibility;
-use dmattn_abi::{Band, BwdPreParams, BwdSharesParams, ConvertParams, PRE_THREADS, QueryRows};
+use crate::seq::Seq;
+use dmattn_abi::{Band, BwdPreParams, BwdSharesParams, ConvertParams, DQ_GROUP_ROWS, DqConvertParams, PRE_THREADS, QueryRows, dq_blocked_row};
 
 /// Runs `f(row, lane, live)` for every row of `rows` in `[b, sq, h]` order (consecutive rows are
 /// consecutive heads of one query: adjacent in q, o and dO), `rows.lanes()` lanes per row,
@@ -73,6 +74,58 @@ pub unsafe fn convert<E: Elem>(p: &ConvertParams) {
             }
         }
         i += step;
+    }
+}
+
+/// dQ out of the Hopper backward's blocked accumulator (`DqConvertParams`): per (sequence, row
+/// pair `g` and `g + 8` of a 16-row group, head), a lane per n8 column tile reads its block's
+/// 16-byte words of lanes `4 g .. 4 g + 3` (64 contiguous bytes), which hold both rows' 8
+/// columns, and writes each row's 16 bytes. Sequences (or batch entries) grid-stride along z,
+/// the row pairs of one along x.
+#[inline(always)]
+pub unsafe fn convert_dq<E: Elem>(p: &DqConvertParams) {
+    let (tid, (bx, _, bz)) = (thread_idx(), block_idx());
+    let lanes = p.head_dim.div_ceil(8).next_power_of_two().min(32);
+    let (unit, col) = (tid / lanes, tid % lanes);
+    let per_block = PRE_THREADS / lanes;
+    let mut s = bz;
+    while s < p.batch {
+        let seq = Seq::in_batch::<true>(&p.seqs, s, p.seqlen_q, 0);
+        let origin = if p.seqs.cu_q == 0 { 0 } else { dq_blocked_row(seq.q0, s) };
+        let units = seq.len_q.div_ceil(DQ_GROUP_ROWS) * 8 * p.heads;
+        let mut u = bx * per_block + unit;
+        while u < units {
+            let (h, pair) = (u % p.heads, u / p.heads);
+            let (g, group) = (pair % 8, pair / 8);
+            let first = DQ_GROUP_ROWS * group;
+            if 8 * col < p.head_dim {
+                let src = p.src.ptr
+                    + 4 * (seq.batch * p.src.stride[0] + (origin + first) as u64 * p.src.stride[1] + h as u64 * p.src.stride[2])
+                    + 512 * col as u64
+                    + 64 * g as u64;
+                let w = [0, 1, 2, 3].map(|t| unsafe { ld_global_nc_v4(src + 16 * t) }.map(f32::from_bits));
+                for hh in 0..2 {
+                    let i = first + g + 8 * hh as u32;
+                    if i < seq.len_q {
+                        let packed = w.map(|v| E::pack(v[2 * hh], v[2 * hh + 1]));
+                        let dst = p.dst.ptr + 2 * (seq.q_offset(&p.dst.stride, i) + h as u64 * p.dst.stride[2]) + 16 * col as u64;
+                        // A caller's buffer need only be contiguous: its rows may start anywhere.
+                        if p.dst.ptr % 16 == 0 {
+                            unsafe { st_global_v4(dst, packed) };
+                        } else {
+                            for (k, &two) in packed.iter().enumerate() {
+                                unsafe {
+                                    st_global_u16(dst + 4 * k as u64, two & 0xffff);
+                                    st_global_u16(dst + 4 * k as u64 + 2, two >> 16);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            u += grid_dim_x() * per_block;
+        }
+        s += grid_dim_z();
     }
 }
 

@@ -39,7 +39,7 @@ mod softmax_rows;
 mod tile;
 
 use dmattn_abi::{
-    BlockMaskParams, BwdParams, BwdSharesParams, DecodeParams, GatherMaskParams, GatherParams, IndicesParams, ListBitsParams, ListsParams, KeyCompactParams, ScatterParams, SelectParams, SelectWideParams, BwdPreParams, BwdTile, CombineParams, ConvertParams, FwdParams, FwdTile, OrderParams, FwdVariants, MaskPackParams, MaskSeqsParams,
+    BlockMaskParams, BwdParams, BwdSharesParams, DecodeParams, GatherMaskParams, GatherParams, IndicesParams, ListBitsParams, ListsParams, KeyCompactParams, ScatterParams, SelectParams, SelectWideParams, BwdPreParams, BwdTile, CombineParams, ConvertParams, DqConvertParams, FwdParams, FwdTile, OrderParams, FwdVariants, MaskPackParams, MaskSeqsParams,
     SoftmaxRowsParams, bwd_splits, bwd_tile, fwd_variants, fwd_variants_for, modifiers,
 };
 use elem::{Bf16, F16};
@@ -508,7 +508,7 @@ lists_kernels! {
 /// Per element type: the backward's delta and conversion passes, the split-KV combines, and the
 /// materialising path's row softmax (`dmattn_softmax_rows_<elem>`).
 macro_rules! elem_kernels {
-    ($($elem:ty: $delta:ident, $convert:ident, $combine:ident, $combine_rows:ident, $softmax_rows:ident, $scatter:ident;)*) => {$(
+    ($($elem:ty: $delta:ident, $convert:ident, $convert_dq:ident, $combine:ident, $combine_rows:ident, $softmax_rows:ident, $scatter:ident;)*) => {$(
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $scatter(p: ScatterParams) {
             unsafe { gather::scatter_rows::<$elem>(&p) }
@@ -520,6 +520,10 @@ macro_rules! elem_kernels {
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $convert(p: ConvertParams) {
             unsafe { bwd_pre::convert::<$elem>(&p) }
+        }
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $convert_dq(p: DqConvertParams) {
+            unsafe { bwd_pre::convert_dq::<$elem>(&p) }
         }
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $combine(p: CombineParams) {
@@ -538,6 +542,6 @@ macro_rules! elem_kernels {
 
 #[cfg(not(target_feature = "sm_90a"))]
 elem_kernels! {
-    Bf16: dmattn_bwd_pre_bf16, dmattn_convert_bf16, dmattn_fwd_combine_bf16, dmattn_combine_rows_bf16, dmattn_softmax_rows_bf16, dmattn_scatter_rows_bf16;
-    F16: dmattn_bwd_pre_f16, dmattn_convert_f16, dmattn_fwd_combine_f16, dmattn_combine_rows_f16, dmattn_softmax_rows_f16, dmattn_scatter_rows_f16;
+    Bf16: dmattn_bwd_pre_bf16, dmattn_convert_bf16, dmattn_convert_dq_bf16, dmattn_fwd_combine_bf16, dmattn_combine_rows_bf16, dmattn_softmax_rows_bf16, dmattn_scatter_rows_bf16;
+    F16: dmattn_bwd_pre_f16, dmattn_convert_f16, dmattn_convert_dq_f16, dmattn_fwd_combine_f16, dmattn_combine_rows_f16, dmattn_softmax_rows_f16, dmattn_scatter_rows_f16;
 }

@@ -3,7 +3,7 @@
 //! sequence asks this for its lengths and first rows, and nothing else reads `cu_seqlens`.
 use crate::arch::{ld_global_nc_u32, ld_global_nc_v4, opaque, smem_ref, st_shared_u32, st_shared_u64};
 use core::mem::offset_of;
-use dmattn_abi::{BwdParams, FwdParams, Seqs, View4};
+use dmattn_abi::{BwdParams, FwdParams, Seqs, View4, dq_blocked_row};
 
 const _: () = assert!(offset_of!(BwdParams, fwd.seqs) % 8 == 0 && offset_of!(BwdParams, dq_turns) % 8 == 0);
 
@@ -111,11 +111,12 @@ impl Seq {
 /// past a shorter sequence's end gets no queries and no keys: it loads and writes nothing), and
 /// the bases of operands (batch stride 0, from the host; a key-side bias and its gradient at the
 /// sequence's first key, a query-based one at its first query), LSE, delta and the dQ and dbias
-/// turn counters moved so that the fixed-length indexing with batch `b` lands on its rows. The fields are
+/// turn counters moved so that the fixed-length indexing with batch `b` lands on its rows (dQ's
+/// accumulator on its blocked rows where `dq_blocked`, `dmattn_abi::dq_blocked_row`). The fields are
 /// rewritten with shared-memory stores: writes LLVM could see through a reference reorder the
 /// kernels' code into spills.
 #[inline(always)]
-pub unsafe fn localize(dst: u32, (n_block, _, b): (u32, u32, u32), block_m: u32, block_n: u32) {
+pub unsafe fn localize(dst: u32, (n_block, _, b): (u32, u32, u32), block_m: u32, block_n: u32, dq_blocked: bool) {
     // Read from the copy, not the parameters (the kernels' code stays as it is: reading the
     // parameters here reordered it into spills).
     let p: &BwdParams = unsafe { smem_ref(opaque(dst)) };
@@ -130,7 +131,8 @@ pub unsafe fn localize(dst: u32, (n_block, _, b): (u32, u32, u32), block_m: u32,
     to_row(offset_of!(BwdParams, fwd.q), &f.q, q0, 2);
     to_row(offset_of!(BwdParams, fwd.o), &f.o, q0, 2);
     to_row(offset_of!(BwdParams, dout), &p.dout, q0, 2);
-    to_row(offset_of!(BwdParams, dq_accum), &p.dq_accum, q0, 4);
+    let dq_row = if dq_blocked { dq_blocked_row(seq.q0, b) as u64 } else { q0 };
+    to_row(offset_of!(BwdParams, dq_accum), &p.dq_accum, dq_row, 4);
     to_row(offset_of!(BwdParams, fwd.k), &f.k, k0, 2);
     to_row(offset_of!(BwdParams, fwd.v), &f.v, k0, 2);
     to_row(offset_of!(BwdParams, dk), &p.dk, k0, 2);

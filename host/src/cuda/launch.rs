@@ -4,7 +4,7 @@ use crate::device::CudaDevice;
 use crate::error::Result;
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use dmattn_abi::{
-    BlockMaskParams, BwdParams, BwdSharesParams, DecodeParams, GatherMaskParams, GatherParams, IndicesParams, KeyCompactParams, ListBitsParams, ListsParams, ScatterParams, SelectParams, SelectWideParams, BwdPreParams, CombineParams, ConvertParams, OrderParams, FwdParams, FwdTmaParams, MASK_PACK_KEYS_WORDS, MASK_PACK_THREADS, MaskPackParams, MaskSeqsParams, SoftmaxRowsParams,
+    BlockMaskParams, BwdParams, BwdSharesParams, DecodeParams, GatherMaskParams, GatherParams, IndicesParams, KeyCompactParams, ListBitsParams, ListsParams, ScatterParams, SelectParams, SelectWideParams, BwdPreParams, CombineParams, ConvertParams, DqConvertParams, OrderParams, FwdParams, FwdTmaParams, MASK_PACK_KEYS_WORDS, MASK_PACK_THREADS, MaskPackParams, MaskSeqsParams, SoftmaxRowsParams,
     TensorMapsParams, names,
 };
 
@@ -27,6 +27,7 @@ unsafe impl DeviceRepr for ByValue<BwdParams> {}
 unsafe impl DeviceRepr for ByValue<BwdPreParams> {}
 unsafe impl DeviceRepr for ByValue<BwdSharesParams> {}
 unsafe impl DeviceRepr for ByValue<ConvertParams> {}
+unsafe impl DeviceRepr for ByValue<DqConvertParams> {}
 unsafe impl DeviceRepr for ByValue<CombineParams> {}
 unsafe impl DeviceRepr for ByValue<SoftmaxRowsParams> {}
 unsafe impl DeviceRepr for ByValue<KeyCompactParams> {}

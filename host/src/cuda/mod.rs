@@ -30,7 +30,7 @@ use crate::memory::DeviceBuffer;
 use crate::sparse::MaskData;
 use std::sync::Arc;
 use dmattn_abi::{
-    BwdParams, BwdSharesParams, BwdTile, BwdPreParams, CombineParams, ConvertParams, DeviceElem, FwdParams, FwdTile, KeyLists, ORDER_SMEM_BYTES, ORDER_WARPS, OrderParams,
+    BwdParams, BwdSharesParams, BwdTile, BwdPreParams, CombineParams, ConvertParams, DeviceElem, DqConvertParams, FwdParams, FwdTile, KeyLists, ORDER_SMEM_BYTES, ORDER_WARPS, OrderParams,
     PRE_THREADS, QueryRows, Seqs, View4, bwd_split_kernel, bwd_splits, bwd_tile, flags, fwd_variants_for, modifiers, FwdVariants,
 };
 use launch::{Launch, launch};
@@ -742,6 +742,49 @@ fn convert(dev: &CudaDevice, elem: DeviceElem, src: u64, dst: &Tensor, len: usiz
     launch(dev, &Launch::kernel(&name, (blocks, 1, 1), PRE_THREADS, 0), params)
 }
 
+/// dQ's f32 accumulator: its elements and strides. The Hopper kernels (`wgmma`) add to the
+/// blocked layout of `dmattn_abi::DqConvertParams` (a fixed-length entry's rows rounded up to 16,
+/// a packed batch's padded per sequence); the others to `[b, sq, h, d]`.
+struct DqAccum {
+    len: usize,
+    stride: [u64; 4],
+}
+
+fn dq_accum_layout(p: &Problem, rows: &QueryRows, blocked: bool) -> DqAccum {
+    let (h, d) = (p.dims.heads, p.dims.head_dim);
+    let group = dmattn_abi::DQ_GROUP_ROWS as usize;
+    let per_entry = match (&p.seqs, blocked) {
+        (_, false) => rows.seqlen_q as usize,
+        (None, true) => (rows.seqlen_q as usize).next_multiple_of(group),
+        (Some(s), true) => dmattn_abi::dq_blocked_rows(s.total_q() as u64, s.batch() as u64) as usize,
+    };
+    let row = (h * d) as u64;
+    let stride = if blocked { [per_entry as u64 * row, row, (group * d) as u64, 1] } else { prepare::strides([rows.batch as usize, per_entry, h, d]) };
+    DqAccum { len: rows.batch as usize * per_entry * h * d, stride }
+}
+
+/// dQ out of the Hopper kernels' blocked accumulator (`params.dq_accum`) into `dst` (contiguous,
+/// the shape `q_shape` of the query rows).
+fn convert_dq(dev: &CudaDevice, elem: DeviceElem, p: &Problem, params: &BwdParams, dst: &Tensor, q_shape: [usize; 4]) -> Result<()> {
+    let d = &p.dims;
+    let cp = DqConvertParams {
+        src: params.dq_accum,
+        dst: View4 { ptr: dst.device_ptr().expect("CUDA tensor"), stride: prepare::strides(q_shape) },
+        seqs: params.fwd.seqs,
+        batch: d.batch as u32,
+        seqlen_q: d.seqlen_q as u32,
+        heads: d.heads as u32,
+        head_dim: d.head_dim as u32,
+    };
+    // A unit is a row pair of a head, `lanes` threads (`bwd_pre::convert_dq`).
+    let lanes = d.head_dim.div_ceil(8).next_power_of_two().min(32);
+    let units = d.seqlen_q.div_ceil(2) * d.heads;
+    let x = units.div_ceil(PRE_THREADS as usize / lanes).clamp(1, 65535) as u32;
+    let z = d.batch.clamp(1, 65535) as u32;
+    let name = format!("{}{}", dmattn_abi::names::CONVERT_DQ_PREFIX, elem.name());
+    launch(dev, &Launch::kernel(&name, (x, 1, z), PRE_THREADS, 0), cp)
+}
+
 /// The backward variant of `tile` (the Hopper module's or the portable one's) for a call with
 /// `modifiers`: the leanest that module has.
 fn bwd_variant(tile: &BwdTile, modifiers: u8) -> u8 {
@@ -1017,7 +1060,8 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, into: Gra
     let deterministic = p.deterministic;
     let (m_tiles, n_blocks) = (d.seqlen_q.div_ceil(tile.block_m as usize), d.seqlen_k.div_ceil(tile.block_n as usize));
     let q_shape = [rows.batch as usize, rows.seqlen_q as usize, d.heads, d.head_dim];
-    let (_dq_acc, dq_acc) = zeroed(dev, q_shape.iter().product())?;
+    let dq_accum = dq_accum_layout(p, &rows, tile.wgmma);
+    let (_dq_acc, dq_acc) = zeroed(dev, dq_accum.len)?;
     let bias_len = p.bias.map_or(0, |s| s.iter().product::<usize>());
     let (_dbias_acc, dbias_acc) = zeroed(dev, bias_len)?;
     let (_dq_turns, dq_turns) = zeroed(dev, if deterministic { d.batch * d.heads * m_tiles } else { 0 })?;
@@ -1033,7 +1077,7 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, into: Gra
     let mut params = BwdParams {
         fwd: fwd_params(p, saved, &fwd.out, &fwd.lse, false)?,
         dout: dout_view,
-        dq_accum: View4 { ptr: dq_acc, stride: prepare::strides(q_shape) },
+        dq_accum: View4 { ptr: dq_acc, stride: dq_accum.stride },
         dk: if split { kv_accum(dk_acc) } else { qkv_view(&dk, "dk")? },
         dv: if split { kv_accum(dv_acc) } else { qkv_view(&dv, "dv")? },
         dbias_accum: View4 { ptr: dbias_acc, stride: dbias_strides(p) },
@@ -1083,7 +1127,11 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, into: Gra
     }
 
     let dq = output(into.dq, saved.q.shape(), p.dtype, &device)?;
-    convert(dev, elem, dq_acc, &dq, dq.layout().numel())?;
+    if tile.wgmma {
+        convert_dq(dev, elem, p, &params, &dq, q_shape)?;
+    } else {
+        convert(dev, elem, dq_acc, &dq, dq.layout().numel())?;
+    }
     let dbias = match &saved.bias {
         Some(b) => {
             let db = output(into.dbias, b.shape(), b.dtype(), &device)?;

@@ -14,7 +14,8 @@
 //! Hopper (the sm_90a module) each product is instead a `wgmma` of a warpgroup, its operands read
 //! from the same shared tiles (their layout is wgmma's 128-byte swizzle).
 //!
-//! dQ and dbias are added to their f32 accumulators with `red.add`. In any order by default; in
+//! dQ and dbias are added to their f32 accumulators with `red.add` (on Hopper dQ's laid out as
+//! the products leave it, `dmattn_abi::DqConvertParams`). In any order by default; in
 //! the `DET` variant in a fixed one: dQ tile (b, h, m) receives key tile n's contribution on turn
 //! n (a counter per dQ tile), and CTAs sharing a broadcast dbias column take it in turns in
 //! block order, so that each element sees the same sequence of additions on every run (a turn
@@ -115,7 +116,8 @@ pub unsafe fn backward<
     // split CTA its share of the query tiles as one (`seq::localize_split`).
     let p = unsafe {
         params_in_smem(params, smem_base() + params_at, tid, |_, dst| {
-            localize(dst, block_idx(), BM as u32, BN as u32);
+            // The Hopper products add dQ to its blocked accumulator (`reduce::add_dq_blocked`).
+            localize(dst, block_idx(), BM as u32, BN as u32, WGMMA);
             if splits {
                 localize_split(dst, block_idx());
             }

@@ -121,24 +121,19 @@ pub(super) unsafe fn add_dq<const DQ: usize>(dqt: &[[f32; 4]; DQ], stage: u32, r
     }
 }
 
-/// Adds a warp's dQ block (16 rows x `8 DQ` columns in the MMA accumulator layout, rows
-/// `row_bytes` apart from `rows`, `rows_valid` of them inside the sequence) to the f32
-/// accumulator straight from the registers, with sm_90's 8-byte vector reductions: a quad's four
-/// lanes cover 32 consecutive bytes of a row, a whole sector, with no staging.
+/// Adds a warp's dQ block (16 rows x `8 DQ` columns in the MMA accumulator layout) to the
+/// blocked f32 accumulator (`dmattn_abi::DqConvertParams`) whose block for the rows' group and
+/// the first column tile is at `tiles`: each n8 tile is one 16-byte reduction a lane, 512
+/// contiguous bytes a warp. Rows past the sequence's end in its last group land on padding;
+/// `inside`: the block's first row is inside the sequence (a block past its end would land on
+/// the next sequence's or entry's rows).
 #[inline(always)]
-pub(super) unsafe fn add_dq_v2<const DQ: usize>(dqt: &[[f32; 4]; DQ], rows: u64, row_bytes: u64, rows_valid: u32, lane: u32) {
-    let (g, t) = (lane / 4, lane % 4);
-    let add = |full: bool| {
-        for hh in 0..2 {
-            let r = g + 8 * hh as u32;
-            let at = rows + r as u64 * row_bytes + 8 * t as u64;
-            for (j, v) in dqt.iter().enumerate() {
-                unsafe { red_add_v2_f32_if(full || r < rows_valid, at + 32 * j as u64, [v[2 * hh], v[2 * hh + 1]]) };
-            }
+pub(super) unsafe fn add_dq_blocked<const DQ: usize>(dqt: &[[f32; 4]; DQ], tiles: u64, inside: bool, lane: u32) {
+    if inside {
+        for (j, v) in dqt.iter().enumerate() {
+            unsafe { red_add_v4_f32(tiles + 512 * j as u64 + 16 * lane as u64, *v) };
         }
-    };
-    // Whole tiles (the common case) without predicates.
-    if rows_valid >= 16 { add(true) } else { add(false) }
+    }
 }
 
 /// Adds the CTA's dS sums for a key-side bias (`step::GroupSum::columns`) to the f32 dbias

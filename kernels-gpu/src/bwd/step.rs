@@ -9,7 +9,7 @@
 //! rows, each with `MQ` m16 row tiles and `DQT` n8 column tiles, `DQ` of them per pass, over
 //! `NK = BN / 16` k-steps.
 use super::key_block::KeyBlock;
-use super::reduce::{add_dq, add_dq_v2};
+use super::reduce::{add_dq, add_dq_blocked};
 use super::sm90;
 use super::smem::{Smem, Stage};
 use super::turns::dq_turn;
@@ -418,11 +418,14 @@ impl<'a> Step<'a> {
             }
             for mt in 0..MQ as u32 {
                 let r = q_row0 + 16 * mt;
-                let rows = kb.q_row(&p.dq_accum, self.h, self.row0 + r, 4) + 32 * c0 as u64;
-                let (dq, row_bytes, valid) = (&dqt[mt as usize], 4 * p.dq_accum.stride[1], rows_valid.saturating_sub(r));
+                let rows = kb.q_row(&p.dq_accum, self.h, self.row0 + r, 4);
+                let dq = &dqt[mt as usize];
                 if WGMMA {
-                    unsafe { add_dq_v2(dq, rows, row_bytes, valid, lane) };
+                    // The blocked accumulator (`dmattn_abi::DqConvertParams`): `row0 + r` is a
+                    // multiple of 16, a group's first row.
+                    unsafe { add_dq_blocked(dq, rows + 512 * c0 as u64, r < rows_valid, lane) };
                 } else {
+                    let (rows, row_bytes, valid) = (rows + 32 * c0 as u64, 4 * p.dq_accum.stride[1], rows_valid.saturating_sub(r));
                     unsafe { add_dq(dq, sm.dq_stage(self.warp()), rows, row_bytes, valid, lane) };
                 }
             }
