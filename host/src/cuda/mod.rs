@@ -750,16 +750,20 @@ struct DqAccum {
     stride: [u64; 4],
 }
 
-fn dq_accum_layout(p: &Problem, rows: &QueryRows, blocked: bool) -> DqAccum {
-    let (h, d) = (p.dims.heads, p.dims.head_dim);
+/// [`DqAccum`] for `rows` (a packed batch's: one entry of `total_q` rows, of `sequences`).
+/// An entry is the whole accumulator of a single-entry call: batch stride 0, as the kernels'
+/// packed indexing (`seq::localize`) and the other operands' views have it.
+fn dq_accum_layout(rows: &QueryRows, sequences: Option<usize>, blocked: bool) -> DqAccum {
+    let (h, d) = (rows.heads as usize, rows.head_dim as usize);
     let group = dmattn_abi::DQ_GROUP_ROWS as usize;
-    let per_entry = match (&p.seqs, blocked) {
+    let per_entry = match (sequences, blocked) {
         (_, false) => rows.seqlen_q as usize,
         (None, true) => (rows.seqlen_q as usize).next_multiple_of(group),
-        (Some(s), true) => dmattn_abi::dq_blocked_rows(s.total_q() as u64, s.batch() as u64) as usize,
+        (Some(n), true) => dmattn_abi::dq_blocked_rows(rows.seqlen_q as u64, n as u64) as usize,
     };
     let row = (h * d) as u64;
-    let stride = if blocked { [per_entry as u64 * row, row, (group * d) as u64, 1] } else { prepare::strides([rows.batch as usize, per_entry, h, d]) };
+    let entry = if rows.batch == 1 { 0 } else { per_entry as u64 * row };
+    let stride = if blocked { [entry, row, (group * d) as u64, 1] } else { prepare::strides([rows.batch as usize, per_entry, h, d]) };
     DqAccum { len: rows.batch as usize * per_entry * h * d, stride }
 }
 
@@ -1060,7 +1064,7 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, into: Gra
     let deterministic = p.deterministic;
     let (m_tiles, n_blocks) = (d.seqlen_q.div_ceil(tile.block_m as usize), d.seqlen_k.div_ceil(tile.block_n as usize));
     let q_shape = [rows.batch as usize, rows.seqlen_q as usize, d.heads, d.head_dim];
-    let dq_accum = dq_accum_layout(p, &rows, tile.wgmma);
+    let dq_accum = dq_accum_layout(&rows, p.seqs.as_ref().map(|s| s.batch()), tile.wgmma);
     let (_dq_acc, dq_acc) = zeroed(dev, dq_accum.len)?;
     let bias_len = p.bias.map_or(0, |s| s.iter().product::<usize>());
     let (_dbias_acc, dbias_acc) = zeroed(dev, bias_len)?;
@@ -1190,6 +1194,36 @@ mod tests {
     /// The backward splits the query tiles of grids that leave the GPU short of CTAs (short or
     /// compressed keys) into shares of at least `BWD_SPLIT_MIN_TILES`, enough for about four CTAs
     /// per SM; never in deterministic mode, into strided dK/dV, or for grids of two CTAs per SM.
+    /// The blocked dQ accumulator holds every 16-row group the kernels add to: a fixed-length
+    /// call's last entry's last group (its rows rounded up), a packed batch's every sequence at
+    /// its `dq_blocked_row` (with batch stride 0: the kernels index a packed call's sequences as
+    /// batch entries); the row-major one is `[b, sq, h, d]`.
+    #[test]
+    fn dq_accumulator_layouts() {
+        for (batch, sq, heads, d) in [(1, 1, 1, 64), (1, 17, 3, 128), (3, 100, 2, 64), (2, 8192, 32, 128)] {
+            let rows = QueryRows { batch, heads, seqlen_q: sq, head_dim: d };
+            let a = dq_accum_layout(&rows, None, true);
+            let groups = sq.div_ceil(16) as u64;
+            let last = (batch as u64 - 1) * a.stride[0] + 16 * (groups - 1) * a.stride[1] + (heads as u64 - 1) * a.stride[2] + 16 * d as u64;
+            assert!(last as usize <= a.len && a.stride[2] == 16 * d as u64, "{rows:?}");
+            assert_eq!(a.stride[0] == 0, batch == 1);
+            let r = dq_accum_layout(&rows, None, false);
+            assert_eq!((r.len, r.stride), ((batch * sq * heads * d) as usize, prepare::strides([batch as usize, sq as usize, heads as usize, d as usize])));
+        }
+        let lens = [5u32, 16, 0, 33, 1];
+        let total: u32 = lens.iter().sum();
+        let rows = QueryRows { batch: 1, heads: 4, seqlen_q: total, head_dim: 64 };
+        let a = dq_accum_layout(&rows, Some(lens.len()), true);
+        assert_eq!(a.stride[0], 0);
+        let mut q0 = 0;
+        for (s, len) in lens.iter().enumerate() {
+            let first = dmattn_abi::dq_blocked_row(q0, s as u32) as u64;
+            let end = (first + 16 * len.div_ceil(16) as u64) * a.stride[1];
+            assert!(end as usize <= a.len, "sequence {s}");
+            q0 += len;
+        }
+    }
+
     #[test]
     fn backward_plans() {
         let plan = |d: Dims, det: bool, contiguous: bool| {
