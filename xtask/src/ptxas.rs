@@ -1,5 +1,7 @@
 //! `cargo xtask ptxas`: assemble the shipped PTX for each architecture, print every kernel's
-//! registers, stack and spills, and fail if any kernel spills.
+//! registers, stack and spills, and fail if any kernel spills; list the kernels whose `wgmma`s
+//! ptxas serialises (a warning for now: some Hopper backward kernels have it, see
+//! `docs/perf-notes.md`).
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -45,6 +47,20 @@ fn parse(report: &str) -> Vec<(String, u32, u32, u32, u32)> {
     rows
 }
 
+/// The kernels whose `wgmma`s ptxas serialises, with its reason (e.g. C7520: a compiler-inserted
+/// warpgroup arrive on a divergent path, which a branch around reads of the accumulators causes).
+fn serialised_wgmma(report: &str) -> Vec<(String, String)> {
+    report
+        .lines()
+        .filter(|l| l.contains("wgmma.mma_async instructions are serialized"))
+        .map(|l| {
+            let name = l.rsplit("function '").next().and_then(|r| r.split('\'').next()).unwrap_or("?");
+            let why = l.split("info    : ").nth(1).unwrap_or(l).split(" in the function").next().unwrap_or(l);
+            (name.to_string(), why.trim().to_string())
+        })
+        .collect()
+}
+
 /// Checks the portable module for each of `archs`, and the Hopper module for sm_90a (the only
 /// GPU it runs on).
 pub fn run(ptxas: Option<PathBuf>, archs: &[String]) -> Result<(), String> {
@@ -79,6 +95,26 @@ pub fn run(ptxas: Option<PathBuf>, archs: &[String]) -> Result<(), String> {
         if rows.is_empty() {
             return Err(format!("ptxas -arch={arch} reported no kernels"));
         }
+        for (name, why) in serialised_wgmma(&report) {
+            println!("warning: {name} on {arch}: {why}");
+        }
     }
     if failures.is_empty() { Ok(()) } else { Err(format!("kernels use local memory:\n  {}", failures.join("\n  "))) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serialised_wgmma_names_the_kernel_and_the_reason() {
+        let report = concat!(
+            "ptxas info    : (C7519) warpgroup.arrive is injected in around line 3294 by compiler to allow use of registers in GMMA in function 'dmattn_bwd_a'\n",
+            "ptxas info    : (C7520) Potential Performance Loss: wgmma.mma_async instructions are serialized due to program dependence on compiler-inserted WG.AR in divergent path in the function 'dmattn_bwd_b'\n",
+        );
+        let found = serialised_wgmma(report);
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].0, "dmattn_bwd_b");
+        assert!(found[0].1.starts_with("(C7520) Potential Performance Loss") && found[0].1.ends_with("divergent path"), "{}", found[0].1);
+    }
 }
