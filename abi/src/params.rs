@@ -196,9 +196,15 @@ impl QueryRows {
     /// Lanes per row: a lane holds 8 elements (16 bytes) of a row, and a warp takes
     /// `32 / lanes()` consecutive rows (a power of two: a row's lanes form a shuffle group).
     pub const fn lanes(&self) -> u32 {
-        let lanes = self.head_dim.div_ceil(8).next_power_of_two();
-        if lanes < 32 { lanes } else { 32 }
+        row_lanes(self.head_dim)
     }
+}
+
+/// Lanes per row of `head_dim` 16-bit elements, a lane holding 8 (16 bytes): a power of two, at
+/// most a warp, so that a row's lanes form a shuffle group.
+pub const fn row_lanes(head_dim: u32) -> u32 {
+    let lanes = head_dim.div_ceil(8).next_power_of_two();
+    if lanes < 32 { lanes } else { 32 }
 }
 
 /// Backward kernel parameters: the forward's operands and outputs, the output gradient, and
@@ -297,6 +303,19 @@ pub struct DqConvertParams {
     pub seqlen_q: u32,
     pub heads: u32,
     pub head_dim: u32,
+}
+
+impl DqConvertParams {
+    /// Lanes a unit of the conversion takes: one per n8 column tile ([`row_lanes`]).
+    pub const fn lanes(&self) -> u32 {
+        row_lanes(self.head_dim)
+    }
+
+    /// The conversion's units for a sequence of `len_q` rows: one per (row pair `g` and `g + 8`
+    /// of a 16-row group, head).
+    pub const fn units(&self, len_q: u32) -> u32 {
+        len_q.div_ceil(DQ_GROUP_ROWS) * 8 * self.heads
+    }
 }
 
 /// Rows of a group of dQ's blocked accumulator ([`DqConvertParams`]).

@@ -85,14 +85,14 @@ pub unsafe fn convert<E: Elem>(p: &ConvertParams) {
 #[inline(always)]
 pub unsafe fn convert_dq<E: Elem>(p: &DqConvertParams) {
     let (tid, (bx, _, bz)) = (thread_idx(), block_idx());
-    let lanes = p.head_dim.div_ceil(8).next_power_of_two().min(32);
+    let lanes = p.lanes();
     let (unit, col) = (tid / lanes, tid % lanes);
     let per_block = PRE_THREADS / lanes;
     let mut s = bz;
     while s < p.batch {
         let seq = Seq::in_batch::<true>(&p.seqs, s, p.seqlen_q, 0);
         let origin = if p.seqs.cu_q == 0 { 0 } else { dq_blocked_row(seq.q0, s) };
-        let units = seq.len_q.div_ceil(DQ_GROUP_ROWS) * 8 * p.heads;
+        let units = p.units(seq.len_q);
         let mut u = bx * per_block + unit;
         while u < units {
             let (h, pair) = (u % p.heads, u / p.heads);

@@ -47,8 +47,9 @@ fn parse(report: &str) -> Vec<(String, u32, u32, u32, u32)> {
     rows
 }
 
-/// The kernels whose `wgmma`s ptxas serialises, with its reason (e.g. C7520: a compiler-inserted
-/// warpgroup arrive on a divergent path, which a branch around reads of the accumulators causes).
+/// The kernels whose `wgmma`s ptxas serialises, with its reason (e.g. C7520: a warpgroup arrive
+/// it had to insert on a path it cannot prove uniform, as where accumulators are written between
+/// a group's `wgmma.fence` and its first `wgmma`).
 fn serialised_wgmma(report: &str) -> Vec<(String, String)> {
     report
         .lines()

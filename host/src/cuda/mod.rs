@@ -780,10 +780,8 @@ fn convert_dq(dev: &CudaDevice, elem: DeviceElem, p: &Problem, params: &BwdParam
         heads: d.heads as u32,
         head_dim: d.head_dim as u32,
     };
-    // A unit is a row pair of a head, `lanes` threads (`bwd_pre::convert_dq`).
-    let lanes = d.head_dim.div_ceil(8).next_power_of_two().min(32);
-    let units = d.seqlen_q.div_ceil(2) * d.heads;
-    let x = units.div_ceil(PRE_THREADS as usize / lanes).clamp(1, 65535) as u32;
+    // Units of the longest sequence, `lanes` threads each (`bwd_pre::convert_dq`).
+    let x = cp.units(cp.seqlen_q).div_ceil(PRE_THREADS / cp.lanes()).clamp(1, 65535);
     let z = d.batch.clamp(1, 65535) as u32;
     let name = format!("{}{}", dmattn_abi::names::CONVERT_DQ_PREFIX, elem.name());
     launch(dev, &Launch::kernel(&name, (x, 1, z), PRE_THREADS, 0), cp)
@@ -1191,9 +1189,6 @@ mod tests {
         Problem { dims: d, dtype: DType::BF16, mask: None, bias, band, scale: 0.125, softcap: 0.0, deterministic: false, seqs: None, packed_bias: None, packed_mask: None, pages: None }
     }
 
-    /// The backward splits the query tiles of grids that leave the GPU short of CTAs (short or
-    /// compressed keys) into shares of at least `BWD_SPLIT_MIN_TILES`, enough for about four CTAs
-    /// per SM; never in deterministic mode, into strided dK/dV, or for grids of two CTAs per SM.
     /// The blocked dQ accumulator holds every 16-row group the kernels add to: a fixed-length
     /// call's last entry's last group (its rows rounded up), a packed batch's every sequence at
     /// its `dq_blocked_row` (with batch stride 0: the kernels index a packed call's sequences as
@@ -1224,6 +1219,9 @@ mod tests {
         }
     }
 
+    /// The backward splits the query tiles of grids that leave the GPU short of CTAs (short or
+    /// compressed keys) into shares of at least `BWD_SPLIT_MIN_TILES`, enough for about four CTAs
+    /// per SM; never in deterministic mode, into strided dK/dV, or for grids of two CTAs per SM.
     #[test]
     fn backward_plans() {
         let plan = |d: Dims, det: bool, contiguous: bool| {
