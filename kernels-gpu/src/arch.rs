@@ -136,6 +136,21 @@ pub fn wgmma_fence() {
     unsafe { asm!("wgmma.fence.sync.aligned;", options(nostack)) };
 }
 
+/// Accumulator registers for a `wgmma` group that overwrites them (its first step with scale-d
+/// 0): defined by empty asm, not zeroed. Zeros written by `mov`s between the group's
+/// `wgmma.fence` and its first `wgmma` (where the compiler puts them) make ptxas inject a
+/// warpgroup arrive there, and where that lands on a path it cannot prove uniform it
+/// serialises every `wgmma` of the kernel (C7520).
+#[inline(always)]
+pub fn wgmma_scratch<const NT: usize>() -> [[f32; 4]; NT] {
+    core::array::from_fn(|_| {
+        let (a, b, c, d): (f32, f32, f32, f32);
+        // Not `pure`: identical asm would be merged into one register for every element.
+        unsafe { asm!("// scratch {0} {1} {2} {3}", out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, options(nomem, nostack)) };
+        [a, b, c, d]
+    })
+}
+
 /// Closes the warpgroup's wgmma issued since the last commit into a group that
 /// [`crate::elem::wgmma_wait`] can wait for (warpgroup-collective).
 #[inline(always)]

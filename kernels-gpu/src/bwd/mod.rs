@@ -217,7 +217,8 @@ pub unsafe fn backward<
             }
             sync_threads();
 
-            let mut dq_issued = [[[0f32; 4]; DQ]; MQ];
+            // The Hopper dQ product overwrites its accumulators (`sm90::issue_grads`).
+            let mut dq_issued: [[[f32; 4]; DQ]; MQ] = core::array::from_fn(|_| if WGMMA { wgmma_scratch() } else { [[0f32; 4]; DQ] });
             if WGMMA {
                 let origin = step.dq_origin::<MQ, DQT, QR>();
                 sm90::issue_grads::<E, DQ, DKV, NK, MK>(&st, &sm, tid / 32, origin, &mut dq_issued[0], &mut dv[0], &mut dk[0]);

@@ -34,7 +34,8 @@ pub(super) fn dp_landed<const NC: usize>(dp: &mut [[f32; 4]; NC]) {
     wgmma_wait::<0, NC>(dp);
 }
 
-/// Issues, as three groups in this order: dQ = dS K into `dq` for the warpgroup's 64 rows
+/// Issues, as three groups in this order: dQ = dS K into `dq` (its values not read: see
+/// `arch::wgmma_scratch`) for the warpgroup's 64 rows
 /// (from `q_row0`, this warp's first) x the columns from n8 tile `dq_col0`, K read N-major; and
 /// dV += Pᵀ dO, dK += dSᵀ Q for the warpgroup's 64 keys x every column: Aᵀ (M-major) from the P
 /// and dS tiles, B (N-major) the whole dO and Q tiles.
@@ -50,7 +51,7 @@ pub(super) fn issue_grads<E: Elem, const DQ: usize, const DKV: usize, const NK: 
     dk: &mut [[f32; 4]; DKV],
 ) {
     let keys = 8 * (warp / 4);
-    wgmma_tiles::<E, DQ, NK, 0, 1>(dq, |kk| sm.ds.wgmma_k_major(q_row0 & !63, kk), |kk| sm.k.wgmma_mn_major(kk, dq_col0), true);
+    wgmma_tiles::<E, DQ, NK, 0, 1>(dq, |kk| sm.ds.wgmma_k_major(q_row0 & !63, kk), |kk| sm.k.wgmma_mn_major(kk, dq_col0), false);
     wgmma_tiles::<E, DKV, MK, 1, 1>(dv, |kk| sm.p.wgmma_mn_major(kk, keys), |kk| st.dout.wgmma_mn_major(kk, 0), true);
     wgmma_tiles::<E, DKV, MK, 1, 1>(dk, |kk| sm.ds.wgmma_mn_major(kk, keys), |kk| st.q.wgmma_mn_major(kk, 0), true);
 }
