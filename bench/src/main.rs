@@ -187,11 +187,12 @@ fn add_note(r: &mut Record, extra: Option<&str>) {
 
 fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     // Plan comparisons in one run (dmattn's testing hooks): `DMATTN_BENCH_GATHER_CHUNKS=n`, a
-    // gathered backward in n query chunks; `DMATTN_BENCH_BWD_PLACED=0|1`, the backward's
+    // gathered backward in n query chunks (by rows, or by query heads with
+    // `DMATTN_BENCH_GATHER_BY_HEADS=1`); `DMATTN_BENCH_BWD_PLACED=0|1`, the backward's
     // placement off or on wherever it could run; `DMATTN_BENCH_DECODE_CTAS=n`, decoding splits
     // for about n CTAs an SM.
     let env = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<usize>().ok());
-    dmattn::force_gather_query_chunks(env("DMATTN_BENCH_GATHER_CHUNKS"));
+    dmattn::force_gather_query_chunks(env("DMATTN_BENCH_GATHER_CHUNKS"), env("DMATTN_BENCH_GATHER_BY_HEADS").is_some_and(|v| v != 0));
     dmattn::force_decode_ctas_per_sm(env("DMATTN_BENCH_DECODE_CTAS"));
     dmattn::force_backward_placement(env("DMATTN_BENCH_BWD_PLACED").map(|v| v != 0));
     let mut cases = match &args.cases {

@@ -47,16 +47,46 @@ fn gather_forward_matches_reference() {
     gather_property(1000, 300, |sc| check_gpu_sparse(&sc, &gpu, ForwardPath::Fused, false, false));
 }
 
+/// The gathered backward, in two cases of three forced into 2 or 4 query chunks by heads or by
+/// rows wherever the case folds so (small cases would otherwise run unfolded).
 #[test]
 fn gather_backward_matches_reference() {
     let Some(gpu) = gpu() else { return };
-    gather_property(700, 300, |sc| check_gpu_sparse(&sc, &gpu, ForwardPath::Fused, true, false));
+    gather_property(700, 300, |sc| {
+        let _forced = ForcedChunks::on(sc.seed);
+        check_gpu_sparse(&sc, &gpu, ForwardPath::Fused, true, false)
+    });
 }
 
 #[test]
 fn gather_deterministic_backward_matches_reference() {
     let Some(gpu) = gpu() else { return };
-    gather_property(150, 200, |sc| check_gpu_sparse(&sc, &gpu, ForwardPath::Fused, true, true));
+    gather_property(150, 200, |sc| {
+        let _forced = ForcedChunks::on(sc.seed);
+        check_gpu_sparse(&sc, &gpu, ForwardPath::Fused, true, true)
+    });
+}
+
+/// The gathered backward's query chunks forced on this thread until dropped: from `seed`, 2 or 4
+/// chunks by query heads or by rows, or the plan's own choice.
+struct ForcedChunks;
+
+impl ForcedChunks {
+    fn on(seed: u64) -> Self {
+        let n = 2 << (seed / 3 % 2);
+        match seed % 3 {
+            0 => dmattn::force_gather_query_chunks(Some(n), true),
+            1 => dmattn::force_gather_query_chunks(Some(n), false),
+            _ => dmattn::force_gather_query_chunks(None, false),
+        }
+        ForcedChunks
+    }
+}
+
+impl Drop for ForcedChunks {
+    fn drop(&mut self) {
+        dmattn::force_gather_query_chunks(None, false);
+    }
 }
 
 #[test]
@@ -166,9 +196,10 @@ fn long_keys_with_key_side_bias_match_reference() {
 }
 
 /// Long queries in batch 1: the gathered backward splits its query tiles (d64, not deterministic:
-/// the shares add into one f32 dK/dV) or runs in query chunks (d128, and deterministic runs: each
-/// chunk its own batch entry over the same gathered keys, dK and dV summed over the chunks by the
-/// scatter); against the reference, and deterministic runs bit-identical. The last case's forward
+/// the shares add into one f32 dK/dV) or runs in query chunks, by rows or by query heads (d128,
+/// and deterministic runs: each chunk its own batch entry over the same gathered keys, dK and dV
+/// summed over the chunks by the scatter); against the reference, and deterministic runs
+/// bit-identical. The last case's forward
 /// grid is several waves (`flags::HEADS_FIRST`).
 #[test]
 fn chunked_backward_matches_reference() {
@@ -180,6 +211,10 @@ fn chunked_backward_matches_reference() {
         (Case { bias: Some([1, 4, 1, sk]), dtype: DType::F16, ..Case::new(1, 2048, sk, 4, 1, 128) }, 4),
         // More query tiles than an H100 has SMs, unsplit: the forward takes them heads first.
         (Case { bias: Some([1, 4, 1, sk]), causal: true, dtype: DType::BF16, ..Case::new(1, 2048, sk, 16, 4, 64) }, 4),
+        // Groups of 4 query heads, a bias and a mask per kv head: 4 chunks by heads (the
+        // key-side workload's shape); a bias with a query dimension: 2, by heads alone.
+        (Case { bias: Some([1, 2, 1, sk]), causal: true, dtype: DType::BF16, ..Case::new(1, 2048, sk, 8, 2, 128) }, 2),
+        (Case { bias: Some([1, 1, 2048, sk]), causal: true, dtype: DType::F16, ..Case::new(1, 2048, sk, 4, 2, 128) }, 2),
     ];
     for (case, mask_heads) in cases {
         let seed: u64 = rng.random();

@@ -386,79 +386,143 @@ fn gathered(dev: &CudaDevice, p: &Problem, saved: &Saved, lists: &Arc<KeyListsBu
 }
 
 
-/// Query chunks the gathered backward runs as batch entries of their own. Its kernels parallelise
-/// over key tiles, and a gathered problem has few (16 for 1024 keys): each chunk gets its own CTAs
-/// and its own dK/dV partial, summed by the scatter. Powers of two of at least 512 queries each,
-/// towards four CTAs per SM; only where the folding is a strided view (batch 1, a bias without a
-/// query dimension). None where the backward splits the gathered problem's query tiles itself
-/// (`BwdPlan::q_split_shift`: head dims up to 64, and 128 without a bias on Hopper; not
-/// deterministic): its shares add into one f32
-/// dK/dV, which leaves the scatter one row to read per key, not one per chunk.
-fn query_chunks(dev: &CudaDevice, call: &GatheredCall) -> Result<usize> {
-    if let Some(chunks) = FORCED_CHUNKS.with(|f| f.get()) {
-        let rows = call.problem.dims.seqlen_q;
-        if call.problem.dims.batch == 1 && rows.is_multiple_of(chunks * BLOCK_MAP_Q as usize) {
-            return Ok(chunks);
+/// How the gathered backward (batch 1) runs as batch entries of its own, each over the same
+/// gathered keys with its own dK/dV partial, summed by the scatter. Its kernels parallelise over
+/// key tiles, and a gathered problem has few (16 for 1024 keys), so each entry gets its own CTAs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Chunks {
+    /// One call, unfolded.
+    One,
+    /// `n` runs of `sq / n` consecutive queries.
+    Rows(usize),
+    /// `n` sets of query heads, entry `c` taking heads `j` with `j % n == c`: each a `1 / n` share
+    /// of every kv group (`n` divides the group).
+    Heads(usize),
+}
+
+impl Chunks {
+    fn count(self) -> usize {
+        match self {
+            Chunks::One => 1,
+            Chunks::Rows(n) | Chunks::Heads(n) => n,
+        }
+    }
+}
+
+/// The gathered backward's [`Chunks`]. None where the backward splits the gathered problem's
+/// query tiles itself (`BwdPlan::q_split_shift`: head dims up to 64, and 128 without a bias on
+/// Hopper; not deterministic): its shares add into one f32 dK/dV, which leaves the scatter one row
+/// to read per key, not one per chunk.
+fn query_chunks(dev: &CudaDevice, call: &GatheredCall) -> Result<Chunks> {
+    if let Some(forced) = FORCED_CHUNKS.with(|f| f.get()) {
+        let d = &call.problem.dims;
+        let fits = match forced {
+            Chunks::One => true,
+            Chunks::Rows(n) => d.seqlen_q.is_multiple_of(n * BLOCK_MAP_Q as usize),
+            Chunks::Heads(n) => heads_fold(&call.problem).is_multiple_of(n),
+        };
+        if d.batch == 1 && fits {
+            return Ok(forced);
         }
     }
     if super::backward_plan(dev, &call.problem, &call.saved, true)?.1.q_split_shift > 0 {
-        return Ok(1);
+        return Ok(Chunks::One);
     }
     Ok(chunks_for(&call.problem, dev.sms() as usize))
 }
 
 std::thread_local! {
-    static FORCED_CHUNKS: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+    static FORCED_CHUNKS: std::cell::Cell<Option<Chunks>> = const { std::cell::Cell::new(None) };
 }
 
 /// Testing hook: while `Some(n)`, a gathered backward this thread runs takes `n` query chunks
-/// (a power of two) wherever its queries fold into them (batch 1, whole 64-row blocks), whatever
-/// [`query_chunks`] would choose; `None`: the plan's own choice.
+/// (a power of two; by query rows, or with `by_heads` by query heads) wherever its queries fold
+/// into them (batch 1; whole 64-row blocks, or `n` dividing the kv group and a bias with no
+/// head of its own per query head), whatever the plan would choose; `None`: the plan's own choice.
 #[doc(hidden)]
-pub fn force_gather_query_chunks(chunks: Option<usize>) {
-    FORCED_CHUNKS.with(|f| f.set(chunks.filter(|n| n.is_power_of_two())));
+pub fn force_gather_query_chunks(chunks: Option<usize>, by_heads: bool) {
+    let forced = chunks.filter(|n| n.is_power_of_two()).map(|n| match n {
+        1 => Chunks::One,
+        n if by_heads => Chunks::Heads(n),
+        n => Chunks::Rows(n),
+    });
+    FORCED_CHUNKS.with(|f| f.set(forced));
 }
 
-/// [`query_chunks`] for a gathered problem on a GPU of `sms` SMs.
-fn chunks_for(p: &Problem, sms: usize) -> usize {
+/// The heads-folds a gathered problem allows: the largest power of two dividing its kv group, 1
+/// where it has a batch or a bias per query head (a fold is a strided view of each operand).
+fn heads_fold(p: &Problem) -> usize {
     let d = p.dims;
-    if d.batch != 1 || p.bias.is_some_and(|b| b[2] != 1) {
+    let group = d.heads / d.kv_heads;
+    if d.batch != 1 || p.bias.is_some_and(|b| b[1] == d.heads && group > 1) {
         return 1;
     }
+    1 << group.trailing_zeros()
+}
+
+/// [`query_chunks`] for a gathered problem on a GPU of `sms` SMs: towards four CTAs per SM, by
+/// query heads where the kv group allows as many, else by rows (powers of two of at least 512
+/// queries each, on whole 64-row blocks; batch 1, a bias without a query dimension). Heads first:
+/// a key tile's work falls along its keys under causal, so row chunks give CTAs of a full chunk's
+/// work or nearly none, which pack into waves badly (a model of the 32K d128 top-2048 call: 22 %
+/// over the even share, head chunks 3 %).
+fn chunks_for(p: &Problem, sms: usize) -> Chunks {
+    let d = p.dims;
     let ctas = (d.seqlen_k / BLOCK_MAP_K as usize).max(1) * d.kv_heads;
     let target = (4 * sms).div_ceil(ctas);
-    let mut chunks = 1;
-    while 2 * chunks <= target && d.seqlen_q.is_multiple_of(2 * chunks * BLOCK_MAP_Q as usize) && d.seqlen_q / (2 * chunks) >= 512 {
-        chunks *= 2;
+    let mut rows = 1;
+    if d.batch == 1 && p.bias.is_none_or(|b| b[2] == 1) {
+        while 2 * rows <= target && d.seqlen_q.is_multiple_of(2 * rows * BLOCK_MAP_Q as usize) && d.seqlen_q / (2 * rows) >= 512 {
+            rows *= 2;
+        }
     }
-    chunks
+    // The largest power of two not past the target, as the rows'.
+    let heads = heads_fold(p).min(1 << target.max(1).ilog2());
+    match (rows, heads) {
+        (_, h) if h >= rows && h > 1 => Chunks::Heads(h),
+        (1, _) => Chunks::One,
+        (r, _) => Chunks::Rows(r),
+    }
 }
 
-/// `[1, sq, h, d]` (any strides) seen as `[chunks, sq / chunks, h, d]`.
-fn fold_rows(t: &Tensor, chunks: usize) -> Result<Tensor> {
+/// `[1, sq, h, d]` (any strides) seen as the `[n, rows, heads, d]` of `chunks`.
+fn fold_rows(t: &Tensor, chunks: Chunks) -> Result<Tensor> {
     let (s, st) = (t.shape(), t.strides());
-    let rows = s[1] / chunks;
-    t.as_strided(&[chunks, rows, s[2], s[3]], &[rows * st[1], st[1], st[2], st[3]], t.layout().offset)
+    let (shape, strides) = match chunks {
+        Chunks::One => return Ok(t.clone()),
+        Chunks::Rows(n) => ([n, s[1] / n, s[2], s[3]], [s[1] / n * st[1], st[1], st[2], st[3]]),
+        Chunks::Heads(n) => ([n, s[1], s[2] / n, s[3]], [st[2], st[1], n * st[2], st[3]]),
+    };
+    t.as_strided(&shape, &strides, t.layout().offset)
 }
 
-/// The gathered call (batch 1) as `chunks` batch entries of `sq / chunks` queries each: q, out,
-/// the prepared mask and (written here) LSE folded, K, V and the bias broadcast over them.
-fn fold(dev: &CudaDevice, call: &GatheredCall, out: &Tensor, lse: &Tensor, chunks: usize) -> Result<Forward> {
+/// The gathered call (batch 1) as the batch entries of `chunks`: q, out, the prepared mask and
+/// (written here) LSE folded, K, V and the bias broadcast over them.
+fn fold(dev: &CudaDevice, call: &GatheredCall, out: &Tensor, lse: &Tensor, chunks: Chunks) -> Result<Forward> {
     let d = call.problem.dims;
-    let rows = d.seqlen_q / chunks;
+    let n = chunks.count();
+    let (rows, heads) = match chunks {
+        Chunks::Heads(_) => (d.seqlen_q, d.heads / n),
+        _ => (d.seqlen_q / n, d.heads),
+    };
     let saved = &call.saved;
     let broadcast = |t: &Tensor| {
         let (s, st) = (t.shape(), t.strides());
-        t.as_strided(&[chunks, s[1], s[2], s[3]], &[0, st[1], st[2], st[3]], t.layout().offset)
+        t.as_strided(&[n, s[1], s[2], s[3]], &[0, st[1], st[2], st[3]], t.layout().offset)
     };
-    // LSE [1, h, sq] -> [chunks, h, rows]: an identity-list copy of f32 pieces.
-    let lse_f = Tensor::empty(&[chunks, d.heads, rows], lse.dtype(), &lse.device())?;
+    // LSE [1, h, sq] -> [n, heads, rows]: an identity-list copy of f32 pieces, entry `c`'s head
+    // `j` (row `i`) from head `j n + c` (row `i`), or from head `j` (row `c rows + i`).
+    let lse_f = Tensor::empty(&[n, heads, rows], lse.dtype(), &lse.device())?;
+    let (chunk_at, head_at) = match chunks {
+        Chunks::Heads(_) => (4 * d.seqlen_q as u64, 4 * (n * d.seqlen_q) as u64),
+        _ => (4 * rows as u64, 4 * d.seqlen_q as u64),
+    };
     gather_launch(dev, GatherParams {
         src: lse.device_ptr().expect("CUDA tensor"),
-        src_stride: [0, 4 * rows as u64, 4 * d.seqlen_q as u64, 4],
+        src_stride: [0, chunk_at, head_at, 4],
         dst: lse_f.device_ptr().expect("CUDA tensor"),
-        dst_stride: [0, 4 * (d.heads * rows) as u64, 4 * rows as u64, 4],
-        dims: [1, chunks as u32, d.heads as u32, rows as u32],
+        dst_stride: [0, 4 * (heads * rows) as u64, 4 * rows as u64, 4],
+        dims: [1, n as u32, heads as u32, rows as u32],
         row_bytes: 4,
         unit: 2,
         src_head_div: 1,
@@ -467,11 +531,14 @@ fn fold(dev: &CudaDevice, call: &GatheredCall, out: &Tensor, lse: &Tensor, chunk
     })?;
     let Some(MaskData::Cuda(m)) = saved.mask.as_ref().and_then(|m| m.data.as_ref()) else { unreachable!("a gathered call has a GPU mask") };
     let (mut classes, mut bits) = (m.classes, m.bits);
-    classes.stride[0] = (rows / BLOCK_MAP_Q as usize) as u64 * classes.stride[2];
-    bits.stride[0] = rows as u64 * bits.stride[2];
-    let planes = [chunks, m.planes[1]];
+    // Every head chunk sees the whole mask; a row chunk its rows.
+    (classes.stride[0], bits.stride[0]) = match chunks {
+        Chunks::Heads(_) => (0, 0),
+        _ => ((rows / BLOCK_MAP_Q as usize) as u64 * classes.stride[2], rows as u64 * bits.stride[2]),
+    };
+    let planes = [n, m.planes[1]];
     let mask = Prepared::on_device(MaskData::Cuda(m.viewed(classes, bits, planes)), planes, rows, d.seqlen_k, saved.q.device());
-    let problem = Problem { dims: Dims { batch: chunks, seqlen_q: rows, ..d }, mask: Some(planes), ..call.problem.clone() };
+    let problem = Problem { dims: Dims { batch: n, seqlen_q: rows, heads, ..d }, mask: Some(planes), ..call.problem.clone() };
     let saved = Saved {
         q: fold_rows(&saved.q, chunks)?,
         k: broadcast(&saved.k)?,
@@ -499,12 +566,13 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, lists: &Arc<KeyListsBuf>
     let elem = device_elem("q", p.dtype)?;
     let device = saved.q.device();
     let dbias_into = if call.bias_lists.is_some() { None } else { into.dbias };
-    let chunks = query_chunks(dev, call)?;
+    let folded = query_chunks(dev, call)?;
+    let chunks = folded.count();
     let g = if chunks > 1 {
-        let inner = fold(dev, call, &fwd.out, &fwd.lse, chunks)?;
+        let inner = fold(dev, call, &fwd.out, &fwd.lse, folded)?;
         let dq = super::output(into.dq, saved.q.shape(), p.dtype, &device)?;
-        let dq_f = fold_rows(&dq, chunks)?;
-        let g = super::backward(dev, &inner, &fold_rows(dout, chunks)?, GradientBuffers { dq: Some(&dq_f), dk: None, dv: None, dbias: dbias_into })?;
+        let dq_f = fold_rows(&dq, folded)?;
+        let g = super::backward(dev, &inner, &fold_rows(dout, folded)?, GradientBuffers { dq: Some(&dq_f), dk: None, dv: None, dbias: dbias_into })?;
         Gradients { dq, ..g }
     } else {
         let inner = Forward { out: fwd.out.clone(), lse: fwd.lse.clone(), problem: call.problem.clone(), saved: call.saved.clone() };
@@ -610,25 +678,57 @@ mod tests {
     use crate::dtype::DType;
 
     fn problem(batch: usize, sq: usize, width: usize, kv_heads: usize, bias: Option<[usize; 4]>) -> Problem {
-        let dims = Dims { batch, seqlen_q: sq, seqlen_k: width, heads: 2 * kv_heads, kv_heads, head_dim: 64 };
+        grouped(batch, sq, width, 2 * kv_heads, kv_heads, bias)
+    }
+
+    fn grouped(batch: usize, sq: usize, width: usize, heads: usize, kv_heads: usize, bias: Option<[usize; 4]>) -> Problem {
+        let dims = Dims { batch, seqlen_q: sq, seqlen_k: width, heads, kv_heads, head_dim: 64 };
         Problem { dims, dtype: DType::BF16, mask: Some([1, 1]), bias, band: Band::ALL, scale: 0.125, softcap: 0.0, deterministic: false, seqs: None, packed_bias: None, packed_mask: None, pages: None }
     }
 
-    /// Enough chunks for about four CTAs per SM, each of at least 512 queries on whole 64-row
-    /// blocks, and none where folding is not a view.
+    /// Enough chunks for about four CTAs per SM: by query heads where the kv group holds as many
+    /// (a power of two dividing it; not under a bias per query head), else by rows, each of at
+    /// least 512 queries on whole 64-row blocks; none where folding is not a view.
     #[test]
     fn query_chunks_fill_the_gpu_within_their_limits() {
-        // 1024 gathered keys, one kv head: 16 key tiles; 132 SMs want 33 chunks.
-        assert_eq!(chunks_for(&problem(1, 32768, 1024, 1, None), 132), 32);
-        assert_eq!(chunks_for(&problem(1, 16384, 1024, 1, Some([1, 1, 1, 1024])), 132), 32);
+        use Chunks::*;
+        // 1024 gathered keys, one kv head: 16 key tiles; 132 SMs want 33 chunks, more than the
+        // group of 2 heads.
+        assert_eq!(chunks_for(&problem(1, 32768, 1024, 1, None), 132), Rows(32));
+        assert_eq!(chunks_for(&problem(1, 16384, 1024, 1, Some([1, 1, 1, 1024])), 132), Rows(32));
         // At least 512 queries a chunk.
-        assert_eq!(chunks_for(&problem(1, 2048, 192, 2, None), 132), 4);
-        // Whole 64-row blocks: 3000 queries do not split.
-        assert_eq!(chunks_for(&problem(1, 3000, 1024, 1, None), 132), 1);
+        assert_eq!(chunks_for(&problem(1, 2048, 192, 2, None), 132), Rows(4));
+        // Whole 64-row blocks: 3000 queries do not split by rows; their heads do.
+        assert_eq!(chunks_for(&problem(1, 3000, 1024, 1, None), 132), Heads(2));
+        assert_eq!(chunks_for(&grouped(1, 3000, 1024, 1, 1, None), 132), One);
         // The GPU is full already.
-        assert_eq!(chunks_for(&problem(1, 32768, 8192, 8, None), 132), 1);
-        // Not a view: batches, or a bias with a query dimension.
-        assert_eq!(chunks_for(&problem(2, 32768, 1024, 1, None), 132), 1);
-        assert_eq!(chunks_for(&problem(1, 32768, 1024, 1, Some([1, 1, 32768, 1024])), 132), 1);
+        assert_eq!(chunks_for(&problem(1, 32768, 8192, 8, None), 132), One);
+        // Not a view: batches; a bias with a query dimension folds by heads only, one per query
+        // head not at all.
+        assert_eq!(chunks_for(&problem(2, 32768, 1024, 1, None), 132), One);
+        assert_eq!(chunks_for(&problem(1, 32768, 1024, 1, Some([1, 1, 32768, 1024])), 132), Heads(2));
+        assert_eq!(chunks_for(&problem(1, 32768, 1024, 1, Some([1, 2, 1, 1024])), 132), Rows(32));
+        // The key-side top-2048 call (h16 hk4): 128 CTAs want 4 chunks, its group's 4 heads.
+        assert_eq!(chunks_for(&grouped(1, 32768, 2048, 16, 4, Some([1, 4, 1, 2048])), 132), Heads(4));
+        assert_eq!(chunks_for(&grouped(1, 8192, 2048, 16, 4, Some([1, 4, 1, 2048])), 132), Heads(4));
+        // A group of 6 folds by its factor of two, fewer than the rows the GPU wants.
+        assert_eq!(chunks_for(&grouped(1, 32768, 2048, 24, 4, None), 132), Rows(4));
+        // An 8-head group folds by the 4 the GPU wants.
+        assert_eq!(chunks_for(&grouped(1, 32768, 2048, 32, 4, None), 132), Heads(4));
+    }
+
+    /// A head chunk's operands are views: entry `c`, head `j` is the call's head `j n + c`.
+    #[test]
+    fn head_chunks_are_views_of_every_nth_head() {
+        let t = Tensor::from_vec((0..3 * 8 * 4).map(|x| x as f32).collect(), &[1, 3, 8, 4], &crate::Device::Cpu).unwrap();
+        let f = fold_rows(&t, Chunks::Heads(4)).unwrap();
+        assert_eq!(f.shape(), &[4, 3, 2, 4]);
+        let v = f.to_vec::<f32>().unwrap();
+        let at = |c: usize, i: usize, j: usize, x: usize| v[((c * 3 + i) * 2 + j) * 4 + x];
+        for (c, i, j, x) in [(0, 0, 0, 0), (1, 2, 1, 3), (3, 1, 1, 2)] {
+            assert_eq!(at(c, i, j, x), ((i * 8 + j * 4 + c) * 4 + x) as f32);
+        }
+        let r = fold_rows(&t, Chunks::Rows(1)).unwrap();
+        assert_eq!(r.shape(), &[1, 3, 8, 4]);
     }
 }
