@@ -549,6 +549,26 @@ fn fold(dev: &CudaDevice, call: &GatheredCall, out: &Tensor, lse: &Tensor, chunk
     Ok(Forward { out: fold_rows(out, chunks)?, lse: lse_f, problem, saved })
 }
 
+/// Copies `src`, contiguous `[n, sq, h / n, d]` (the batch entries of [`Chunks::Heads`]`(n)`),
+/// into `dst`, contiguous `[1, sq, h, d]`: entry `c`'s head `j` to head `j n + c`.
+fn unfold_heads(dev: &CudaDevice, src: &Tensor, dst: &Tensor, n: usize) -> Result<()> {
+    let [_, sq, h, d] = <[usize; 4]>::try_from(dst.shape()).expect("4 dims");
+    let (elem, row) = (2 * d as u64, (2 * h * d) as u64);
+    let dst_ptr = dst.device_ptr().expect("CUDA tensor");
+    gather_launch(dev, GatherParams {
+        src: src.device_ptr().expect("CUDA tensor"),
+        src_stride: [row * sq as u64 / n as u64, elem, 0, row / n as u64],
+        dst: dst_ptr,
+        dst_stride: [elem, n as u64 * elem, 0, row],
+        dims: [n as u32, (h / n) as u32, 1, sq as u32],
+        row_bytes: elem as u32,
+        unit: if dst_ptr.is_multiple_of(16) { 16 } else { 2 },
+        src_head_div: 1,
+        skip_missing: 0,
+        lists: KeyLists::default(),
+    })
+}
+
 /// The backward of a gathered forward: the kernels' backward on the gathered call (in query
 /// chunks, see [`query_chunks`]), then dK, dV and (for a gathered bias) dbias scattered to the keys
 /// of the call, summed over chunks and query heads in a fixed order.
@@ -571,8 +591,14 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, lists: &Arc<KeyListsBuf>
     let g = if chunks > 1 {
         let inner = fold(dev, call, &fwd.out, &fwd.lse, folded)?;
         let dq = super::output(into.dq, saved.q.shape(), p.dtype, &device)?;
+        // The backward writes a contiguous dq, but for the Hopper kernels' conversion, which
+        // writes through a head chunk's strides; elsewhere head chunks' dq is copied into place.
+        let copied = matches!(folded, Chunks::Heads(_)) && !super::backward_plan(dev, &inner.problem, &inner.saved, true)?.1.tile.wgmma;
         let dq_f = fold_rows(&dq, folded)?;
-        let g = super::backward(dev, &inner, &fold_rows(dout, folded)?, GradientBuffers { dq: Some(&dq_f), dk: None, dv: None, dbias: dbias_into })?;
+        let g = super::backward(dev, &inner, &fold_rows(dout, folded)?, GradientBuffers { dq: (!copied).then_some(&dq_f), dk: None, dv: None, dbias: dbias_into })?;
+        if copied {
+            unfold_heads(dev, &g.dq, &dq, chunks)?;
+        }
         Gradients { dq, ..g }
     } else {
         let inner = Forward { out: fwd.out.clone(), lse: fwd.lse.clone(), problem: call.problem.clone(), saved: call.saved.clone() };

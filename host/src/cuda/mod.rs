@@ -771,9 +771,15 @@ fn dq_accum_layout(rows: &QueryRows, sequences: Option<usize>, blocked: bool) ->
 /// the shape `q_shape` of the query rows).
 fn convert_dq(dev: &CudaDevice, elem: DeviceElem, p: &Problem, params: &BwdParams, dst: &Tensor, q_shape: [usize; 4]) -> Result<()> {
     let d = &p.dims;
+    // A caller's dq is contiguous; a gathered backward's head chunks pass a strided view of one
+    // (`gather::Chunks::Heads`), written through its own strides (multiples of 8 elements).
+    let stride = match <[usize; 4]>::try_from(dst.shape()) {
+        Ok(shape) if !dst.layout().is_contiguous() => std::array::from_fn(|i| if shape[i] == 1 { 0 } else { dst.strides()[i] as u64 }),
+        _ => prepare::strides(q_shape),
+    };
     let cp = DqConvertParams {
         src: params.dq_accum,
-        dst: View4 { ptr: dst.device_ptr().expect("CUDA tensor"), stride: prepare::strides(q_shape) },
+        dst: View4 { ptr: dst.device_ptr().expect("CUDA tensor"), stride },
         seqs: params.fwd.seqs,
         batch: d.batch as u32,
         seqlen_q: d.seqlen_q as u32,
