@@ -549,20 +549,22 @@ fn fold(dev: &CudaDevice, call: &GatheredCall, out: &Tensor, lse: &Tensor, chunk
     Ok(Forward { out: fold_rows(out, chunks)?, lse: lse_f, problem, saved })
 }
 
-/// Copies `src`, contiguous `[n, sq, h / n, d]` (the batch entries of [`Chunks::Heads`]`(n)`),
-/// into `dst`, contiguous `[1, sq, h, d]`: entry `c`'s head `j` to head `j n + c`.
-fn unfold_heads(dev: &CudaDevice, src: &Tensor, dst: &Tensor, n: usize) -> Result<()> {
-    let [_, sq, h, d] = <[usize; 4]>::try_from(dst.shape()).expect("4 dims");
-    let (elem, row) = (2 * d as u64, (2 * h * d) as u64);
+/// Copies `src`, contiguous `[b, s, h, d]` 16-bit elements, into `dst` of the same shape and any
+/// strides (the head dim's 1): a row of `d` per `(b, s, h)`.
+pub(super) fn copy_rows(dev: &CudaDevice, src: &Tensor, dst: &Tensor) -> Result<()> {
+    let [b, s, h, d] = <[usize; 4]>::try_from(dst.shape()).expect("4 dims");
+    let [sb, ss, sh, _] = <[usize; 4]>::try_from(dst.strides()).expect("4 dims").map(|x| ELEM * x as u64);
+    let from = contiguous_bytes([b, s, h, d]);
     let dst_ptr = dst.device_ptr().expect("CUDA tensor");
+    let aligned = [dst_ptr, sb, ss, sh].iter().all(|x| x.is_multiple_of(16)) && (ELEM * d as u64).is_multiple_of(16);
     gather_launch(dev, GatherParams {
         src: src.device_ptr().expect("CUDA tensor"),
-        src_stride: [row * sq as u64 / n as u64, elem, 0, row / n as u64],
+        src_stride: [from[0], from[2], 0, from[1]],
         dst: dst_ptr,
-        dst_stride: [elem, n as u64 * elem, 0, row],
-        dims: [n as u32, (h / n) as u32, 1, sq as u32],
-        row_bytes: elem as u32,
-        unit: if dst_ptr.is_multiple_of(16) { 16 } else { 2 },
+        dst_stride: [sb, sh, 0, ss],
+        dims: [b as u32, h as u32, 1, s as u32],
+        row_bytes: (ELEM * d as u64) as u32,
+        unit: if aligned { 16 } else { 2 },
         src_head_div: 1,
         skip_missing: 0,
         lists: KeyLists::default(),
@@ -591,14 +593,9 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, lists: &Arc<KeyListsBuf>
     let g = if chunks > 1 {
         let inner = fold(dev, call, &fwd.out, &fwd.lse, folded)?;
         let dq = super::output(into.dq, saved.q.shape(), p.dtype, &device)?;
-        // The backward writes a contiguous dq, but for the Hopper kernels' conversion, which
-        // writes through a head chunk's strides; elsewhere head chunks' dq is copied into place.
-        let copied = matches!(folded, Chunks::Heads(_)) && !super::backward_plan(dev, &inner.problem, &inner.saved, true)?.1.tile.wgmma;
+        // A head chunk's dq is a strided view of the call's (`super::backward` writes through it).
         let dq_f = fold_rows(&dq, folded)?;
-        let g = super::backward(dev, &inner, &fold_rows(dout, folded)?, GradientBuffers { dq: (!copied).then_some(&dq_f), dk: None, dv: None, dbias: dbias_into })?;
-        if copied {
-            unfold_heads(dev, &g.dq, &dq, chunks)?;
-        }
+        let g = super::backward(dev, &inner, &fold_rows(dout, folded)?, GradientBuffers { dq: Some(&dq_f), dk: None, dv: None, dbias: dbias_into })?;
         Gradients { dq, ..g }
     } else {
         let inner = Forward { out: fwd.out.clone(), lse: fwd.lse.clone(), problem: call.problem.clone(), saved: call.saved.clone() };

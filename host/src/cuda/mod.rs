@@ -771,15 +771,13 @@ fn dq_accum_layout(rows: &QueryRows, sequences: Option<usize>, blocked: bool) ->
 /// the shape `q_shape` of the query rows).
 fn convert_dq(dev: &CudaDevice, elem: DeviceElem, p: &Problem, params: &BwdParams, dst: &Tensor, q_shape: [usize; 4]) -> Result<()> {
     let d = &p.dims;
-    // A caller's dq is contiguous; a gathered backward's head chunks pass a strided view of one
-    // (`gather::Chunks::Heads`), written through its own strides (multiples of 8 elements).
-    let stride = match <[usize; 4]>::try_from(dst.shape()) {
-        Ok(shape) if !dst.layout().is_contiguous() => std::array::from_fn(|i| if shape[i] == 1 { 0 } else { dst.strides()[i] as u64 }),
-        _ => prepare::strides(q_shape),
-    };
+    // Written through dq's own strides: a caller's is contiguous, a gathered backward's head
+    // chunks pass a strided view of one (`gather::Chunks::Heads`; multiples of 8 elements). A
+    // packed call's 3-D dq is seen as `q_shape`.
+    let dst = if dst.shape().len() == 4 { broadcast_view(dst) } else { View4 { ptr: dst.device_ptr().expect("CUDA tensor"), stride: prepare::strides(q_shape) } };
     let cp = DqConvertParams {
         src: params.dq_accum,
-        dst: View4 { ptr: dst.device_ptr().expect("CUDA tensor"), stride },
+        dst,
         seqs: params.fwd.seqs,
         batch: d.batch as u32,
         seqlen_q: d.seqlen_q as u32,
@@ -1137,8 +1135,13 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, dout: &Tensor, into: Gra
     let dq = output(into.dq, saved.q.shape(), p.dtype, &device)?;
     if tile.wgmma {
         convert_dq(dev, elem, p, &params, &dq, q_shape)?;
-    } else {
+    } else if dq.layout().is_contiguous() {
         convert(dev, elem, dq_acc, &dq, dq.layout().numel())?;
+    } else {
+        // The flat conversion, then rows into a strided view (a gathered backward's head chunks).
+        let flat = Tensor::empty(dq.shape(), dq.dtype(), &device)?;
+        convert(dev, elem, dq_acc, &flat, flat.layout().numel())?;
+        gather::copy_rows(dev, &flat, &dq)?;
     }
     let dbias = match &saved.bias {
         Some(b) => {
