@@ -827,14 +827,20 @@ fn gather(quick: bool) -> Vec<Case> {
 /// The `indices` group: per-query index lists (`attn_indices`), Flash-DMA's shape (batch 1, 2
 /// heads, 1 kv head, dim 64), 32K queries and keys, 1024 keys a row, causal, no bias: random
 /// lists and window-shaped ones, each also as the same pattern in a dense bool mask (dmattn's
-/// dense-mask path), forward and backward; and random lists at 64K (work O(queries x w) against
-/// the dense tiles' O(queries x keys)). `quick`: the random lists at 32K and their dense form.
+/// dense-mask path), forward and backward, and the band the window lists are (causal, left 1023);
+/// and random lists at 64K (work O(queries x w) against the dense tiles' O(queries x keys)). `quick`: the random lists at 32K and their dense form.
 fn indices(quick: bool) -> Vec<Case> {
     let layouts: &[(ListLayout, usize)] =
         if quick { &[(ListLayout::Random, 32768)] } else { &[(ListLayout::Random, 32768), (ListLayout::Window, 32768), (ListLayout::Random, 65536)] };
+    // Window-shaped lists hold row `i`'s keys `i - 1023..=i`: the band they are, for comparison.
+    let band = (!quick).then_some((Mask::Window { left: 1023 }, 32768));
     layouts
         .iter()
         .flat_map(|&(layout, seqlen)| [false, true].map(|dense| (Mask::IndexLists { keep: 1024, layout, dense }, seqlen)))
+        .flat_map(|(mask, seqlen)| {
+            let window_dense = matches!(mask, Mask::IndexLists { layout: ListLayout::Window, dense: true, .. });
+            std::iter::once((mask, seqlen)).chain(band.filter(|_| window_dense))
+        })
         .map(|(mask, seqlen)| {
             let mut c = Case {
                 id: String::new(),
@@ -1158,6 +1164,7 @@ mod tests {
                 "indices/d64/q32768/k32768/causal+lists1024-random-dense",
                 "indices/d64/q32768/k32768/causal+lists1024-window",
                 "indices/d64/q32768/k32768/causal+lists1024-window-dense",
+                "indices/d64/q32768/k32768/causal+window1023",
                 "indices/d64/q65536/k65536/causal+lists1024-random",
                 "indices/d64/q65536/k65536/causal+lists1024-random-dense",
             ]
