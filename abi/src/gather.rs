@@ -116,17 +116,77 @@ pub struct GatherMaskParams {
 /// element strides, -1 = padding) into bit-packed score masks: key `j` of row `r` is bit `j % 32` of
 /// u32 word `r * row_words + j / 32` of `bits` (the packed-bits byte order): `dmattn_indices_row_bits`
 /// writes whole rows, `dmattn_indices_bits` ORs entries into bits zeroed before. An entry below -1
-/// or at or past `seqlen_k` sets `error` to 1.
+/// or at or past `seqlen_k` sets `error` to 1. Where `band` is not 0, `dmattn_indices_row_bits`
+/// also gathers what tells whether the lists are a window about the diagonal into the
+/// [`ListsBand`] there (rows `rows` = `seqlen_q`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct IndicesParams {
     pub indices: View4,
     pub bits: u64,
     pub error: u64,
+    pub band: u64,
     /// `[pb, ph, rows, w]`.
     pub dims: [u32; 4],
     pub seqlen_k: u32,
     pub row_words: u32,
+}
+
+/// Per-query index lists summed up row by row (every plane's rows), to tell whether every row's
+/// keys are exactly a window `i + sk - sq - left ..= i + sk - sq + right` clipped to the keys
+/// (the host decides, `sparse::lists_band`). `diag` is a row's `i + sk - sq`, `first` and `last`
+/// its least and greatest key. Every field but the first two is a maximum (a minimum kept
+/// negated), [`ListsBand::NONE`] before any row: the kernel raises each with an atomic max.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ListsBand {
+    /// Not 0 where some row's keys are not one run of consecutive keys.
+    pub broken: u32,
+    /// Rows with no key.
+    pub empty_rows: u32,
+    /// `diag - first` over rows whose first key is past key 0 (the window's left side where
+    /// it is not clipped): greatest, and least negated.
+    pub left_max: i32,
+    pub left_min_neg: i32,
+    /// `last - diag` over rows whose last key is before key `sk - 1`.
+    pub right_max: i32,
+    pub right_min_neg: i32,
+    /// The greatest `diag` of rows whose keys start at key 0.
+    pub clipped_left_diag: i32,
+    /// The least `diag` of rows whose keys end at key `sk - 1`, negated.
+    pub clipped_right_diag_neg: i32,
+    /// The rows with keys: the greatest index, and the least negated.
+    pub last_row: i32,
+    pub first_row_neg: i32,
+}
+
+impl ListsBand {
+    /// Before any row.
+    pub const NONE: Self = ListsBand {
+        broken: 0,
+        empty_rows: 0,
+        left_max: i32::MIN,
+        left_min_neg: i32::MIN,
+        right_max: i32::MIN,
+        right_min_neg: i32::MIN,
+        clipped_left_diag: i32::MIN,
+        clipped_right_diag_neg: i32::MIN,
+        last_row: i32::MIN,
+        first_row_neg: i32::MIN,
+    };
+
+    /// The fields as the 32-bit words they are in memory, in order (`broken` and `empty_rows`
+    /// as their bits).
+    pub fn to_words(&self) -> [i32; 10] {
+        let s = self;
+        [s.broken as i32, s.empty_rows as i32, s.left_max, s.left_min_neg, s.right_max, s.right_min_neg, s.clipped_left_diag, s.clipped_right_diag_neg, s.last_row, s.first_row_neg]
+    }
+
+    /// The inverse of [`ListsBand::to_words`].
+    pub fn from_words(w: [i32; 10]) -> Self {
+        let [broken, empty_rows, left_max, left_min_neg, right_max, right_min_neg, clipped_left_diag, clipped_right_diag_neg, last_row, first_row_neg] = w;
+        ListsBand { broken: broken as u32, empty_rows: empty_rows as u32, left_max, left_min_neg, right_max, right_min_neg, clipped_left_diag, clipped_right_diag_neg, last_row, first_row_neg }
+    }
 }
 
 /// The longest row of bits (bytes) `dmattn_indices_row_bits` builds in shared memory: 48 KiB,

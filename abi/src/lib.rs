@@ -117,6 +117,30 @@ impl DeviceElem {
 mod tests {
     use super::*;
 
+    /// `ListsBand`'s words are its fields in memory order (the kernel raises them by offset, the
+    /// host writes and reads them as words).
+    #[test]
+    fn lists_band_words_are_its_layout() {
+        use core::mem::{offset_of, size_of};
+        assert_eq!(size_of::<ListsBand>(), 40);
+        let offsets = [
+            offset_of!(ListsBand, broken),
+            offset_of!(ListsBand, empty_rows),
+            offset_of!(ListsBand, left_max),
+            offset_of!(ListsBand, left_min_neg),
+            offset_of!(ListsBand, right_max),
+            offset_of!(ListsBand, right_min_neg),
+            offset_of!(ListsBand, clipped_left_diag),
+            offset_of!(ListsBand, clipped_right_diag_neg),
+            offset_of!(ListsBand, last_row),
+            offset_of!(ListsBand, first_row_neg),
+        ];
+        assert_eq!(offsets, core::array::from_fn(|i| 4 * i));
+        let b = ListsBand { broken: 1, empty_rows: 2, left_max: 3, left_min_neg: -4, right_max: 5, right_min_neg: 6, clipped_left_diag: 7, clipped_right_diag_neg: 8, last_row: 9, first_row_neg: 10 };
+        assert_eq!(b.to_words(), [1, 2, 3, -4, 5, 6, 7, 8, 9, 10]);
+        assert_eq!(ListsBand::from_words(b.to_words()), b);
+    }
+
     /// A packed batch's sequences start in dQ's blocked accumulator at multiples of 16, each
     /// past the previous one's rows rounded up to 16, all within `dq_blocked_rows`: over every
     /// run of lengths 0-40 (the rounding's cases) of up to four sequences, from every offset.

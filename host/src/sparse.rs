@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::problem::PackedLayout;
 use crate::seqlens::SeqLens;
 use crate::tensor::Tensor;
-use dmattn_abi::Band;
+use dmattn_abi::{Band, ListsBand};
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -159,7 +159,12 @@ impl SparseMask {
     /// query dimension (`[.., .., 1, w]`, the same keys for every query) run as gather attention
     /// where they keep at most half the keys; lists per query as a bit-packed score mask, whose
     /// forward runs over each query's own keys where that pays (see
-    /// [`PreparedMask::per_query_lists`]).
+    /// [`PreparedMask::per_query_lists`]). Per-query lists alone that are a window about the
+    /// diagonal, every row's keys exactly `i + sk - sq - left ..= i + sk - sq + right` clipped to
+    /// the keys (the same in every plane; rows with none only where the window shows none), are
+    /// prepared on the GPU as that window ([`SparseMask::window`]: no memory, no mask reads), found
+    /// in the same pass and read-back as the range check; not where the mask also has sink keys
+    /// or compressed causal, which keep them lists.
     pub fn indices(indices: &Tensor) -> Self {
         Self::part(Part::Indices(indices.clone()))
     }
@@ -171,21 +176,7 @@ impl SparseMask {
     /// Both masks at once: a score is visible iff both show it. Bands intersect (the narrower
     /// edge wins on each side; sink counts take the larger, compress factors must agree).
     pub fn and(mut self, other: SparseMask) -> Self {
-        let min = |a: Option<usize>, b: Option<usize>| match (a, b) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        let (a, b) = (self.band, other.band);
-        self.band = BandSpec {
-            left: min(a.left, b.left),
-            right: min(a.right, b.right),
-            sinks: a.sinks.max(b.sinks),
-            // Disagreeing factors are reported by `prepare`.
-            compress: match (a.compress, b.compress) {
-                (Some(x), Some(y)) if x != y => Some(0),
-                (x, y) => x.or(y),
-            },
-        };
+        self.band = self.band.and(other.band);
         self.parts.extend(other.parts);
         self
     }
@@ -201,7 +192,7 @@ impl SparseMask {
         if seqlen_q == 0 || seqlen_k == 0 {
             return Err(Error::Param { arg: "seqlen", reason: format!("seqlen_q {seqlen_q} and seqlen_k {seqlen_k} must be at least 1") });
         }
-        let band = self.band.resolve(seqlen_q, seqlen_k)?;
+        let mut band = self.band.resolve(seqlen_q, seqlen_k)?;
         let device = self.device()?;
         let (planes, data) = match (&device, self.parts.is_empty()) {
             (_, true) => ([1, 1], None),
@@ -210,8 +201,16 @@ impl SparseMask {
                 (dense.planes, Some(MaskData::Cpu(Arc::new(dense))))
             }
             (Device::Cuda(dev), false) => {
-                let gpu = cuda::prepare(dev, &self.parts, seqlen_q, seqlen_k, true)?;
-                (gpu.planes, Some(MaskData::Cuda(gpu)))
+                // A forced choice between the lists' two forward paths keeps them lists.
+                let lists_band = self.band.takes_a_window() && FORCED_ROW_LISTS.with(|f| f.get()).is_none();
+                let gpu = cuda::prepare(dev, &self.parts, seqlen_q, seqlen_k, cuda::Forms { gather: true, lists_band })?;
+                match gpu.lists_band {
+                    Some([left, right]) => {
+                        band = self.band.and(BandSpec { left: Some(left), right: Some(right), ..BandSpec::default() }).resolve(seqlen_q, seqlen_k)?;
+                        ([1, 1], None)
+                    }
+                    None => (gpu.planes, Some(MaskData::Cuda(gpu))),
+                }
             }
         };
         let mut prepared = PreparedMask { band, seqlen_q, seqlen_k, planes, data, device, seqs: None };
@@ -271,7 +270,7 @@ impl SparseMask {
                 ([1, dense.planes[1]], Some(MaskData::Cpu(Arc::new(crate::cpu::to_sequences(&dense, seqs, sq, sk)))))
             }
             Device::Cuda(dev) => {
-                let gpu = cuda::prepare(dev, &self.parts, sq, sk, false)?;
+                let gpu = cuda::prepare(dev, &self.parts, sq, sk, cuda::Forms::TILES)?;
                 per_sequence(gpu.planes)?;
                 ([1, gpu.planes[1]], Some(MaskData::Cuda(cuda::to_sequences(dev, &gpu, seqs)?)))
             }
@@ -308,6 +307,31 @@ impl Part {
 }
 
 impl BandSpec {
+    /// Both bands at once (see [`SparseMask::and`]).
+    fn and(self, other: BandSpec) -> BandSpec {
+        let min = |a: Option<usize>, b: Option<usize>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        BandSpec {
+            left: min(self.left, other.left),
+            right: min(self.right, other.right),
+            sinks: self.sinks.max(other.sinks),
+            // Disagreeing factors are reported by `prepare`.
+            compress: match (self.compress, other.compress) {
+                (Some(x), Some(y)) if x != y => Some(0),
+                (x, y) => x.or(y),
+            },
+        }
+    }
+
+    /// Whether this band ANDed with a window about the ordinary diagonal is a band: not where
+    /// sink keys (shown past this band's left edge, not the window's) or a compressed diagonal
+    /// (another diagonal) would have to hold for one side and not the other.
+    fn takes_a_window(&self) -> bool {
+        self.sinks == 0 && self.compress.is_none()
+    }
+
     /// The kernels' form; sides beyond every key are unbounded.
     fn resolve(&self, sq: usize, sk: usize) -> Result<Band> {
         // Saturating: lengths are the caller's, and a side past every key is unbounded anyway.
@@ -735,6 +759,44 @@ pub(crate) fn lists_pay(visited_tiles: usize, list_entries: f64) -> bool {
     visited_tiles as f64 * 4096.0 >= LISTS_PAY_RATIO * list_entries
 }
 
+/// Whether per-query index lists are a window about the diagonal, from their rows summed up on
+/// the device (`s`: every plane's `sq` rows over `sk` keys): its `[left, right]` where every
+/// row's keys, in every plane, are exactly `i + sk - sq - left ..= i + sk - sq + right` clipped to
+/// the keys, the rows with none lying wholly before or after the rows with some. Where no row
+/// shows a side unclipped, that side is the least that shows each row its keys. Lists with no
+/// key at all are not taken for a window.
+pub(crate) fn lists_band(s: &ListsBand, planes: usize, sq: usize, sk: usize) -> Option<[usize; 2]> {
+    const UNSET: i32 = i32::MIN;
+    if s.broken != 0 || s.last_row == UNSET {
+        return None;
+    }
+    let (first_row, last_row) = (-(s.first_row_neg as i64), s.last_row as i64);
+    // Each plane's rows with keys are one run, the same in every plane.
+    if (planes * sq) as i64 - s.empty_rows as i64 != planes as i64 * (last_row - first_row + 1) {
+        return None;
+    }
+    // A side: the one value every row that shows it unclipped has (none negative), at least what
+    // the clipped rows need; where no row shows it, what they need.
+    let side = |max: i32, min_neg: i32, clipped_need: i64| match max {
+        UNSET => Some(clipped_need.max(0)),
+        _ if max >= 0 && max as i64 == -(min_neg as i64) && clipped_need <= max as i64 => Some(max as i64),
+        _ => None,
+    };
+    // A row that starts at key 0 needs `diag <= left`; one that ends at the last key `diag + right >= sk - 1`.
+    let left = side(s.left_max, s.left_min_neg, s.clipped_left_diag as i64)?;
+    let right = side(s.right_max, s.right_min_neg, sk as i64 - 1 + s.clipped_right_diag_neg as i64)?;
+    // The rows with no key: the window shows them none (it ends before key 0, or starts past the
+    // last key); the rows beyond them the more so.
+    let diag = |i: i64| i + sk as i64 - sq as i64;
+    if first_row > 0 && diag(first_row - 1) + right >= 0 {
+        return None;
+    }
+    if last_row + 1 < sq as i64 && diag(last_row + 1) - left <= sk as i64 - 1 {
+        return None;
+    }
+    Some([left as usize, right as usize])
+}
+
 /// See [`lists_pay`]. H200, b1 h2 hk1 d64 32K causal, random lists of 1024 (the `indices` bench):
 /// every tile visited, 32 times the entries, and the lists forward took 0.82 of the dense-tile
 /// forward's time: they break even near 26. Measured with the kernel that reads a bias (`_mods`);
@@ -747,8 +809,8 @@ std::thread_local! {
 }
 
 /// Testing hook: while `Some(on)`, per-query index lists this thread prepares on the GPU run
-/// over each query's own keys (`true`) or on dense tiles (`false`) whatever [`lists_pay`] says;
-/// `None`: its choice.
+/// over each query's own keys (`true`) or on dense tiles (`false`) whatever [`lists_pay`] says,
+/// and are never prepared as the window they may be; `None`: its choice.
 #[doc(hidden)]
 pub fn force_per_query_lists(on: Option<bool>) {
     FORCED_ROW_LISTS.with(|f| f.set(on));
@@ -790,4 +852,107 @@ pub(crate) fn indices_keep(t: &Tensor, sq: usize, sk: usize) -> Result<([usize; 
         }
     }
     Ok(([s[0], s[1], s[2], sk], keep))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `dmattn_indices_row_bits` sums up of a keep table `[planes, sq, sk]` (its model).
+    fn summed(keep: &[bool], planes: usize, sq: usize, sk: usize) -> ListsBand {
+        let mut s = ListsBand::NONE;
+        let raise = |f: &mut i32, v: i64| *f = (*f).max(v as i32);
+        for (n, row) in keep.chunks(sk).enumerate().take(planes * sq) {
+            let i = (n % sq) as i64;
+            let keys: Vec<i64> = (0..sk as i64).filter(|&j| row[j as usize]).collect();
+            let (Some(&first), Some(&last)) = (keys.first(), keys.last()) else {
+                s.empty_rows += 1;
+                continue;
+            };
+            let diag = i + sk as i64 - sq as i64;
+            if keys.len() as i64 != last - first + 1 {
+                s.broken = 1;
+            }
+            raise(&mut s.last_row, i);
+            raise(&mut s.first_row_neg, -i);
+            if first > 0 {
+                raise(&mut s.left_max, diag - first);
+                raise(&mut s.left_min_neg, first - diag);
+            } else {
+                raise(&mut s.clipped_left_diag, diag);
+            }
+            if last < sk as i64 - 1 {
+                raise(&mut s.right_max, last - diag);
+                raise(&mut s.right_min_neg, diag - last);
+            } else {
+                raise(&mut s.clipped_right_diag_neg, -diag);
+            }
+        }
+        s
+    }
+
+    /// The window a keep table is, by brute force: the least sides that show every row its keys,
+    /// then every score compared.
+    fn window_of(keep: &[bool], planes: usize, sq: usize, sk: usize) -> Option<[usize; 2]> {
+        let diag = |i: usize| i as i64 + sk as i64 - sq as i64;
+        let rows = || keep.chunks(sk).enumerate().take(planes * sq).map(|(n, row)| (n % sq, row));
+        let ends = |row: &[bool]| Some((row.iter().position(|&k| k)? as i64, row.iter().rposition(|&k| k)? as i64));
+        let (mut left, mut right, mut any) = (0, 0, false);
+        for (i, row) in rows() {
+            if let Some((first, last)) = ends(row) {
+                (left, right, any) = (left.max(diag(i) - first), right.max(last - diag(i)), true);
+            }
+        }
+        let shows = |i: usize, j: usize| diag(i) - left <= j as i64 && j as i64 <= diag(i) + right;
+        let same = rows().all(|(i, row)| (0..sk).all(|j| row[j] == shows(i, j)));
+        (any && same).then_some([left as usize, right as usize])
+    }
+
+    fn band_table(planes: usize, sq: usize, sk: usize, left: i64, right: i64) -> Vec<bool> {
+        let diag = |i: usize| i as i64 + sk as i64 - sq as i64;
+        (0..planes * sq * sk).map(|e| ((e / sk) % sq, (e % sk) as i64)).map(|(i, j)| diag(i) - left <= j && j <= diag(i) + right).collect()
+    }
+
+    /// The summary's reading agrees with brute force on every window (sides 0 to past the
+    /// lengths, one or two planes, up to 6 x 6) and every table one score away from one, and on
+    /// tables from a seeded generator (tending to runs of keys).
+    #[test]
+    fn lists_band_reads_the_summary_as_brute_force_does() {
+        let check = |keep: &[bool], planes: usize, sq: usize, sk: usize| {
+            assert_eq!(lists_band(&summed(keep, planes, sq, sk), planes, sq, sk), window_of(keep, planes, sq, sk), "{planes} x {sq} x {sk}: {keep:?}");
+        };
+        let (mut windows, mut near) = (0, 0);
+        for (sq, sk, planes) in (1..=6).flat_map(|sq| (1..=6).flat_map(move |sk| (1..=2).map(move |p| (sq, sk, p)))) {
+            for (left, right) in (-1..=8).flat_map(|l| (-1..=8).map(move |r| (l, r))) {
+                let keep = band_table(planes, sq, sk, left, right);
+                check(&keep, planes, sq, sk);
+                windows += window_of(&keep, planes, sq, sk).is_some() as usize;
+                for e in 0..keep.len() {
+                    let mut flipped = keep.clone();
+                    flipped[e] = !flipped[e];
+                    check(&flipped, planes, sq, sk);
+                    near += window_of(&flipped, planes, sq, sk).is_some() as usize;
+                }
+            }
+        }
+        // Both answers occur, among the flipped tables too (a window's edge moved by one).
+        assert!(windows > 1000 && near > 100, "{windows} windows, {near} near ones");
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        for _ in 0..20_000 {
+            let (sq, sk, planes) = (1 + next(9) as usize, 1 + next(9) as usize, 1 + next(3) as usize);
+            let (left, right) = (next(12) as i64 - 2, next(12) as i64 - 2);
+            let mut keep = band_table(planes, sq, sk, left, right);
+            for _ in 0..next(4) {
+                let e = next(keep.len() as u64) as usize;
+                keep[e] = !keep[e];
+            }
+            check(&keep, planes, sq, sk);
+        }
+    }
 }

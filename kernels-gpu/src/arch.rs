@@ -466,6 +466,12 @@ pub unsafe fn atom_or_shared_u32(addr: u32, v: u32) {
     unsafe { asm!("atom.shared.or.b32 _, [{0}], {1};", in(reg32) addr, in(reg32) v, options(nostack)) };
 }
 
+/// Atomic max into a shared u32.
+#[inline(always)]
+pub unsafe fn atom_max_shared_u32(addr: u32, v: u32) {
+    unsafe { asm!("atom.shared.max.u32 _, [{0}], {1};", in(reg32) addr, in(reg32) v, options(nostack)) };
+}
+
 /// Atomic add to a shared u32, returning the old value.
 #[inline(always)]
 pub unsafe fn atom_add_shared_u32(addr: u32, v: u32) -> u32 {
@@ -651,6 +657,12 @@ pub unsafe fn red_add_u32(addr: u64, v: u32) {
 #[inline(always)]
 pub unsafe fn red_or_u32(addr: u64, v: u32) {
     unsafe { asm!("red.global.or.b32 [{0}], {1};", in(reg64) addr, in(reg32) v, options(nostack)) };
+}
+
+/// Fire-and-forget atomic max into a global i32.
+#[inline(always)]
+pub unsafe fn red_max_s32(addr: u64, v: i32) {
+    unsafe { asm!("red.global.max.s32 [{0}], {1};", in(reg64) addr, in(reg32) v, options(nostack)) };
 }
 
 /// Fire-and-forget atomic add to global f32, where `pred` holds (predicated, no branch).

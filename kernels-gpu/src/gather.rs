@@ -3,11 +3,12 @@
 //! the band on the original key positions, and the gradients scattered back. The attention itself
 //! runs in the ordinary kernels over the gathered keys, so its cost is O(queries x kept keys).
 use crate::arch::*;
+use core::mem::offset_of;
 use crate::elem::Elem;
 use crate::mask::Visibility;
 use dmattn_abi::{
     BLOCK_MAP_K, BLOCK_MAP_Q, COMPACT_KEYS_PER_THREAD, COMPACT_THREADS, GATHER_THREADS, GatherMaskParams, GatherParams, IndicesParams, KeyCompactParams,
-    KeyLists, ScatterParams, block_class, mask_bit,
+    KeyLists, ListsBand, ScatterParams, block_class, mask_bit,
 };
 
 /// Whether the mask shows key `k` of the row at `base` (bool bytes `stride` apart, or bits).
@@ -350,9 +351,10 @@ pub unsafe fn indices_bits(p: &IndicesParams) {
 }
 
 /// Grid `(rows, ph, pb)`, `GATHER_THREADS` threads: one row's bits built in shared memory
-/// (`4 * row_words` bytes) and written out whole, so that the bits need no zeroing before and
-/// the entries' ORs stay on the SM (global ORs at random words made [`indices_bits`] the
-/// slowest step of preparing per-query lists).
+/// (`4 * row_words` bytes) and written out whole, so that the bits
+/// need no zeroing before and the entries' ORs stay on the SM (global ORs at random words made
+/// [`indices_bits`] the slowest step of preparing per-query lists). Where `p.band` is set, the
+/// row's keys are summed up into it as well ([`record_band_row`]).
 #[inline(always)]
 pub unsafe fn indices_row_bits(p: &IndicesParams) {
     let w = p.dims[3];
@@ -375,10 +377,77 @@ pub unsafe fn indices_row_bits(p: &IndicesParams) {
     sync_threads();
     let row = (b as u64 * p.dims[1] as u64 + h as u64) * p.dims[2] as u64 + r as u64;
     let out = (p.bits + 4 * row * p.row_words as u64) as *mut u32;
+    let (mut count, mut first, mut last) = (0u32, u32::MAX, 0u32);
     let mut i = tid;
     while i < p.row_words {
-        unsafe { *out.add(i as usize) = ld_shared_u32(words + 4 * i) };
+        let word = unsafe { ld_shared_u32(words + 4 * i) };
+        unsafe { *out.add(i as usize) = word };
+        if word != 0 {
+            count += word.count_ones();
+            first = first.min(32 * i + word.trailing_zeros());
+            last = 32 * i + 31 - word.leading_zeros();
+        }
         i += GATHER_THREADS;
+    }
+    // Uniform: the whole CTA takes the branch or none of it.
+    if p.band != 0 {
+        // The row's key count, its least key complemented and its greatest key plus one, each
+        // the maximum of the threads' (0: no key), in the first words once they are written out.
+        let summary = words;
+        sync_threads();
+        if tid < 3 {
+            unsafe { st_shared_u32(summary + 4 * tid, 0) };
+        }
+        sync_threads();
+        if count != 0 {
+            unsafe {
+                atom_add_shared_u32(summary, count);
+                atom_max_shared_u32(summary + 4, !first);
+                atom_max_shared_u32(summary + 8, last + 1);
+            }
+        }
+        sync_threads();
+        if tid == 0 {
+            let (count, first, end) = unsafe { (ld_shared_u32(summary), !ld_shared_u32(summary + 4), ld_shared_u32(summary + 8)) };
+            unsafe { record_band_row(p, r, count, first, end) };
+        }
+    }
+}
+
+/// Row `r`'s keys (`count` of them, `first..end`; none where `count` is 0) into the
+/// [`ListsBand`] at `p.band`. A field is raised only where the row would raise it: once the
+/// rows of a window have set them, rows read and leave them.
+#[inline(always)]
+unsafe fn record_band_row(p: &IndicesParams, r: u32, count: u32, first: u32, end: u32) {
+    let at = |field: usize| p.band + field as u64;
+    // The host asks only where rows and keys are below 2^30: every value here fits an i32.
+    let raise = |field: usize, v: i32| {
+        if v > unsafe { ld_relaxed_u32(at(field)) } as i32 {
+            unsafe { red_max_s32(at(field), v) };
+        }
+    };
+    if count == 0 {
+        unsafe { red_add_u32(at(offset_of!(ListsBand, empty_rows)), 1) };
+        return;
+    }
+    let (sk, rows) = (p.seqlen_k as i32, p.dims[2] as i32);
+    let (diag, first, last, r) = (r as i32 + sk - rows, first as i32, end as i32 - 1, r as i32);
+    if count as i32 != last - first + 1 {
+        unsafe { *(at(offset_of!(ListsBand, broken)) as *mut u32) = 1 };
+    }
+    raise(offset_of!(ListsBand, last_row), r);
+    raise(offset_of!(ListsBand, first_row_neg), -r);
+    if first > 0 {
+        raise(offset_of!(ListsBand, left_max), diag - first);
+        raise(offset_of!(ListsBand, left_min_neg), first - diag);
+    } else {
+        raise(offset_of!(ListsBand, clipped_left_diag), diag);
+    }
+    if last < sk - 1 {
+        raise(offset_of!(ListsBand, right_max), last - diag);
+        raise(offset_of!(ListsBand, right_min_neg), diag - last);
+    } else {
+        raise(offset_of!(ListsBand, clipped_right_diag_neg), -diag);
     }
 }
 

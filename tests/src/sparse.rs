@@ -729,6 +729,78 @@ impl fmt::Debug for Described<'_> {
     }
 }
 
+/// Per-query index lists `[pb, ph, seqlen_q, w]` for `case` that are a window about the
+/// diagonal (sides from 0 to past the lengths): each row's keys in a random order, some repeated,
+/// -1 padding after them; half the time one change away from a window (a key dropped from a row,
+/// a random key added to one, a row emptied, or one plane's window moved a key to the right).
+/// With the keep table `[pb, ph, seqlen_q, seqlen_k]` they describe.
+pub fn window_lists(rng: &mut StdRng, case: &Case) -> ([usize; 4], Vec<i32>, Vec<bool>) {
+    let (sq, sk) = (case.seqlen_q, case.seqlen_k);
+    let pb = if rng.random_bool(0.5) { case.batch } else { 1 };
+    let ph = [1, case.kv_heads, case.heads][rng.random_range(0..3)];
+    let mut side = || match rng.random_range(0..5) {
+        0 => 0,
+        1 => rng.random_range(0..8),
+        2 => rng.random_range(0..=sk),
+        3 => sq + sk + 5,
+        _ => rng.random_range(0..64),
+    };
+    let (left, right) = (side() as i64, side() as i64);
+    let planes = pb * ph;
+    let (change, target_plane, target_row) = (rng.random_range(0..8), rng.random_range(0..planes), rng.random_range(0..sq));
+    let mut rows: Vec<Vec<i64>> = Vec::with_capacity(planes * sq);
+    for plane in 0..planes {
+        for i in 0..sq {
+            let shift = (change == 3 && plane == target_plane) as i64;
+            let diag = (i + sk) as i64 - sq as i64 + shift;
+            let mut keys: Vec<i64> = ((diag - left).max(0)..=(diag + right).min(sk as i64 - 1)).collect();
+            if (plane, i) == (target_plane, target_row) {
+                match change {
+                    0 if !keys.is_empty() => {
+                        keys.remove(rng.random_range(0..keys.len()));
+                    }
+                    1 => keys.push(rng.random_range(0..sk) as i64),
+                    2 => keys.clear(),
+                    _ => {}
+                }
+            }
+            rows.push(keys);
+        }
+    }
+    let w = rows.iter().map(Vec::len).max().unwrap_or(0) + rng.random_range(1..4);
+    let mut idx = Vec::with_capacity(planes * sq * w);
+    let mut keep = vec![false; planes * sq * sk];
+    for (n, keys) in rows.iter_mut().enumerate() {
+        for &k in keys.iter() {
+            keep[n * sk + k as usize] = true;
+        }
+        // A random order: Fisher-Yates.
+        for a in (1..keys.len()).rev() {
+            keys.swap(a, rng.random_range(0..=a));
+        }
+        let fill: Vec<i32> = (keys.len()..w).map(|_| if !keys.is_empty() && rng.random_bool(0.5) { keys[rng.random_range(0..keys.len())] as i32 } else { -1 }).collect();
+        idx.extend(keys.iter().map(|&k| k as i32).chain(fill));
+    }
+    ([pb, ph, sq, w], idx, keep)
+}
+
+/// The window `[left, right]` a keep table `[planes, sq, sk]` is, by brute force, if it is one:
+/// the least sides that show every row its keys, then every score compared with what they show
+/// (key `j` to row `i` iff `i + sk - sq - left <= j <= i + sk - sq + right`). A table with no
+/// key is none.
+pub fn window_of(keep: &[bool], planes: usize, sq: usize, sk: usize) -> Option<[usize; 2]> {
+    let diag = |i: usize| i as i64 + sk as i64 - sq as i64;
+    let rows = || keep.chunks(sk).enumerate().take(planes * sq).map(|(n, row)| (n % sq, row));
+    let (mut left, mut right, mut any) = (0, 0, false);
+    for (i, row) in rows() {
+        if let (Some(first), Some(last)) = (row.iter().position(|&k| k), row.iter().rposition(|&k| k)) {
+            (left, right, any) = (left.max(diag(i) - first as i64), right.max(last as i64 - diag(i)), true);
+        }
+    }
+    let shows = |i: usize, j: usize| diag(i) - left <= j as i64 && j as i64 <= diag(i) + right;
+    (any && rows().all(|(i, row)| (0..sk).all(|j| row[j] == shows(i, j)))).then_some([left as usize, right as usize])
+}
+
 /// Random index lists (`attn_indices`) for `case`: I32 `[pb, ph, rows, w]` with `rows` 1 or
 /// `seqlen_q`, `w` from 1 to past `seqlen_k` (so repeats occur), entries random keys, keys of a
 /// window around each row's diagonal, or all padding, with -1 padding mixed in; and the keep table

@@ -2,9 +2,10 @@
 //! bit the forward and backward of the same call with the dense mask the lists describe (built by
 //! `dmattn_tests::sparse::random_indices`, independently of dmattn), with and without causal, for
 //! lists with and without a query dimension, padding, repeats and `w` past `seqlen_k`; and bad
-//! lists are typed errors naming `indices`.
+//! lists are typed errors naming `indices`. Also the window-shaped lists the GPU tests draw: what
+//! they hold, and that both answers of the brute-force window test occur among them.
 use dmattn::{DType, Device, Error, SparseMask, Tensor, attention, set_output_poisoning};
-use dmattn_tests::sparse::random_indices;
+use dmattn_tests::sparse::{random_indices, window_lists, window_of};
 use dmattn_tests::{Case, fresh_rng};
 use rand::Rng;
 
@@ -74,4 +75,30 @@ fn bad_index_lists_are_typed_errors() {
     let prepared = SparseMask::causal().prepare(5, 7).unwrap();
     param(attention(&inputs.q, &inputs.k, &inputs.v).sparse_mask(&prepared).indices(&lists(vec![0], &[1, 1, 1, 1])).forward(), "sparse mask and indices");
     assert!(matches!(SparseMask::indices(&lists(vec![9], &[1, 1, 1, 1])).prepare(5, 7), Err(Error::Param { arg: "indices", .. })));
+}
+
+/// `window_lists` draws lists whose entries are the keep table's keys (in some order, padded
+/// with repeats and -1), windows as often as near-windows, and `window_of` tells them apart: an unchanged
+/// draw is a window with the sides it was drawn from or wider (a side past the keys binds
+/// nothing), and of the changed ones most are not.
+#[test]
+fn window_lists_are_windows_or_one_change_away() {
+    let mut rng = fresh_rng("window_lists_are_windows_or_one_change_away");
+    let (mut windows, mut draws) = (0, 0);
+    for _ in 0..2000 {
+        let (b, hk, g) = (rng.random_range(1..=2), rng.random_range(1..=2), rng.random_range(1..=2));
+        let (sq, sk) = (rng.random_range(2..=70), rng.random_range(1..=70));
+        let case = Case::new(b, sq, sk, hk * g, hk, 8);
+        let (shape, idx, keep) = window_lists(&mut rng, &case);
+        assert_eq!((shape[2], idx.len(), keep.len()), (sq, shape.iter().product(), shape[0] * shape[1] * sq * sk));
+        for (n, row) in idx.chunks(shape[3]).enumerate() {
+            let listed: std::collections::BTreeSet<usize> = row.iter().filter(|&&k| k >= 0).map(|&k| k as usize).collect();
+            let kept: std::collections::BTreeSet<usize> = (0..sk).filter(|&j| keep[n * sk + j]).collect();
+            assert_eq!(listed, kept, "row {n}");
+        }
+        windows += window_of(&keep, shape[0] * shape[1], sq, sk).is_some() as usize;
+        draws += 1;
+    }
+    // Half the draws are unchanged windows (all of them windows, unless empty); some changes keep one.
+    assert!((draws * 45 / 100..=draws * 80 / 100).contains(&windows), "{windows} windows in {draws} draws");
 }

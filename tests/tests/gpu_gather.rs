@@ -7,11 +7,13 @@
 //! materialising forward, and the unprepared `.mask()` call. Also: which masks take the gathered
 //! path, bit-identical deterministic gradients, keys beyond one compaction pass, and index lists:
 //! shared by every query (gathered) and per query (the forward over each query's own keys, and
-//! which lists take it).
+//! which lists take it; lists that are a window prepared as that band).
 //! `DMATTN_GPU_CASES` sets the property tests' case counts. Skips, saying why, where there is no
 //! CUDA device.
 use dmattn::{DType, SparseMask, Tensor};
-use dmattn_tests::sparse::{DataPart, Kind, MaskSpec, SparseCase, check_gpu_prepared, check_gpu_sparse, gpu_gather_cases, random_indices_of, random_key_keep, random_part};
+use dmattn_tests::sparse::{
+    BandCtor, DataPart, Kind, MaskSpec, SparseCase, check_gpu_prepared, check_gpu_sparse, gpu_gather_cases, random_indices_of, random_key_keep, random_part, random_side, window_lists, window_of,
+};
 use dmattn_tests::*;
 use proptest::test_runner::TestCaseError;
 use rand::Rng;
@@ -311,8 +313,8 @@ fn per_query_lists_match_reference() {
 }
 
 /// Which per-query lists run over each query's own keys unforced: random keys, whose dense
-/// tiles would be all the tiles, do; windows around the diagonal, whose tiles are few, do not.
-/// Both match the reference, and two lists forwards are bit-identical.
+/// tiles would be all the tiles, do; windows around the diagonal do not (they are prepared as
+/// the window, no memory). Both match the reference, and two forwards are bit-identical.
 #[test]
 fn which_lists_run_per_query() {
     let Some(gpu) = gpu() else { return };
@@ -332,6 +334,7 @@ fn which_lists_run_per_query() {
         let lists = Tensor::from_vec(idx, &[1, 1, 2048, w], &gpu).unwrap();
         let prepared = SparseMask::indices(&lists).prepare(2048, 2048).unwrap();
         assert_eq!(prepared.per_query_lists(), per_query, "{name} lists");
+        assert_eq!(prepared.memory_bytes() == 0, !per_query, "{name} lists");
         let sc = SparseCase { case: case.clone(), kinds: Vec::new(), seed: 5 };
         let spec = MaskSpec::data(DataPart::Dense { shape: [1, 1, 2048, 2048], keep });
         check_gpu_prepared(&sc, &spec, &prepared, &inputs, &gpu, ForwardPath::Fused, true, false).unwrap_or_else(|e| panic!("{name} lists: {e}"));
@@ -343,6 +346,40 @@ fn which_lists_run_per_query() {
         let (a, b) = (run(), run());
         assert!(a.iter().zip(&b).all(|(x, y)| x.iter().zip(y).all(|(x, y)| x.to_bits() == y.to_bits())), "{name} lists: two forwards differ");
     }
+}
+
+/// Per-query lists that are a window about the diagonal (each row's keys exactly the window's,
+/// in any order, repeated, padded; every plane the same; sides from 0 past the lengths) are
+/// prepared as that window: no memory, the band kernels. Lists one change away from one (a key
+/// dropped or added, a row emptied, a plane's window moved) are not, unless the change leaves a
+/// window (brute force decides). Both match the reference, ANDed half the time with a band
+/// without sinks or compressed causal (those keep lists as lists): the forward (poisoned
+/// outputs, rows with no visible key) in every case, the backward in one of four. One query:
+/// the lists have no query dimension (gather attention).
+#[test]
+fn window_lists_prepare_as_their_band() {
+    let Some(gpu) = gpu() else { return };
+    gather_property(2000, 300, |sc| {
+        let (inputs, _) = sc.draw();
+        let case = &sc.case;
+        let mut rng = seeded_rng(sc.seed ^ 0xBA9D);
+        let (shape, idx, keep) = window_lists(&mut rng, case);
+        let window = window_of(&keep, shape[0] * shape[1], case.seqlen_q, case.seqlen_k);
+        let ctor = match rng.random_range(0..4) {
+            0 | 1 => None,
+            2 => Some(BandCtor::Causal),
+            _ => Some(BandCtor::Window(random_side(&mut rng, case.seqlen_q, case.seqlen_k), random_side(&mut rng, case.seqlen_q, case.seqlen_k))),
+        };
+        let band = MaskSpec { bands: ctor.into_iter().map(|c| (c, 0)).collect(), data: Vec::new() };
+        let lists = Tensor::from_vec(idx, &shape, &gpu).unwrap();
+        let mask = band.build(&gpu).unwrap().and(SparseMask::indices(&lists));
+        let spec = band.and(MaskSpec::data(DataPart::Dense { shape: [shape[0], shape[1], shape[2], case.seqlen_k], keep }));
+        let prepared = mask.prepare(case.seqlen_q, case.seqlen_k).map_err(|e| TestCaseError::fail(format!("prepare: {e} for {sc:?} lists {shape:?}")))?;
+        if case.seqlen_q > 1 {
+            proptest::prop_assert_eq!(prepared.memory_bytes() == 0, window.is_some(), "{:?} lists {:?} window {:?}", sc, shape, window);
+        }
+        check_gpu_prepared(&sc, &spec, &prepared, &inputs, &gpu, ForwardPath::Fused, sc.seed % 4 == 0, false)
+    });
 }
 
 /// Per-query lists on shapes the property cases do not reach, forced to run per query: MQA with

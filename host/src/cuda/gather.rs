@@ -19,7 +19,7 @@ use crate::problem::{Dims, Problem};
 use crate::sparse::{MaskData, PreparedMask as Prepared};
 use crate::tensor::Tensor;
 use dmattn_abi::{
-    BLOCK_MAP_K, BLOCK_MAP_Q, Band, COMPACT_KEYS_PER_THREAD, COMPACT_THREADS, GATHER_THREADS, GatherMaskParams, GatherParams, INDICES_ROW_SMEM, IndicesParams, KeyCompactParams, KeyLists, ScatterParams, View4,
+    BLOCK_MAP_K, BLOCK_MAP_Q, Band, COMPACT_KEYS_PER_THREAD, COMPACT_THREADS, GATHER_THREADS, GatherMaskParams, GatherParams, INDICES_ROW_SMEM, IndicesParams, KeyCompactParams, KeyLists, ListsBand, ScatterParams, View4,
     names,
 };
 use std::sync::{Arc, OnceLock};
@@ -655,8 +655,11 @@ pub(crate) fn backward(dev: &CudaDevice, fwd: &Forward, lists: &Arc<KeyListsBuf>
 
 /// Index lists (`SparseMask::indices`, checked by `check_indices_shape`) as the bit-packed score
 /// mask they describe, `[pb, ph, rows, ceil(sk / 8)]` U8 (rows 4-byte aligned). Reads back whether
-/// an entry was out of range (waits for the device).
-pub(crate) fn indices_to_bits(dev: &CudaDevice, t: &Tensor, shape: [usize; 4], sk: usize) -> Result<Tensor> {
+/// an entry was out of range (waits for the device). With `band` (per-query lists, `rows` =
+/// `seqlen_q`), also their rows summed up to tell whether they are a window
+/// (`sparse::lists_band`), where the row kernel runs and the lengths are below 2^30 (`None`
+/// otherwise): read back with the range flag, no wait of its own.
+pub(crate) fn indices_to_bits(dev: &CudaDevice, t: &Tensor, shape: [usize; 4], sk: usize, band: bool) -> Result<(Tensor, Option<ListsBand>)> {
     if capturing(dev)? {
         return Err(Error::Unsupported {
             what: "index lists given inside a CUDA graph capture (their range check reads back from the device): prepare them (SparseMask::indices(..).prepare) before capturing".into(),
@@ -668,31 +671,41 @@ pub(crate) fn indices_to_bits(dev: &CudaDevice, t: &Tensor, shape: [usize; 4], s
     // A row a CTA where the row fits in shared memory (the bits written whole, no zeroing), else
     // an entry a thread into zeroed bits.
     let by_rows = 4 * row_words <= INDICES_ROW_SMEM as usize && rows <= i32::MAX as usize && ph <= u16::MAX as usize && pb <= u16::MAX as usize;
+    // The summary's values are i32s of rows and keys, its empty-row count a u32 of every plane's.
+    let band = band && by_rows && rows.max(sk) < 1 << 30 && pb * ph * rows < 1 << 31;
     let bytes = 4 * pb * ph * rows * row_words;
     let bits = if by_rows { DeviceBuffer::uninit(dev.stream(), bytes)? } else { DeviceBuffer::filled(dev.stream(), bytes, 0)? };
-    let error = DeviceBuffer::filled(dev.stream(), 4, 0)?;
+    // The range flag, then the band's summary.
+    let mut init = vec![0u8; 4];
+    init.extend(ListsBand::NONE.to_words().iter().flat_map(|w| w.to_le_bytes()));
+    let flags = DeviceBuffer::from_host(dev.stream(), &init)?;
     let params = IndicesParams {
         indices: super::broadcast_view(t),
         bits: bits.ptr(),
-        error: error.ptr(),
+        error: flags.ptr(),
+        band: if band { flags.ptr() + 4 } else { 0 },
         dims: [pb, ph, rows, w].map(|x| x as u32),
         seqlen_k: sk as u32,
         row_words: row_words as u32,
     };
     if by_rows {
-        launch(dev, &Launch::kernel(names::INDICES_ROW_BITS, (rows as u32, ph as u32, pb as u32), GATHER_THREADS, 4 * row_words as u32), params)?;
+        // The band's summary takes the row's first three words once they are written out.
+        let smem = 4 * row_words.max(3) as u32;
+        launch(dev, &Launch::kernel(names::INDICES_ROW_BITS, (rows as u32, ph as u32, pb as u32), GATHER_THREADS, smem), params)?;
     } else {
         let entries = (pb * ph * rows * w) as u64;
         let blocks = entries.div_ceil(GATHER_THREADS as u64).clamp(1, 65535) as u32;
         launch(dev, &Launch::kernel(names::INDICES_BITS, (blocks, 1, 1), GATHER_THREADS, 0), params)?;
     }
-    let flag = error.to_host(0, 4)?;
-    if flag.iter().any(|&b| b != 0) {
+    let read = flags.to_host(0, init.len())?;
+    let word = |i: usize| i32::from_le_bytes(read[4 * i..4 * i + 4].try_into().expect("4 bytes"));
+    if word(0) != 0 {
         return Err(crate::sparse::index_range_error(sk, None));
     }
+    let summary = band.then(|| ListsBand::from_words(std::array::from_fn(|i| word(i + 1))));
     let row_bytes = 4 * row_words;
     let layout = crate::tensor::Layout { shape: vec![pb, ph, rows, sk.div_ceil(8)], strides: vec![ph * rows * row_bytes, rows * row_bytes, row_bytes, 1], offset: 0 };
-    Ok(Tensor::from_device_buffer(bits, U8, layout, dev))
+    Ok((Tensor::from_device_buffer(bits, U8, layout, dev), summary))
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ mod prepare;
 mod select;
 mod tma;
 
-pub(crate) use prepare::{PreparedMask, fixed_key_bytes, key_side_bytes, pack_sequences, prepare, to_sequences};
+pub(crate) use prepare::{Forms, PreparedMask, fixed_key_bytes, key_side_bytes, pack_sequences, prepare, to_sequences};
 pub(crate) use decode::reads_key_bytes;
 pub(crate) use select::select_keys;
 pub(crate) use lists::from_bits as lists_from_bits;

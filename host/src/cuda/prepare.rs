@@ -43,6 +43,9 @@ pub(crate) struct PreparedMask {
     /// the decoding kernel reads its bytes, every other kernel takes it prepared
     /// ([`KeyBytes::prepared`]).
     pub key_bytes: Option<KeyBytes>,
+    /// Per-query index lists alone that are a window about the diagonal (`sparse::lists_band`):
+    /// its left and right sides, and no data (the mask is that band).
+    pub lists_band: Option<[usize; 2]>,
     bytes: usize,
     /// The buffers the views point into (one may serve several masks: `to_sequences`).
     _bufs: Vec<Arc<DeviceBuffer>>,
@@ -64,13 +67,13 @@ impl PreparedMask {
     /// A score mask's classes and bits in `bufs`.
     pub fn new(classes: View4, bits: View4, planes: [usize; 2], bufs: Vec<DeviceBuffer>) -> Self {
         let bytes = bufs.iter().map(DeviceBuffer::bytes).sum();
-        PreparedMask { classes, bits, planes, blocks: false, gather: None, rows: None, index_bits: None, key_bytes: None, bytes, _bufs: bufs.into_iter().map(Arc::new).collect() }
+        PreparedMask { classes, bits, planes, blocks: false, gather: None, rows: None, index_bits: None, key_bytes: None, lists_band: None, bytes, _bufs: bufs.into_iter().map(Arc::new).collect() }
     }
 
     /// A mask of `planes` with no classes, bits or buffers: the base of the forms that keep
     /// their data elsewhere (key lists, a caller's bytes).
     fn without_data(planes: [usize; 2]) -> Self {
-        PreparedMask { classes: View4::ABSENT, bits: View4::ABSENT, planes, blocks: false, gather: None, rows: None, index_bits: None, key_bytes: None, bytes: 0, _bufs: Vec::new() }
+        PreparedMask { classes: View4::ABSENT, bits: View4::ABSENT, planes, blocks: false, gather: None, rows: None, index_bits: None, key_bytes: None, lists_band: None, bytes: 0, _bufs: Vec::new() }
     }
 
     pub fn memory_bytes(&self) -> usize {
@@ -79,7 +82,7 @@ impl PreparedMask {
 
     /// The same data seen through other views (into the same buffers) and planes.
     pub fn viewed(&self, classes: View4, bits: View4, planes: [usize; 2]) -> Self {
-        PreparedMask { classes, bits, planes, rows: None, index_bits: None, key_bytes: None, ..self.clone() }
+        PreparedMask { classes, bits, planes, rows: None, index_bits: None, key_bytes: None, lists_band: None, ..self.clone() }
     }
 
     /// Whether each 64x64 block of each plane is visited, `[planes, q_blocks, k_blocks]` (read
@@ -254,7 +257,7 @@ impl KeyBytes {
     pub fn prepared(&self, dev: &CudaDevice) -> Result<PreparedMask> {
         match &self.rows {
             KeyRows::Packed(seqs) => pack_sequences(dev, &self.mask, PackedLayout::KeySide, seqs),
-            &KeyRows::Fixed(sq, sk) => prepare(dev, &[Part::Dense(self.mask.clone())], sq, sk, true),
+            &KeyRows::Fixed(sq, sk) => prepare(dev, &[Part::Dense(self.mask.clone())], sq, sk, Forms { gather: true, lists_band: false }),
         }
     }
 }
@@ -308,35 +311,53 @@ fn cells(dev: &CudaDevice, part: &Part, sq: usize, sk: usize, temps: &mut Vec<De
     })
 }
 
-/// Prepares `parts` (ANDed) for calls with `sq` queries and `sk` keys.
-///
-/// With `gather` unset, a query-broadcast score mask is packed as any other (a packed batch's
-/// masks are never gathered).
-pub(crate) fn prepare(dev: &CudaDevice, parts: &[Part], sq: usize, sk: usize, gather: bool) -> Result<PreparedMask> {
+/// The forms [`prepare`] may give a mask besides block classes and bits.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Forms {
+    /// A query-broadcast score mask alone as gather attention's key lists (never a packed
+    /// batch's).
+    pub gather: bool,
+    /// Per-query index lists alone as the window they are, where they are one
+    /// ([`PreparedMask::lists_band`]; not where the mask's band could not take it in).
+    pub lists_band: bool,
+}
+
+impl Forms {
+    /// Block classes and bits only.
+    pub const TILES: Forms = Forms { gather: false, lists_band: false };
+}
+
+/// Prepares `parts` (ANDed) for calls with `sq` queries and `sk` keys, in the forms `forms` allows.
+pub(crate) fn prepare(dev: &CudaDevice, parts: &[Part], sq: usize, sk: usize, forms: Forms) -> Result<PreparedMask> {
     // Index lists are the bit-packed score masks they describe.
     let mut index_bits = None;
     let alone = parts.len() == 1;
-    let parts: &[Part] = &parts
-        .iter()
-        .map(|p| match p {
+    let mut parts_now = Vec::with_capacity(parts.len());
+    for p in parts {
+        parts_now.push(match p {
             Part::Indices(t) => {
                 let shape = crate::sparse::check_indices_shape(t, sq)?;
-                let bits = super::gather::indices_to_bits(dev, t, shape, sk)?;
-                if alone && shape[2] > 1 {
+                let per_query_alone = alone && shape[2] > 1;
+                let (bits, summary) = super::gather::indices_to_bits(dev, t, shape, sk, per_query_alone && forms.lists_band)?;
+                if let Some(band) = summary.and_then(|s| crate::sparse::lists_band(&s, shape[0] * shape[1], sq, sk)) {
+                    return Ok(PreparedMask { lists_band: Some(band), ..PreparedMask::without_data([1, 1]) });
+                }
+                if per_query_alone {
                     index_bits = Some((bits.clone(), shape));
                 }
-                Ok(Part::Packed(bits))
+                Part::Packed(bits)
             }
-            p => Ok(p.clone()),
-        })
-        .collect::<Result<Vec<_>>>()?;
+            p => p.clone(),
+        });
+    }
+    let parts: &[Part] = &parts_now;
     let (mut bufs, mut temps) = (Vec::new(), Vec::new());
     let scores: Vec<_> = parts.iter().filter(|p| matches!(p, Part::Dense(_) | Part::Packed(_))).collect();
     if scores.len() > 1 {
         return Err(Error::Unsupported { what: "more than one score mask (dense or packed bits) in one sparse mask".into(), backend: BACKEND });
     }
     // A query-broadcast score mask alone: gather attention.
-    if let (true, [part], [Part::Dense(t) | Part::Packed(t)]) = (gather, parts, scores.as_slice()) {
+    if let (true, [part], [Part::Dense(t) | Part::Packed(t)]) = (forms.gather, parts, scores.as_slice()) {
         let packed = matches!(part, Part::Packed(_));
         // Checked here: the compaction declines what it cannot take, with no error of its own.
         score_shape(t, packed, sq, sk)?;
@@ -390,7 +411,7 @@ pub(crate) fn prepare(dev: &CudaDevice, parts: &[Part], sq: usize, sk: usize, ga
     };
     let bytes = bufs.iter().map(DeviceBuffer::bytes).sum();
     let blocks = parts.iter().any(|p| !matches!(p, Part::Dense(_) | Part::Packed(_)));
-    Ok(PreparedMask { classes, bits, planes, blocks, gather: None, rows: None, index_bits, key_bytes: None, bytes, _bufs: bufs.into_iter().map(Arc::new).collect() })
+    Ok(PreparedMask { classes, bits, planes, blocks, gather: None, rows: None, index_bits, key_bytes: None, lists_band: None, bytes, _bufs: bufs.into_iter().map(Arc::new).collect() })
 }
 
 /// A mask prepared per sequence (`prepare` at the longest lengths, sequence `b` in plane `b`, or
@@ -428,7 +449,7 @@ pub(crate) fn to_sequences(dev: &CudaDevice, m: &PreparedMask, seqs: &SeqLens) -
     }
     let bytes = bufs.iter().map(|b| b.bytes()).sum();
     let bits = if one_row { m.bits } else { params.bits };
-    Ok(PreparedMask { classes: params.classes, bits, planes: [1, ph], blocks: m.blocks, gather: None, rows: None, index_bits: None, key_bytes: None, bytes, _bufs: bufs })
+    Ok(PreparedMask { classes: params.classes, bits, planes: [1, ph], blocks: m.blocks, gather: None, rows: None, index_bits: None, key_bytes: None, lists_band: None, bytes, _bufs: bufs })
 }
 
 #[cfg(test)]
