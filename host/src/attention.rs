@@ -243,6 +243,16 @@ impl<'a> Attention<'a> {
             }),
             (None, None, sparse) => sparse.cloned(),
         };
+        // Index lists that are a window were prepared as that band alone (no data): the call runs
+        // on it, as on a sparse mask's band (neither has sinks or a compressed diagonal).
+        let mut problem = problem;
+        if let (Some(m), Some(_)) = (&mask, i.indices)
+            && m.data.is_none()
+        {
+            problem.mask = None;
+            problem.band.left = problem.band.left.min(m.band.left);
+            problem.band.right = problem.band.right.min(m.band.right);
+        }
         let saved = Saved { q: i.q.clone(), k: i.k.clone(), v: i.v.clone(), mask, bias: i.bias.cloned() };
         match i.q.device() {
             Device::Cpu => {

@@ -354,8 +354,9 @@ fn which_lists_run_per_query() {
 /// dropped or added, a row emptied, a plane's window moved) are not, unless the change leaves a
 /// window (brute force decides). Both match the reference, ANDed half the time with a band
 /// without sinks or compressed causal (those keep lists as lists): the forward (poisoned
-/// outputs, rows with no visible key) in every case, the backward in one of four. One query:
-/// the lists have no query dimension (gather attention).
+/// outputs, rows with no visible key) in every case, the backward in one of four; the lists
+/// alone given to the call (`.indices`) run bit for bit as the prepared mask. One query: the
+/// lists have no query dimension (gather attention).
 #[test]
 fn window_lists_prepare_as_their_band() {
     let Some(gpu) = gpu() else { return };
@@ -378,7 +379,17 @@ fn window_lists_prepare_as_their_band() {
         if case.seqlen_q > 1 {
             proptest::prop_assert_eq!(prepared.memory_bytes() == 0, window.is_some(), "{:?} lists {:?} window {:?}", sc, shape, window);
         }
-        check_gpu_prepared(&sc, &spec, &prepared, &inputs, &gpu, ForwardPath::Fused, sc.seed % 4 == 0, false)
+        check_gpu_prepared(&sc, &spec, &prepared, &inputs, &gpu, ForwardPath::Fused, sc.seed % 4 == 0, false)?;
+        // The lists given to the call (`.indices`, prepared by it) run as the prepared mask does.
+        if ctor.is_none() {
+            let mut on_gpu = inputs.to(&gpu);
+            on_gpu.mask = None;
+            let bits = |f: dmattn::Forward| [f.out.to_f64_vec().unwrap(), f.lse.to_f64_vec().unwrap()].map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+            let given = case.call(&on_gpu).indices(&lists).forward().map_err(|e| TestCaseError::fail(format!("indices: {e} for {sc:?}")))?;
+            let prepared = case.call(&on_gpu).sparse_mask(&prepared).forward().map_err(|e| TestCaseError::fail(format!("prepared: {e} for {sc:?}")))?;
+            proptest::prop_assert!(bits(given) == bits(prepared), "{:?} lists {:?} window {:?}: .indices and the prepared mask differ", sc, shape, window);
+        }
+        Ok(())
     });
 }
 

@@ -49,7 +49,7 @@ if [ "$what" = sanitize ]; then
   # for the compaction's several chunks, the key-side bias read at the listed keys and the split
   # combine; packed batches, their backward and paged K/V; the decoding kernels.
   for tool in memcheck racecheck; do
-    for t in "gpu_forward each_forward_kernel" "gpu_gather gather_backward_matches index_lists per_query_lists_match out_of_range long_keys" "gpu_backward split_query_backward" "gpu_sparse sparse_backward_matches sparse_split_backward" "gpu_select gpu_selection long_rows many_rows wide_selection" "gpu_varlen varlen_backward_matches varlen_masks_in_every_layout paged_forward_matches paged_table_from_device_tensor lean_packed" "gpu_decode each_decode_kernel packed_decode"; do
+    for t in "gpu_forward each_forward_kernel" "gpu_gather gather_backward_matches index_lists per_query_lists_match window_lists out_of_range long_keys" "gpu_backward split_query_backward" "gpu_sparse sparse_backward_matches sparse_split_backward" "gpu_select gpu_selection long_rows many_rows wide_selection" "gpu_varlen varlen_backward_matches varlen_masks_in_every_layout paged_forward_matches paged_table_from_device_tensor lean_packed" "gpu_decode each_decode_kernel packed_decode"; do
       set -- $t; bin=$1; shift
       DMATTN_GPU_CASES=${DMATTN_SANITIZE_CASES:-4} timeout "${DMATTN_TEST_TIMEOUT:-400}" compute-sanitizer --tool $tool --print-limit 10 \
         "$here/bin/test-tests-$bin" "$@" --test-threads=1 > "$logs/sanitize-$tool-$bin.log" 2>&1; rc=$?
