@@ -416,10 +416,15 @@ pub unsafe fn indices_row_bits(p: &IndicesParams) {
 
 /// Row `r`'s keys (`count` of them, `first..end`; none where `count` is 0) into the
 /// [`ListsBand`] at `p.band`. A field is raised only where the row would raise it: once the
-/// rows of a window have set them, rows read and leave them.
+/// rows of a window have set them, rows read and leave them; once a row has found the lists
+/// broken, the rest read that and leave (random lists' rows would otherwise raise the same
+/// fields a row after another: 0.24 ms more to prepare 32K rows, H200).
 #[inline(always)]
 unsafe fn record_band_row(p: &IndicesParams, r: u32, count: u32, first: u32, end: u32) {
     let at = |field: usize| p.band + field as u64;
+    if unsafe { ld_relaxed_u32(at(offset_of!(ListsBand, broken))) } != 0 {
+        return;
+    }
     // The host asks only where rows and keys are below 2^30: every value here fits an i32.
     let raise = |field: usize, v: i32| {
         if v > unsafe { ld_relaxed_u32(at(field)) } as i32 {
