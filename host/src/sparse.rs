@@ -801,7 +801,9 @@ pub(crate) fn lists_band(s: &ListsBand, planes: usize, sq: usize, sk: usize) -> 
 /// every tile visited, 32 times the entries, and the lists forward took 0.82 of the dense-tile
 /// forward's time: they break even near 26. Measured with the kernel that reads a bias (`_mods`);
 /// the lean one (no bias or softcap) took 0.65 of it, breaking even near 21, where the ratio
-/// still sends lists to the dense tiles. Not re-measured.
+/// still sends lists to the dense tiles. Since the dense form runs the d64 mask-only kernel, the
+/// lean lists break even near 32 (H200, 2026-11-29: 32K 0.99x, 64K 0.50x; `docs/perf-notes.md`);
+/// with a bias both take other kernels, not measured there. Kept until that is.
 const LISTS_PAY_RATIO: f64 = 24.0;
 
 std::thread_local! {
