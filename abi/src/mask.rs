@@ -1,6 +1,6 @@
 //! The mask's encoding, shared by every kernel that reads one: the 64x64 block map and its
-//! classes, the packed bit order of a mask word, the parameters of the kernels that prepare a
-//! mask (packing, block masks), and the division a compressed band's rows take.
+//! classes, the packed bit order of a mask word, and the parameters of the kernels that prepare a
+//! mask (packing, block masks).
 use crate::{Seqs, View4};
 
 /// Granularity of the mask block map: one class per `BLOCK_MAP_Q x BLOCK_MAP_K` tile. Every
@@ -8,45 +8,6 @@ use crate::{Seqs, View4};
 pub const BLOCK_MAP_Q: u32 = 64;
 
 pub const BLOCK_MAP_K: u32 = 64;
-
-/// Division of query rows by a compressed band's factor, `x / d`: by the divide instruction
-/// ([`Divisor::INSTRUCTION`], about 20 instructions), or by a multiply and a shift (Granlund and
-/// Montgomery's method, `N = 31`) once [`Divisor::new`] has spent a 64-bit division on the
-/// factor. The backward's band kernels took a `div.u32` for each of a thread's rows in every
-/// step; kernels at their register limit keep the instruction (the factor then costs no register
-/// of its own). Exact for every dividend below 2^31, which query rows are (`seqlen_q + block_m`
-/// stays within i32, the host's `check_limits`).
-#[derive(Clone, Copy)]
-pub struct Divisor {
-    magic: u32,
-    shift: u32,
-}
-
-impl Divisor {
-    /// Divides with the instruction.
-    pub const INSTRUCTION: Divisor = Divisor { magic: 0, shift: 0 };
-
-    /// Multiply and shift for `d >= 1` (0: [`Divisor::INSTRUCTION`]). With `l = ceil(log2 d)` and
-    /// `magic = ceil(2^(31 + l) / d)`, `magic - 2^(31 + l) / d < 1`, so `x * magic / 2^(31 + l)`
-    /// exceeds `x / d` by less than `x / 2^(31 + l) < 2^-l <= 1 / d`: never enough to reach the
-    /// next integer. `magic` fits 32 bits because `d > 2^(l - 1)`, and is never 0.
-    #[inline(always)]
-    pub const fn new(d: u32) -> Self {
-        if d == 0 {
-            return Divisor::INSTRUCTION;
-        }
-        let l = 32 - (d - 1).leading_zeros();
-        let shift = 31 + l;
-        Divisor { magic: (((1u64 << shift) + d as u64 - 1) / d as u64) as u32, shift }
-    }
-
-    /// `x / d` for `x < 2^31` and the `d >= 1` this divisor was made for (any, for
-    /// [`Divisor::INSTRUCTION`]).
-    #[inline(always)]
-    pub const fn div(&self, x: u32, d: u32) -> u32 {
-        if self.magic == 0 { x / d } else { ((x as u64 * self.magic as u64) >> self.shift) as u32 }
-    }
-}
 
 /// Class of one mask block.
 pub mod block_class {
@@ -213,35 +174,3 @@ pub const MASK_PACK_KEYS_WORDS: u32 = 4;
 
 /// Threads per block of the mask-pack kernel for bits: one 64-key word (column of a block row) each.
 pub const MASK_PACK_BITS_THREADS: u32 = 128;
-
-#[cfg(test)]
-mod tests {
-    extern crate std;
-    use super::Divisor;
-    use std::vec::Vec;
-
-    /// `Divisor::div` is `x / d` for every factor up to 2,000 and factors at and around powers of
-    /// two and 2^31 and 2^32, over dividends near multiples of the factor, small ones and the
-    /// largest below 2^31.
-    #[test]
-    fn divisor_divides_exactly_below_2_31() {
-        let mut factors: Vec<u32> = (1..=2000).collect();
-        for k in 1..32 {
-            factors.extend([(1u32 << k) - 1, 1 << k, (1u32 << k) + 1]);
-        }
-        factors.extend([u32::MAX, u32::MAX - 1, 2_147_483_647, 2_147_483_629, 1_000_000_007, 65_521]);
-        let top = (1u32 << 31) - 1;
-        for &d in &factors {
-            let div = Divisor::new(d);
-            let mut xs: Vec<u32> = (0..300).chain(top - 300..=top).collect();
-            for q in [1u64, 2, 3, 7, 1000, 65_537, top as u64 / d as u64, (top as u64 / d as u64).saturating_sub(1)] {
-                let m = q * d as u64;
-                xs.extend([m.wrapping_sub(1), m, m + 1].into_iter().filter(|&x| x <= top as u64).map(|x| x as u32));
-            }
-            for x in xs {
-                assert_eq!(div.div(x, d), x / d, "{x} / {d}");
-                assert_eq!(Divisor::INSTRUCTION.div(x, d), x / d);
-            }
-        }
-    }
-}

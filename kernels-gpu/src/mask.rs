@@ -2,7 +2,7 @@
 //! element-wise masking, and whether one score is visible. Forward, backward and the tile-skip
 //! decision all read it.
 use crate::arch::{ballot, cp_async_8, ld_global_nc_u8, ld_shared_u32, st_shared_v2};
-use dmattn_abi::{BLOCK_MAP_K, BLOCK_MAP_Q, Band, Divisor, FwdParams, View4, block_class};
+use dmattn_abi::{BLOCK_MAP_K, BLOCK_MAP_Q, Band, FwdParams, View4, block_class};
 
 /// The parametric rule and sequence bounds of one (batch, head), [`Band`]'s: key `j` is visible
 /// to query `i` iff `j < sk`, `j <= D(i) + right`, and `j >= D(i) - left` or `j < sinks`, where
@@ -14,8 +14,6 @@ pub struct Visibility {
     pub seqlen_q: u32,
     pub seqlen_k: u32,
     pub band: Band,
-    /// How a compressed diagonal's `i / compress` divides ([`Visibility::with_fast_division`]).
-    per_compress: Divisor,
 }
 
 /// The key tiles a query tile may see: the sink tiles `0..sinks`, then `begin..end`.
@@ -56,27 +54,14 @@ impl Visibility {
     /// [`Visibility::of`] in a kernel compiled with `BAND`; without it the kernel serves only
     /// bands that are none or causal (the host's choice), and the band's other terms are
     /// constants, so that their code folds away (the backward's tiles are at the register limit).
-    /// `FAST_DIVISION`: [`Visibility::with_fast_division`].
     #[inline(always)]
-    pub fn of_band<const BAND: bool, const FAST_DIVISION: bool>(p: &FwdParams) -> Self {
-        match (BAND, FAST_DIVISION) {
-            (true, true) => Self::of(p).with_fast_division(),
-            (true, false) => Self::of(p),
-            (false, _) => Self::new(p.seqlen_q, p.seqlen_k, Band { right: p.band.right, ..Band::ALL }),
-        }
+    pub fn of_band<const BAND: bool>(p: &FwdParams) -> Self {
+        if BAND { Self::of(p) } else { Self::new(p.seqlen_q, p.seqlen_k, Band { right: p.band.right, ..Band::ALL }) }
     }
 
     #[inline(always)]
     pub fn new(seqlen_q: u32, seqlen_k: u32, band: Band) -> Self {
-        Visibility { seqlen_q, seqlen_k, band, per_compress: Divisor::INSTRUCTION }
-    }
-
-    /// The same rule, its compressed diagonal divided by a multiply and a shift (a 64-bit
-    /// division here, once, and a register held): for kernels with registers to spare (see
-    /// [`Divisor`]).
-    #[inline(always)]
-    pub fn with_fast_division(self) -> Self {
-        Visibility { per_compress: Divisor::new(self.band.compress), ..self }
+        Visibility { seqlen_q, seqlen_k, band }
     }
 
     /// `D(i)`, query `i`'s diagonal key.
@@ -84,7 +69,7 @@ impl Visibility {
     fn diagonal(&self, i: u32) -> i64 {
         match self.band.compress {
             0 => i as i64 + self.seqlen_k as i64 - self.seqlen_q as i64,
-            c => self.per_compress.div(i, c) as i64,
+            c => (i / c) as i64,
         }
     }
 
@@ -191,7 +176,6 @@ impl Visibility {
             lo: if b.left == Band::NONE { i32::MIN } else { clamp_i32(base - b.left as i64) },
             row: row0 as i32,
             compress: b.compress,
-            per_compress: self.per_compress,
         }
     }
 }
@@ -208,7 +192,6 @@ pub struct TileBounds {
     lo: i32,
     row: i32,
     compress: u32,
-    per_compress: Divisor,
 }
 
 /// Where a thread's per-row visibility bits come from when its scores are initialised: its
@@ -259,7 +242,6 @@ impl TileBounds {
             lo: if self.lo == i32::MIN { i32::MIN } else { self.lo + linear },
             row: self.row + if self.compress == 0 { 0 } else { r },
             compress: self.compress,
-            per_compress: self.per_compress,
         }
     }
 
@@ -288,7 +270,7 @@ impl TileBounds {
     /// compares per score.
     #[inline(always)]
     pub fn row_bits(&self, r: u32) -> u32 {
-        let t = if self.compress == 0 { r as i32 } else { self.per_compress.div(self.row as u32 + r, self.compress) as i32 };
+        let t = if self.compress == 0 { r as i32 } else { ((self.row as u32 + r) / self.compress) as i32 };
         let hi = if (r as i32) < self.rows { self.keys.min(self.hi.saturating_add(t + 1)) } else { 0 };
         let below_hi = keys_below(hi);
         if self.lo == i32::MIN {

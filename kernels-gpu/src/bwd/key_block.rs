@@ -20,12 +20,11 @@ pub(super) struct KeyBlock<'a> {
 impl<'a> KeyBlock<'a> {
     /// The CTA's key block at grid position `(n_block, kv_head, batch)` (see [`position`]).
     #[inline(always)]
-    /// `BAND`: the kernel takes any band, else only none or causal; `FAST_DIVISION`: a compressed
-    /// diagonal divides by multiply and shift (see `Visibility::of_band`).
-    pub(super) fn at<const BAND: bool, const FAST_DIVISION: bool>(p: &'a BwdParams, block_n: u32, (n_block, kv_head, batch): (u32, u32, u32)) -> Self {
+    /// `BAND`: the kernel takes any band, else only none or causal (see `Visibility::of_band`).
+    pub(super) fn at<const BAND: bool>(p: &'a BwdParams, block_n: u32, (n_block, kv_head, batch): (u32, u32, u32)) -> Self {
         let f = &p.fwd;
         let col0 = n_block * block_n;
-        KeyBlock { p, n_block, kv_head, batch, col0, keys_valid: f.seqlen_k - col0, vis: Visibility::of_band::<BAND, FAST_DIVISION>(f) }
+        KeyBlock { p, n_block, kv_head, batch, col0, keys_valid: f.seqlen_k - col0, vis: Visibility::of_band::<BAND>(f) }
     }
 
     /// [`Self::at`] the CTA's position again, from opaque sources so that LLVM holds nothing
@@ -34,7 +33,7 @@ impl<'a> KeyBlock<'a> {
     /// same; calling it here instead reordered the d96/d128 kernels' code into 4-20 bytes of
     /// spills.)
     #[inline(always)]
-    pub(super) fn reread<const BAND: bool, const FAST_DIVISION: bool>(p: &'a BwdParams, block_n: u32, placed: bool, swaps: bool, slot: u32) -> Self {
+    pub(super) fn reread<const BAND: bool>(p: &'a BwdParams, block_n: u32, placed: bool, swaps: bool, slot: u32) -> Self {
         let at = if placed {
             let slot = opaque(slot);
             let (lo, hi) = unsafe { (ld_shared_u32(slot), ld_shared_u32(slot + 4)) };
@@ -43,7 +42,7 @@ impl<'a> KeyBlock<'a> {
             let (x, y, z) = grid_position(p, swaps);
             (opaque(x), opaque(y), opaque(z))
         };
-        Self::at::<BAND, FAST_DIVISION>(p, block_n, at)
+        Self::at::<BAND>(p, block_n, at)
     }
 
     /// Query head `hg` of the group.

@@ -129,7 +129,7 @@ pub unsafe fn backward<
     let mods = Mods::of(f, MODS);
     let slot = smem_base() + params_at + BWD_PARAMS_BYTES;
     let (placed, swaps) = (modifiers::bwd_placed(MODS), modifiers::bwd_swaps(MODS));
-    let kb = KeyBlock::at::<BAND, WGMMA>(p, BN as u32, position(p, placed, swaps, slot));
+    let kb = KeyBlock::at::<BAND>(p, BN as u32, position(p, placed, swaps, slot));
     if placed {
         // The loop rereads the stored position before its first barrier: every thread stored
         // the same value, but racecheck rightly asks for the order.
@@ -178,7 +178,7 @@ pub unsafe fn backward<
             let tid = opaque(tid);
             let p = params_now();
             let f = &p.fwd;
-            let kb = KeyBlock::reread::<BAND, WGMMA>(p, BN as u32, placed, swaps, slot);
+            let kb = KeyBlock::reread::<BAND>(p, BN as u32, placed, swaps, slot);
             let mods = Mods::of(f, MODS);
             let (group, m_tiles) = (f.kv_group, f.seqlen_q.div_ceil(BM as u32));
             let h = kb.head(hg);
@@ -253,7 +253,7 @@ pub unsafe fn backward<
 
     // Epilogue: the dbias turn passed on or a key-side bias's sums added, then dK and dV stored.
     let tid = opaque(tid);
-    let kb = KeyBlock::reread::<BAND, WGMMA>(p, BN as u32, placed, swaps, slot);
+    let kb = KeyBlock::reread::<BAND>(p, BN as u32, placed, swaps, slot);
     if bias_columns::<WGMMA>(p, &Mods::of(f, MODS)) {
         unsafe { add_dbias_columns::<MS, NC>(&kb, &dbias_sum, score_key_tile::<SR, MS, NS>(tid / 32), tid % 32) };
     }
