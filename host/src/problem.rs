@@ -327,7 +327,7 @@ fn index_planes(
 /// A sparse mask with data was prepared for this call's kind (packed for this batch's lengths,
 /// or fixed-length); a packed batch's then reads it in the query-based layout.
 fn sparse_packing(inp: &Inputs, packed_mask: Option<PackedLayout>) -> Result<Option<PackedLayout>> {
-    let Some(sp) = inp.sparse.filter(|sp| sp.data.is_some()) else { return Ok(packed_mask) };
+    let Some(sp) = inp.sparse.filter(|sp| sp.from_data) else { return Ok(packed_mask) };
     match (inp.seqs, &sp.seqs) {
         (Some(seqs), Some(prepared)) if seqs.same_lengths(prepared) => Ok(Some(PackedLayout::PerQuery)),
         (Some(_), _) => Err(Error::Param {
@@ -347,7 +347,7 @@ fn sparse_packing(inp: &Inputs, packed_mask: Option<PackedLayout>) -> Result<Opt
 /// only when prepared, so a bool mask beside them is an error.
 fn sparse_planes(inp: &Inputs, dims: &Dims, mask: Option<[usize; 2]>, device: &Device) -> Result<(Option<[usize; 2]>, Band)> {
     let Some(sp) = inp.sparse else { return Ok((mask, Band::ALL)) };
-    if mask.is_some() && sp.data.is_some() {
+    if mask.is_some() && sp.from_data {
         return Err(Error::Param {
             arg: "mask",
             reason: "given with a sparse mask that has data: combine them (SparseMask::dense(mask).and(..)) and prepare that".into(),
@@ -375,7 +375,7 @@ fn sparse_planes(inp: &Inputs, dims: &Dims, mask: Option<[usize; 2]>, device: &D
             got: sp.planes.to_vec(),
         });
     }
-    if sp.data.is_some() && !sp.device().same(device) {
+    if sp.from_data && !sp.device().same(device) {
         return Err(Error::Device { arg: "sparse_mask", expected: format!("{device} (the device of q)"), got: sp.device().to_string() });
     }
     Ok((sp.data.as_ref().map(|_| sp.planes).or(mask), sp.band))

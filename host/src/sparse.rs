@@ -207,13 +207,14 @@ impl SparseMask {
                 match gpu.lists_band {
                     Some([left, right]) => {
                         band = self.band.and(BandSpec { left: Some(left), right: Some(right), ..BandSpec::default() }).resolve(seqlen_q, seqlen_k)?;
-                        ([1, 1], None)
+                        (gpu.planes, None)
                     }
                     None => (gpu.planes, Some(MaskData::Cuda(gpu))),
                 }
             }
         };
-        let mut prepared = PreparedMask { band, seqlen_q, seqlen_k, planes, data, device, seqs: None };
+        let from_data = !self.parts.is_empty();
+        let mut prepared = PreparedMask { band, seqlen_q, seqlen_k, planes, data, from_data, device, seqs: None };
         prepared.lay_out_row_lists()?;
         Ok(prepared)
     }
@@ -276,7 +277,7 @@ impl SparseMask {
             }
         };
         let seqs = data.is_some().then(|| seqs.clone());
-        Ok(PreparedMask { band, seqlen_q: sq, seqlen_k: sk, planes, data, device, seqs })
+        Ok(PreparedMask { band, seqlen_q: sq, seqlen_k: sk, planes, data, from_data: !self.parts.is_empty(), device, seqs })
     }
 
     /// The device of the mask's tensors (CPU for a parametric mask); all must share it.
@@ -365,6 +366,10 @@ pub struct PreparedMask {
     /// `[batch, heads]` of the data part, each 1 where broadcast.
     pub(crate) planes: [usize; 2],
     pub(crate) data: Option<MaskData>,
+    /// Made from data parts, whether or not it holds data: index lists prepared as the window
+    /// they are hold none, yet calls check them as the data they came from (their planes, their
+    /// lengths, no bool mask beside them), as they checked them before.
+    pub(crate) from_data: bool,
     device: Device,
     /// The packed batch whose rows its data is laid out for ([`SparseMask::prepare_packed`]).
     pub(crate) seqs: Option<SeqLens>,
@@ -386,12 +391,12 @@ pub(crate) struct DenseMask {
 impl PreparedMask {
     /// Device data prepared by a backend, with no band.
     pub(crate) fn on_device(data: MaskData, planes: [usize; 2], seqlen_q: usize, seqlen_k: usize, device: Device) -> Self {
-        PreparedMask { band: Band::ALL, seqlen_q, seqlen_k, planes, data: Some(data), device, seqs: None }
+        PreparedMask { band: Band::ALL, seqlen_q, seqlen_k, planes, data: Some(data), from_data: true, device, seqs: None }
     }
 
     /// The same mask (band, lengths, planes) in another form of device data.
     pub(crate) fn with_data(&self, data: MaskData) -> Self {
-        PreparedMask { data: Some(data), ..self.clone() }
+        PreparedMask { data: Some(data), from_data: true, ..self.clone() }
     }
 
     /// A packed batch's bool mask (`layout`, checked by `Problem::new`) for its call, planes `[1,

@@ -352,11 +352,12 @@ fn which_lists_run_per_query() {
 /// in any order, repeated, padded; every plane the same; sides from 0 past the lengths) are
 /// prepared as that window: no memory, the band kernels. Lists one change away from one (a key
 /// dropped or added, a row emptied, a plane's window moved) are not, unless the change leaves a
-/// window (brute force decides). Both match the reference, ANDed half the time with a band
-/// without sinks or compressed causal (those keep lists as lists): the forward (poisoned
-/// outputs, rows with no visible key) in every case, the backward in one of four; the lists
-/// alone given to the call (`.indices`) run bit for bit as the prepared mask. One query: the
-/// lists have no query dimension (gather attention).
+/// window (brute force decides). Both match the reference, ANDed half the time with a band: a
+/// window or causal, which the lists' window joins, or one with sink keys or compressed causal,
+/// which keep the lists as lists. The forward (poisoned outputs, rows with no visible key) in
+/// every case, the backward in one of four; the lists alone given to the call (`.indices`) run
+/// bit for bit as the prepared mask. One query: the lists have no query dimension (gather
+/// attention).
 #[test]
 fn window_lists_prepare_as_their_band() {
     let Some(gpu) = gpu() else { return };
@@ -366,18 +367,22 @@ fn window_lists_prepare_as_their_band() {
         let mut rng = seeded_rng(sc.seed ^ 0xBA9D);
         let (shape, idx, keep) = window_lists(&mut rng, case);
         let window = window_of(&keep, shape[0] * shape[1], case.seqlen_q, case.seqlen_k);
-        let ctor = match rng.random_range(0..4) {
-            0 | 1 => None,
-            2 => Some(BandCtor::Causal),
-            _ => Some(BandCtor::Window(random_side(&mut rng, case.seqlen_q, case.seqlen_k), random_side(&mut rng, case.seqlen_q, case.seqlen_k))),
+        let (sq, sk) = (case.seqlen_q, case.seqlen_k);
+        let (ctor, sinks) = match rng.random_range(0..10) {
+            0..=4 => (None, 0),
+            5 | 6 => (Some(BandCtor::Causal), 0),
+            7 | 8 => (Some(BandCtor::Window(random_side(&mut rng, sq, sk), random_side(&mut rng, sq, sk))), 0),
+            _ if case.causal => (Some(BandCtor::CausalWindow(random_side(&mut rng, sq, sk).unwrap_or(sq + sk))), rng.random_range(1..=8)),
+            _ => (Some(BandCtor::CompressCausal([1, 2, 4][rng.random_range(0..3)])), 0),
         };
-        let band = MaskSpec { bands: ctor.into_iter().map(|c| (c, 0)).collect(), data: Vec::new() };
+        let takes_a_window = sinks == 0 && !matches!(ctor, Some(BandCtor::CompressCausal(_)));
+        let band = MaskSpec { bands: ctor.into_iter().map(|c| (c, sinks)).collect(), data: Vec::new() };
         let lists = Tensor::from_vec(idx, &shape, &gpu).unwrap();
         let mask = band.build(&gpu).unwrap().and(SparseMask::indices(&lists));
         let spec = band.and(MaskSpec::data(DataPart::Dense { shape: [shape[0], shape[1], shape[2], case.seqlen_k], keep }));
         let prepared = mask.prepare(case.seqlen_q, case.seqlen_k).map_err(|e| TestCaseError::fail(format!("prepare: {e} for {sc:?} lists {shape:?}")))?;
         if case.seqlen_q > 1 {
-            proptest::prop_assert_eq!(prepared.memory_bytes() == 0, window.is_some(), "{:?} lists {:?} window {:?}", sc, shape, window);
+            proptest::prop_assert_eq!(prepared.memory_bytes() == 0, window.is_some() && takes_a_window, "{:?} lists {:?} window {:?} band {:?} sinks {}", sc, shape, window, ctor, sinks);
         }
         check_gpu_prepared(&sc, &spec, &prepared, &inputs, &gpu, ForwardPath::Fused, sc.seed % 4 == 0, false)?;
         // The lists given to the call (`.indices`, prepared by it) run as the prepared mask does.
@@ -391,6 +396,62 @@ fn window_lists_prepare_as_their_band() {
         }
         Ok(())
     });
+}
+
+/// Window lists prepared as their band are still checked as the lists they came from: a call of
+/// other heads than their planes, a call with a bool mask beside them and a packed call (lists
+/// prepared for fixed lengths) are the typed errors non-window lists get. And long rows (9,000
+/// keys: each thread of the row kernel sums several words up): a window and the same lists with
+/// one key dropped, against the reference, forward and backward.
+#[test]
+fn window_lists_keep_the_checks_of_lists() {
+    let Some(gpu) = gpu() else { return };
+    let (sq, sk, w) = (200, 9000, 301);
+    let case = Case { dtype: DType::BF16, causal: true, bias: Some([1, 2, 1, sk]), ..Case::new(1, sq, sk, 4, 2, 64) };
+    let inputs = case.inputs(&mut seeded_rng(91));
+    // Per kv head (planes [1, 2]): row i lists keys D(i) - 250 ..= D(i) + 50 clipped, D(i) = i + sk - sq.
+    let window = |drop: bool| -> (Vec<i32>, Vec<bool>) {
+        let mut keep = vec![false; 2 * sq * sk];
+        let mut idx = Vec::with_capacity(2 * sq * w);
+        for n in 0..2 * sq {
+            let diag = (n % sq + sk - sq) as i64;
+            let keys: Vec<i64> = ((diag - 250).max(0)..=(diag + 50).min(sk as i64 - 1)).filter(|&k| !(drop && n == 77 && k == diag - 3)).collect();
+            for &k in &keys {
+                keep[n * sk + k as usize] = true;
+            }
+            idx.extend(keys.iter().rev().map(|&k| k as i32).chain(std::iter::repeat(-1)).take(w));
+        }
+        (idx, keep)
+    };
+    for drop in [false, true] {
+        let (idx, keep) = window(drop);
+        let lists = Tensor::from_vec(idx, &[1, 2, sq, w], &gpu).unwrap();
+        let prepared = SparseMask::indices(&lists).prepare(sq, sk).unwrap();
+        assert_eq!(prepared.memory_bytes() == 0, !drop, "drop {drop}");
+        let sc = SparseCase { case: case.clone(), kinds: Vec::new(), seed: 91 };
+        let spec = MaskSpec::data(DataPart::Dense { shape: [1, 2, sq, sk], keep });
+        check_gpu_prepared(&sc, &spec, &prepared, &inputs, &gpu, ForwardPath::Fused, true, false).unwrap_or_else(|e| panic!("drop {drop}: {e}"));
+        let on_gpu = inputs.to(&gpu);
+        // Other heads: 6 query heads over 3 kv heads, where the lists have 2 planes.
+        let other = Case { bias: None, ..Case::new(1, sq, sk, 6, 3, 64) };
+        let other_inputs = other.inputs(&mut seeded_rng(92)).to(&gpu);
+        match other.call(&other_inputs).sparse_mask(&prepared).forward() {
+            Err(dmattn::Error::Shape { arg: "sparse_mask", .. }) => {}
+            r => panic!("drop {drop}: lists of 2 planes on 3 kv heads: {:?}", r.err()),
+        }
+        let bools = Tensor::from_vec(vec![true; sk], &[1, 1, 1, sk], &gpu).unwrap();
+        match case.call(&on_gpu).mask(&bools).sparse_mask(&prepared).forward() {
+            Err(dmattn::Error::Param { arg: "mask", .. }) => {}
+            r => panic!("drop {drop}: a bool mask beside the lists: {:?}", r.err()),
+        }
+        let lens = dmattn::SeqLens::from_lengths(&[sq], &[sk], &gpu).unwrap();
+        let packed = |rows: usize, heads: usize| Tensor::from_fn(&[rows, heads, 64], DType::BF16, &gpu, |i| (i as f64 * 0.37).sin()).unwrap();
+        let (q, k, v) = (packed(sq, 4), packed(sk, 2), packed(sk, 2));
+        match dmattn::attention(&q, &k, &v).seqlens(&lens).causal(true).sparse_mask(&prepared).forward() {
+            Err(dmattn::Error::Param { arg: "sparse_mask", .. }) => {}
+            r => panic!("drop {drop}: fixed-length lists on a packed call: {:?}", r.err()),
+        }
+    }
 }
 
 /// Per-query lists on shapes the property cases do not reach, forced to run per query: MQA with

@@ -44,7 +44,7 @@ pub(crate) struct PreparedMask {
     /// ([`KeyBytes::prepared`]).
     pub key_bytes: Option<KeyBytes>,
     /// Per-query index lists alone that are a window about the diagonal (`sparse::lists_band`):
-    /// its left and right sides, and no data (the mask is that band).
+    /// its left and right sides, and no data (the mask is that band; `planes` are the lists').
     pub lists_band: Option<[usize; 2]>,
     bytes: usize,
     /// The buffers the views point into (one may serve several masks: `to_sequences`).
@@ -340,7 +340,8 @@ pub(crate) fn prepare(dev: &CudaDevice, parts: &[Part], sq: usize, sk: usize, fo
                 let per_query_alone = alone && shape[2] > 1;
                 let (bits, summary) = super::gather::indices_to_bits(dev, t, shape, sk, per_query_alone && forms.lists_band)?;
                 if let Some(band) = summary.and_then(|s| crate::sparse::lists_band(&s, shape[0] * shape[1], sq, sk)) {
-                    return Ok(PreparedMask { lists_band: Some(band), ..PreparedMask::without_data([1, 1]) });
+                    // The lists' planes, which calls still check.
+                    return Ok(PreparedMask { lists_band: Some(band), ..PreparedMask::without_data([shape[0], shape[1]]) });
                 }
                 if per_query_alone {
                     index_bits = Some((bits.clone(), shape));
