@@ -351,10 +351,10 @@ pub unsafe fn indices_bits(p: &IndicesParams) {
 }
 
 /// Grid `(rows, ph, pb)`, `GATHER_THREADS` threads: one row's bits built in shared memory
-/// (`4 * row_words` bytes) and written out whole, so that the bits
-/// need no zeroing before and the entries' ORs stay on the SM (global ORs at random words made
-/// [`indices_bits`] the slowest step of preparing per-query lists). Where `p.band` is set, the
-/// row's keys are summed up into it as well ([`record_band_row`]).
+/// (`4 * row_words` bytes) and written out whole, so that the bits need no zeroing before and
+/// the entries' ORs stay on the SM (global ORs at random words made [`indices_bits`] the
+/// slowest step of preparing per-query lists). Where `p.band` is set, the row's keys are summed
+/// up into it as well ([`record_band_row`]).
 #[inline(always)]
 pub unsafe fn indices_row_bits(p: &IndicesParams) {
     let w = p.dims[3];
