@@ -75,6 +75,12 @@ pub struct TensorMap(pub [u64; 16]);
 /// as zeros. The maps live in global memory, written before the launch: a kernel parameter
 /// cannot hold them, as rustc's nvptx kernel ABI takes no parameter aligned above 16 bytes
 /// (a 64-byte-aligned one is an internal compiler error) and a map must be 64-byte aligned.
+///
+/// The kernel is persistent: a grid of at most one CTA an SM (x only) runs the query tiles
+/// `(tile, head, batch)` in grid order, x fastest, as a full grid's CTAs would start. CTA `c`
+/// takes tile `c` first, then each takes the next untaken one from a counter (a u32 at
+/// `maps +` [`FWD_TMA_NEXT_TILE`], zeroed by the maps' kernel): tile `gridDim.x + n` for the
+/// counter's old value `n`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct FwdTmaParams {
@@ -82,11 +88,17 @@ pub struct FwdTmaParams {
     pub maps: u64,
 }
 
+/// Where the persistent lean forward's tile counter lies in its maps' buffer (after the three
+/// maps), and the buffer's size.
+pub const FWD_TMA_NEXT_TILE: u64 = 3 * 128;
+pub const FWD_TMA_BUFFER_BYTES: usize = 3 * 128 + 4;
+
 /// Parameters of `dmattn_store_tensor_maps` (one thread): writes the three maps of a
-/// [`FwdTmaParams`] to `dst` (64-byte aligned, 384 bytes), in stream order before the forward
-/// that reads them. A kernel, not a copy from host memory: a CUDA graph records a kernel's
-/// parameters, but a copy's host source only by address, which the call frees. The maps are
-/// `[u64; 16]` here, not [`TensorMap`]: a kernel parameter aligned above 16 bytes stops rustc.
+/// [`FwdTmaParams`] to `dst` (64-byte aligned, [`FWD_TMA_BUFFER_BYTES`]) and zeroes the tile
+/// counter after them, in stream order before the forward that reads them. A kernel, not a copy
+/// from host memory: a CUDA graph records a kernel's parameters, but a copy's host source only
+/// by address, which the call frees. The maps are `[u64; 16]` here, not [`TensorMap`]: a kernel
+/// parameter aligned above 16 bytes stops rustc.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct TensorMapsParams {

@@ -293,10 +293,21 @@ pub struct FwdTile {
 /// producer fills the next.
 pub const FWD_WS_STAGES: u32 = 2;
 
-/// Barriers of a warp-specialised forward: Q's, a full and an empty one per slot of the K and V
-/// rings, and one the consumers arrive on once they have read a key tile's mask bits (the
-/// single mask slot beside a bias ring, see [`fwd_ws_mask_slots`]).
-pub const FWD_WS_BARRIERS: u32 = 2 + 4 * FWD_WS_STAGES;
+/// Query tiles in flight in a warp-specialised forward (`fwd_ws_q_slots`): the lean kernel over
+/// fixed lengths is persistent, and its producer copies the next query tile's Q while the
+/// consumers finish the current one and store its O.
+pub const FWD_WS_Q_SLOTS: u32 = 2;
+
+/// Q slots of a warp-specialised forward: [`FWD_WS_Q_SLOTS`] for a lean tile, one with
+/// modifiers (a CTA a query tile; no room beside a bias ring).
+pub const fn fwd_ws_q_slots(modifiers: bool) -> u32 {
+    if modifiers { 1 } else { FWD_WS_Q_SLOTS }
+}
+
+/// Barriers of a warp-specialised forward: a full and an empty one per Q slot, a full and an
+/// empty one per slot of the K and V rings, and one the consumers arrive on once they have read
+/// a key tile's mask bits (the single mask slot beside a bias ring, see [`fwd_ws_mask_slots`]).
+pub const FWD_WS_BARRIERS: u32 = 2 * FWD_WS_Q_SLOTS + 4 * FWD_WS_STAGES + 1;
 
 /// Packed-mask slots of a warp-specialised modifier forward: one per ring slot, but one in all
 /// beside a bias ring (`bias_ring`). There, on 128-key tiles at d128, Q, the K, V and bias rings
@@ -363,19 +374,20 @@ impl FwdTile {
     /// running state.
     pub const fn smem_bytes(&self) -> u32 {
         if self.producer {
-            // Q, the K and V rings, with modifiers the bias ring and mask slots, the tiles'
-            // indices and the grid position, then the softmax state (in registers beside a
-            // bias ring) and the barriers.
-            let qkv = (self.block_m + 2 * FWD_WS_STAGES * self.block_n) * self.head_dim * 2;
+            // The Q slots, the K and V rings, with modifiers the bias ring and mask slots, the
+            // tiles' indices and the grid position (lean: the Q slots' tile indices), then the
+            // softmax state (in registers beside a bias ring) and the barriers.
+            let q_slots = fwd_ws_q_slots(self.modifiers);
+            let qkv = (q_slots * self.block_m + 2 * FWD_WS_STAGES * self.block_n) * self.head_dim * 2;
             let bias_ring = self.ws_bias_ring();
-            let mods = if self.modifiers {
+            let words = if self.modifiers {
                 let bias = if bias_ring { self.bias_tile_bytes() } else { 0 };
                 FWD_WS_STAGES * (bias + 4) + fwd_ws_mask_slots(bias_ring) * self.mask_tile_bytes() + POSITION_BYTES
             } else {
-                0
+                4 * q_slots
             };
             let softmax = if bias_ring { 0 } else { self.softmax_state_bytes() };
-            return qkv + mods + softmax + 8 * FWD_WS_BARRIERS;
+            return qkv + words + softmax + 8 * FWD_WS_BARRIERS;
         }
         let qkv = (self.block_m + 2 * self.block_n) * self.head_dim * 2;
         qkv + self.bias_tile_bytes() + self.mask_tile_bytes() + self.key_pos_bytes() + POSITION_BYTES + self.softmax_state_bytes()

@@ -9,7 +9,11 @@
 //! producer hands most of its registers to the consumers (`setmaxnreg`).
 //!
 //! Lean calls (no mask, bias or softcap; fixed lengths, packed batches, or packed over paged K/V)
-//! visit every key tile of the band, which producer and consumers each work out; with modifiers
+//! visit every key tile of the band, which producer and consumers each work out. Over fixed
+//! lengths the lean kernel is persistent ([`QueryTiles`]): a CTA an SM takes query tiles one
+//! after another, and its producer copies the next tile's Q into a second slot, and its first
+//! K and V tiles into the ring, while the consumers finish the current tile and store its O.
+//! With modifiers
 //! (`MODS`: mask, bias, softcap, split-KV, work order; or the mask alone, without the bias ring,
 //! on wider key tiles) the producer walks the block map and passes
 //! each visited tile's index and fullness to the consumers beside its K.
@@ -22,9 +26,15 @@ use crate::mask::{KeyTiles, MapRows, Tile, TileCursor, TileLine};
 use crate::scores::{Mods, WarpScores};
 use crate::softmax::{InRegisters, OnlineSoftmax, State};
 use crate::tile::SmemTile;
-use dmattn_abi::{FWD_WS_BARRIERS, FWD_WS_STAGES, FwdParams, POSITION_BYTES, TensorMapsParams, flags, fwd_ws_mask_slots, mask_tile_bytes, modifiers};
+use dmattn_abi::{
+    FWD_TMA_NEXT_TILE, FWD_WS_BARRIERS, FWD_WS_Q_SLOTS, FWD_WS_STAGES, FwdParams, POSITION_BYTES, TensorMapsParams, flags, fwd_ws_mask_slots, fwd_ws_q_slots, mask_tile_bytes,
+    modifiers,
+};
 
 const STAGES: u32 = FWD_WS_STAGES;
+/// The Q slots turn over as the K/V ring's do ([`Ring`] steps through both).
+const Q_SLOTS: u32 = FWD_WS_Q_SLOTS;
+const _: () = assert!(Q_SLOTS == STAGES);
 // The tile words (4 bytes a slot) keep the position slot and the barriers 8-byte aligned.
 const _: () = assert!(STAGES % 2 == 0);
 const PRODUCERS: u32 = 128;
@@ -55,12 +65,14 @@ const fn consumers<const BM: usize>() -> u32 {
     BM as u32 / 64 * GROUP
 }
 
-/// The barriers, by role: Q landed; per ring slot, its K (V) tile landed (`FULL_*`, the
+/// The barriers, by role: per Q slot, its Q tile landed (`FULL_Q`) or its query tile's O stored
+/// (`EMPTY_Q`, the slot stages O); per ring slot, its K (V) tile landed (`FULL_*`, the
 /// producer's threads arrive once their copies have) or read (`EMPTY_*`, the consumers' threads
 /// arrive once their products have); beside a bias ring, the single mask slot read (`MASK_READ`,
 /// the consumers arrive once per key tile, after its start values: its phase `i` is tile `i`'s).
-const BAR_Q: u32 = 0;
-const FULL_K: u32 = 1;
+const FULL_Q: u32 = 0;
+const EMPTY_Q: u32 = FULL_Q + Q_SLOTS;
+const FULL_K: u32 = EMPTY_Q + Q_SLOTS;
 const FULL_V: u32 = FULL_K + STAGES;
 const EMPTY_K: u32 = FULL_V + STAGES;
 const EMPTY_V: u32 = EMPTY_K + STAGES;
@@ -117,11 +129,13 @@ impl Turns {
     }
 }
 
-/// Shared memory: Q, the K ring, the V ring, with modifiers the bias ring and the packed-mask
-/// slots, the tiles' words (see [`TileWord`]) and the grid position, then the consumers' softmax
+/// Shared memory: the Q slots (one with modifiers), the K ring, the V ring, with modifiers the
+/// bias ring and the packed-mask slots, the tiles' words (see [`TileWord`]) and the grid
+/// position (lean: the Q slots' query tiles, see [`QueryTiles`]), then the consumers' softmax
 /// state (none beside a bias ring: [`bias_ring`]) and the barriers (`FwdTile::smem_bytes`).
 #[derive(Clone, Copy)]
 struct Smem {
+    /// Q slot 0.
     q: SmemTile,
     ring: u32,
     tile_bytes: u32,
@@ -140,16 +154,28 @@ impl Smem {
     fn new<const D: usize, const BM: usize, const BN: usize, const MODS: bool, const BIAS: bool>() -> Self {
         let q = SmemTile::new(smem_base(), BM, D * 2);
         let tile_bytes = (BN * D * 2) as u32;
-        let ring = q.base + q.bytes();
+        let ring = q.base + fwd_ws_q_slots(MODS) * q.bytes();
         let bias = ring + 2 * STAGES * tile_bytes;
         let mask = bias + if bias_ring::<MODS, BIAS>() { STAGES * (BM * BN * 2) as u32 } else { 0 };
         let (mask_bytes, mask_slots) = (mask_tile_bytes(BM as u32, BN as u32), fwd_ws_mask_slots(bias_ring::<MODS, BIAS>()));
         let words = mask + if MODS { mask_slots * mask_bytes } else { 0 };
-        let position = words + if MODS { 4 * STAGES } else { 0 };
+        let position = words + 4 * if MODS { STAGES } else { Q_SLOTS };
         let softmax = position + if MODS { POSITION_BYTES } else { 0 };
         let softmax_bytes = if bias_ring::<MODS, BIAS>() { 0 } else { consumers::<BM>() * 16 };
         let mask_step = if mask_slots == 1 { 0 } else { mask_bytes };
         Self { q, ring, tile_bytes, bias, mask, mask_step, words, position, softmax, bars: softmax + softmax_bytes }
+    }
+
+    /// Q slot `slot` (a lean kernel's; modifiers have slot 0 alone).
+    #[inline(always)]
+    fn q_slot<const D: usize, const BM: usize>(&self, slot: u32) -> SmemTile {
+        SmemTile::new(self.q.base + slot * self.q.bytes(), BM, D * 2)
+    }
+
+    /// The query tile a lean kernel's Q slot `slot` holds ([`QueryTiles`]; its count: none).
+    #[inline(always)]
+    fn q_word(&self, slot: u32) -> u32 {
+        self.words + 4 * slot
     }
 
     #[inline(always)]
@@ -243,6 +269,35 @@ fn band_tile(tiles: &KeyTiles, n: u32) -> Option<Tile> {
     (n < tiles.end).then_some(Tile { n, full: true })
 }
 
+/// The persistent lean kernel's query tiles (`FwdTmaParams`): `(tile, head, batch)` numbered in
+/// grid order, x fastest, as a full grid's CTAs start, so that the CTAs running together share
+/// K and V in L2 as before. Each CTA takes tile `blockIdx.x` first, then the next untaken one
+/// from the counter beside the tensor maps: CTAs that finish early take more, as the block
+/// scheduler gave a full grid's.
+#[derive(Clone, Copy)]
+struct QueryTiles {
+    /// Query tiles a head (a full grid's x).
+    x: u32,
+    heads: u32,
+    count: u32,
+}
+
+impl QueryTiles {
+    #[inline(always)]
+    fn of<const BM: usize>(p: &FwdParams) -> Self {
+        let x = p.seqlen_q.div_ceil(BM as u32);
+        QueryTiles { x, heads: p.heads, count: x * p.heads * p.batch }
+    }
+
+    /// Tile `n`'s grid position `(x, head, batch)`.
+    #[inline(always)]
+    fn position(self, n: u32) -> (u32, u32, u32) {
+        let row = div(n, self.x);
+        let z = div(row, self.heads);
+        (n - row * self.x, row - z * self.heads, z)
+    }
+}
+
 /// Waits for this thread's copies but the newest `PENDING` groups, makes them visible to `wgmma`
 /// (the async proxy) and arrives on `bar`: the group it announces has landed.
 #[inline(always)]
@@ -270,36 +325,57 @@ unsafe fn tma_tile<const D: usize>(tile: SmemTile, rows: usize, map: u64, coords
     }
 }
 
-/// The lean fixed-length producer's copies: one thread starts each tile's bulk tensor copies
-/// (`maps`: the global address of Q's tensor map, K's and V's following; `FwdTmaParams`) into
-/// the ring as the consumers free its slots, each completing on the tile's "full" barrier; the
-/// copy engine zero-fills rows past the sequence.
+/// The lean fixed-length producer's copies (persistent, [`QueryTiles`]): one thread takes the
+/// CTA's query tiles in turn and starts each one's bulk tensor copies (`maps`: the global
+/// address of Q's tensor map, K's and V's following, then the tile counter; `FwdTmaParams`):
+/// its Q into the next Q slot once the consumers have stored the O it staged, beside it the
+/// tile's number (the count of tiles past the last), then its K and V tiles into the ring as
+/// the consumers free its slots, each completing on its "full" barrier; the copy engine
+/// zero-fills rows past the sequence.
 #[inline(always)]
-unsafe fn produce_tma<const D: usize, const BM: usize, const BN: usize>(p: &FwdParams, sm: &Smem, pos: (u32, u32, u32), maps: u64) {
-    let b = BlockInfo::new::<false, false>(p, BM as u32, pos);
-    let tiles = key_tiles::<BM, BN>(&b);
+unsafe fn produce_tma<const D: usize, const BM: usize, const BN: usize>(p: &FwdParams, sm: &Smem, maps: u64) {
     let map = |i: u64| maps + i * core::mem::size_of::<dmattn_abi::TensorMap>() as u64;
     for i in 0..3 {
         unsafe { fence_proxy_tensormap_acquire(map(i)) };
     }
-    let (q_at, _) = b.tma_coords(0);
-    unsafe { tma_tile::<D>(sm.q, BM, map(0), q_at, sm.bar(BAR_Q, 0)) };
-    let mut tile = band_tile(&tiles, 0);
-    let mut i = 0;
-    while let Some(t) = tile {
-        let (r, (_, kv_at)) = (Ring(i), b.tma_coords(t.n * BN as u32));
+    let tiles = QueryTiles::of::<BM>(p);
+    let mut next = block_idx().0;
+    let (mut t, mut i) = (0, 0);
+    loop {
+        let q = Ring(t);
         unsafe {
-            mbarrier_wait(sm.bar(EMPTY_K, r.slot()), r.free_parity());
-            tma_tile::<D>(sm.k::<D, BN>(r.slot()), BN, map(1), kv_at, sm.bar(FULL_K, r.slot()));
-            mbarrier_wait(sm.bar(EMPTY_V, r.slot()), r.free_parity());
-            tma_tile::<D>(sm.v::<D, BN>(r.slot()), BN, map(2), kv_at, sm.bar(FULL_V, r.slot()));
+            mbarrier_wait(sm.bar(EMPTY_Q, q.slot()), q.free_parity());
+            st_shared_u32(sm.q_word(q.slot()), next.min(tiles.count));
         }
-        tile = band_tile(&tiles, t.n + 1);
-        i += 1;
+        if next >= tiles.count {
+            // The release of the arrival publishes the word: the consumers stop.
+            unsafe { mbarrier_arrive(sm.bar(FULL_Q, q.slot())) };
+            return;
+        }
+        let b = BlockInfo::at::<false, false>(p, BM as u32, tiles.x, tiles.position(next));
+        let (q_at, _) = b.tma_coords(0);
+        unsafe { tma_tile::<D>(sm.q_slot::<D, BM>(q.slot()), BM, map(0), q_at, sm.bar(FULL_Q, q.slot())) };
+        // Taken now, used after this tile's copies: the atomic's latency hides behind them.
+        next = grid_dim_x() + unsafe { atom_add_gpu_u32(maps + FWD_TMA_NEXT_TILE, 1) };
+        let band = key_tiles::<BM, BN>(&b);
+        let mut tile = band_tile(&band, 0);
+        while let Some(k) = tile {
+            let (r, (_, kv_at)) = (Ring(i), b.tma_coords(k.n * BN as u32));
+            unsafe {
+                mbarrier_wait(sm.bar(EMPTY_K, r.slot()), r.free_parity());
+                tma_tile::<D>(sm.k::<D, BN>(r.slot()), BN, map(1), kv_at, sm.bar(FULL_K, r.slot()));
+                mbarrier_wait(sm.bar(EMPTY_V, r.slot()), r.free_parity());
+                tma_tile::<D>(sm.v::<D, BN>(r.slot()), BN, map(2), kv_at, sm.bar(FULL_V, r.slot()));
+            }
+            tile = band_tile(&band, k.n + 1);
+            i += 1;
+        }
+        t += 1;
     }
 }
 
-/// `dmattn_store_tensor_maps` (one thread): the maps of `p` to `p.dst`, for [`produce_tma`].
+/// `dmattn_store_tensor_maps` (one thread): the maps of `p` to `p.dst`, for [`produce_tma`], and
+/// the tile counter after them zeroed ([`QueryTiles`]).
 #[inline(always)]
 pub unsafe fn store_tensor_maps(p: &TensorMapsParams) {
     let dst = p.dst as *mut u64;
@@ -310,9 +386,11 @@ pub unsafe fn store_tensor_maps(p: &TensorMapsParams) {
             unsafe { dst.add(16 * m + i).write(word) };
         }
     }
+    unsafe { ((p.dst + FWD_TMA_NEXT_TILE) as *mut u32).write(0) };
 }
 
-/// The producer warpgroup (`ptid` 0..128): Q, then each visited key tile's K (with modifiers its
+/// The producer warpgroup (`ptid` 0..128) of a CTA a query tile, at grid position `pos`: Q into
+/// slot 0, then each visited key tile's K (with modifiers its
 /// bias and mask tiles and its [`TileWord`]) and V into the next ring slot once the consumers have
 /// freed it. Copies go in as groups Q, K0, V0, K1, ...: after issuing K(i) it announces V(i-1)
 /// (or Q), then K(i) as soon as it lands, before waiting for V(i)'s slot, which the consumers
@@ -340,7 +418,7 @@ unsafe fn produce<const D: usize, const BM: usize, const BN: usize, const PACKED
     let mut next = |n: u32| if MODS { cursor.next(line.next_candidate(n.max(first)), ptid % 32, &line) } else { band_tile(&tiles, n) };
     unsafe { sm.q.load_async(b.q(), 2 * p.q.stride[1], b.rows_valid, row_bytes, ptid, PRODUCERS) };
     cp_async_commit();
-    let mut pending = sm.bar(BAR_Q, 0);
+    let mut pending = sm.bar(FULL_Q, 0);
     let mut tile = next(0);
     let mut i = 0;
     while let Some(t) = tile {
@@ -469,24 +547,26 @@ fn mask_read<const MODS: bool, const BIAS: bool>(sm: &Smem) {
     }
 }
 
-/// Waits for the tile of barrier `role` (`FULL_K` or `FULL_V`) at ring position `r` to land.
+/// Waits for the tile of barrier `role` (`FULL_Q`, `FULL_K` or `FULL_V`) at ring position `r`
+/// to land.
 #[inline(always)]
 fn landed(sm: &Smem, role: u32, r: Ring) {
     unsafe { mbarrier_wait(sm.bar(role, r.slot()), r.parity()) };
 }
 
-/// S += QKᵀ (S = QKᵀ where not `accumulate`) over the K tile at ring position `r` (landed), for
-/// the warpgroup's rows; committed, not waited for.
+/// S += QKᵀ (S = QKᵀ where not `accumulate`) of the Q tile `q` and the K tile at ring position
+/// `r` (landed), for the warpgroup's rows; committed, not waited for.
 #[inline(always)]
 fn issue_scores<E: Elem, const D: usize, const BN: usize, const NT: usize, const KT: usize>(
     sm: &Smem,
+    q: SmemTile,
     at: Rows,
     s: &mut [[[f32; 4]; NT]; 1],
     r: Ring,
     accumulate: bool,
 ) {
     let k = sm.k::<D, BN>(r.slot());
-    wgmma_scores::<E, NT, KT>(&mut s[0], sm.q, k, at.group_row0, accumulate);
+    wgmma_scores::<E, NT, KT>(&mut s[0], q, k, at.group_row0, accumulate);
 }
 
 /// O += P V over the V tile at ring position `r` (landed); committed, not waited for.
@@ -495,8 +575,11 @@ fn issue_pv<E: Elem, const D: usize, const BN: usize, const KP: usize, const DT:
     wgmma_pv::<E, DT>(o, KP, |kk| p[kk], sm.v::<D, BN>(r.slot()));
 }
 
-/// A consumer thread (`ctid` 0..`BM / 64 * 128`): its warpgroup's 64 rows through every
-/// visited key tile, then the epilogue.
+/// A consumer thread (`ctid` 0..`BM / 64 * 128`) on the query tile at grid position `pos`
+/// (`grid_x` query tiles a head), whose Q is in Q slot `q.slot()` (landed) and whose first key
+/// tile is the ring's `ring0`-th: its warpgroup's 64 rows through every visited key tile, then
+/// the epilogue, which stages O in the Q slot and frees it. Returns the ring position after the
+/// tile's last key tile.
 #[inline(always)]
 unsafe fn consume<
     E: Elem,
@@ -514,11 +597,14 @@ unsafe fn consume<
 >(
     p: &FwdParams,
     sm: &Smem,
-    pos: (u32, u32, u32),
+    (pos, grid_x): ((u32, u32, u32), u32),
+    q: Ring,
+    ring0: u32,
     ctid: u32,
     mut softmax: OnlineSoftmax<1, S>,
-) {
-    let b = BlockInfo::new::<MODS, PACKED>(p, BM as u32, pos);
+) -> u32 {
+    let b = BlockInfo::at::<MODS, PACKED>(p, BM as u32, grid_x, pos);
+    let q_tile = sm.q_slot::<D, BM>(q.slot());
     let mods = Mods::of(p, modifiers_of::<MODS, BIAS>());
     let lane = ctid % 32;
     let warp_row0 = (ctid / 32) * 16;
@@ -528,23 +614,23 @@ unsafe fn consume<
     let tiles = key_tiles::<BM, BN>(&b);
     let mut o = [[[0f32; 4]; DT]; 1];
     let mut s = [[[0f32; 4]; NT]; 1];
-    unsafe { mbarrier_wait(sm.bar(BAR_Q, 0), 0) };
-    if let Some(mut tile) = fetch::<MODS>(sm, &tiles, None, Ring(0)) {
+    let mut i = ring0;
+    if let Some(mut tile) = fetch::<MODS>(sm, &tiles, None, Ring(i)) {
         let turns = Turns::new(ctid / GROUP, consumers / GROUP);
         // The first tile alone: its probabilities need no output to rescale. A turn holds
         // only the products' issue: start values and waits for data come before it.
-        let (warp, accumulate) = start_scores::<E, BM, BN, NT, MODS, BIAS>(&b, sm, at, &mods, &mut s, tile, Ring(0));
+        let (warp, accumulate) = start_scores::<E, BM, BN, NT, MODS, BIAS>(&b, sm, at, &mods, &mut s, tile, Ring(i));
         mask_read::<MODS, BIAS>(sm);
-        landed(sm, FULL_K, Ring(0));
+        landed(sm, FULL_K, Ring(i));
         turns.take();
-        issue_scores::<E, D, BN, NT, KT>(sm, at, &mut s, Ring(0), accumulate);
+        issue_scores::<E, D, BN, NT, KT>(sm, q_tile, at, &mut s, Ring(i), accumulate);
         turns.pass(false);
         wgmma_wait::<0, NT>(&mut s[0]);
         let scale = logits::<E, NT>(&warp, &mods, &mut s);
-        unsafe { mbarrier_arrive(sm.bar(EMPTY_K, 0)) };
+        unsafe { mbarrier_arrive(sm.bar(EMPTY_K, Ring(i).slot())) };
         softmax.update(&mut s, scale);
         let mut probs = pack_p::<E, NT, KP>(&s[0]);
-        let mut i = 1;
+        i += 1;
         while let Some(next) = fetch::<MODS>(sm, &tiles, Some(tile.n), Ring(i)) {
             tile = next;
             let (r, prev) = (Ring(i), Ring(i - 1));
@@ -553,7 +639,7 @@ unsafe fn consume<
             landed(sm, FULL_K, r);
             landed(sm, FULL_V, prev);
             turns.take();
-            issue_scores::<E, D, BN, NT, KT>(sm, at, &mut s, r, accumulate);
+            issue_scores::<E, D, BN, NT, KT>(sm, q_tile, at, &mut s, r, accumulate);
             issue_pv::<E, D, BN, KP, DT>(sm, &mut o[0], &probs, prev);
             turns.pass(false);
             // This tile's scores (the older group) are in: its softmax runs under the PV.
@@ -579,13 +665,22 @@ unsafe fn consume<
         turns.pass(true);
         wgmma_wait::<0, DT>(&mut o[0]);
     }
-    // This warpgroup's QKᵀ were its last reads of its Q rows: they stage its O.
-    unsafe { write_output::<E, 1, DT, S>(p, &b, sm.q, softmax, &o, ctid, consumers, || named_barrier(EPILOGUE_BARRIER, consumers)) };
+    // This warpgroup's QKᵀ were its last reads of its Q rows: they stage its O. Then, in the
+    // persistent kernel, the slot is free for a later query tile's Q, which the copy engine
+    // writes (the async proxy: hence the fence).
+    unsafe {
+        write_output::<E, 1, DT, S>(p, &b, q_tile, softmax, &o, ctid, consumers, || named_barrier(EPILOGUE_BARRIER, consumers));
+        if tma::<PACKED, MODS>() {
+            fence_proxy_async();
+            mbarrier_arrive(sm.bar(EMPTY_Q, q.slot()));
+        }
+    }
+    i
 }
 
 /// Whether the producer uses the bulk tensor copy engine: lean fixed-length calls (the packed
 /// ones' sequences are rows of one tensor, whose ends the engine does not know, and the paged
-/// ones' rows are anywhere).
+/// ones' rows are anywhere). That kernel is the persistent one ([`QueryTiles`]).
 const fn tma<const PACKED: bool, const MODS: bool>() -> bool {
     !PACKED && !MODS
 }
@@ -625,14 +720,17 @@ pub unsafe fn forward<
     }
     let tid = thread_idx();
     let sm = Smem::new::<D, BM, BN, MODS, BIAS>();
+    // A CTA a query tile but for the persistent kernel ([`tma`]), which takes its own.
     let pos = position::<MODS>(p, sm.position);
-    if !BlockInfo::new::<MODS, PACKED>(p, BM as u32, pos).has_rows() {
+    if !tma::<PACKED, MODS>() && !BlockInfo::new::<MODS, PACKED>(p, BM as u32, pos).has_rows() {
         return;
     }
     if tid == 0 {
         for role in 0..BARRIERS {
-            // The bulk copies' barriers take one arrival (with the bytes to expect).
-            let count = if role >= EMPTY_K { consumers::<BM>() } else if tma::<PACKED, MODS>() { 1 } else { PRODUCERS };
+            // The consumers free slots; the bulk copies' barriers take one arrival (with the
+            // bytes to expect).
+            let freed = role >= EMPTY_K || (EMPTY_Q..FULL_K).contains(&role);
+            let count = if freed { consumers::<BM>() } else if tma::<PACKED, MODS>() { 1 } else { PRODUCERS };
             unsafe { mbarrier_init(sm.bar(role, 0), count) };
         }
         if tma::<PACKED, MODS>() {
@@ -644,7 +742,7 @@ pub unsafe fn forward<
         setmaxnreg::<false, PRODUCER_REGS>();
         if tma::<PACKED, MODS>() {
             if tid == 0 {
-                unsafe { produce_tma::<D, BM, BN>(p, &sm, pos, maps) };
+                unsafe { produce_tma::<D, BM, BN>(p, &sm, maps) };
             }
         } else {
             unsafe { produce::<D, BM, BN, PACKED, PAGED, MODS, BIAS>(p, &sm, pos, tid) };
@@ -652,14 +750,58 @@ pub unsafe fn forward<
     } else {
         setmaxnreg::<true, CONSUMER_REGS>();
         let ctid = tid - PRODUCERS;
-        unsafe {
-            if bias_ring::<MODS, BIAS>() {
-                let softmax = OnlineSoftmax::<1, InRegisters<4>>::in_registers();
-                consume::<E, D, BM, BN, NT, KT, DT, KP, PACKED, MODS, BIAS, _>(p, &sm, pos, ctid, softmax);
-            } else {
-                let softmax = OnlineSoftmax::<1>::at(sm.softmax, ctid, consumers::<BM>());
-                consume::<E, D, BM, BN, NT, KT, DT, KP, PACKED, MODS, BIAS, _>(p, &sm, pos, ctid, softmax);
+        if tma::<PACKED, MODS>() {
+            // The query tiles the producer announces in the Q slots, until it says there are
+            // no more.
+            let tiles = QueryTiles::of::<BM>(p);
+            let (mut t, mut i) = (0, 0);
+            loop {
+                let q = Ring(t);
+                landed(&sm, FULL_Q, q);
+                let n = unsafe { ld_shared_u32(sm.q_word(q.slot())) };
+                if n >= tiles.count {
+                    return;
+                }
+                i = unsafe { consume_tile::<E, D, BM, BN, NT, KT, DT, KP, PACKED, MODS, BIAS>(p, &sm, (tiles.position(n), tiles.x), q, i, ctid) };
+                t += 1;
             }
+        } else {
+            landed(&sm, FULL_Q, Ring(0));
+            unsafe { consume_tile::<E, D, BM, BN, NT, KT, DT, KP, PACKED, MODS, BIAS>(p, &sm, (pos, grid_dim_x()), Ring(0), 0, ctid) };
+        }
+    }
+}
+
+/// [`consume`] with the softmax state the kernel keeps: in registers beside a bias ring, else in
+/// shared memory.
+#[inline(always)]
+unsafe fn consume_tile<
+    E: Elem,
+    const D: usize,
+    const BM: usize,
+    const BN: usize,
+    const NT: usize,
+    const KT: usize,
+    const DT: usize,
+    const KP: usize,
+    const PACKED: bool,
+    const MODS: bool,
+    const BIAS: bool,
+>(
+    p: &FwdParams,
+    sm: &Smem,
+    at: ((u32, u32, u32), u32),
+    q: Ring,
+    ring0: u32,
+    ctid: u32,
+) -> u32 {
+    unsafe {
+        if bias_ring::<MODS, BIAS>() {
+            let softmax = OnlineSoftmax::<1, InRegisters<4>>::in_registers();
+            consume::<E, D, BM, BN, NT, KT, DT, KP, PACKED, MODS, BIAS, _>(p, sm, at, q, ring0, ctid, softmax)
+        } else {
+            let softmax = OnlineSoftmax::<1>::at(sm.softmax, ctid, consumers::<BM>());
+            consume::<E, D, BM, BN, NT, KT, DT, KP, PACKED, MODS, BIAS, _>(p, sm, at, q, ring0, ctid, softmax)
         }
     }
 }

@@ -628,6 +628,21 @@ pub fn gpu_sparse_cases(max_seqlen: usize) -> impl Strategy<Value = SparseCase> 
     sparse_cases_of(max_seqlen, gpu_kinds())
 }
 
+/// The kinds of a parametric mask alone: none, a band, or compressed causal (cf 1, 2, 4 or 64).
+fn band_kinds() -> impl Strategy<Value = Vec<Kind>> {
+    prop_oneof![
+        1 => Just(Vec::new()),
+        3 => Just(vec![Kind::Band]),
+        2 => prop::sample::select(vec![1usize, 2, 4, 64]).prop_map(|cf| vec![Kind::Compress(cf)]),
+    ]
+}
+
+/// [`gpu_sparse_cases`] whose mask is parametric alone ([`band_kinds`]), without bias or softcap:
+/// the lean forward's cases.
+pub fn gpu_band_cases(max_seqlen: usize) -> impl Strategy<Value = SparseCase> {
+    sparse_cases_of(max_seqlen, band_kinds()).prop_map(|sc| SparseCase { case: Case { bias: None, softcap: 0.0, ..sc.case }, ..sc })
+}
+
 /// The kinds of a gather-attention mask: a key-side mask (dense or packed), perhaps with a band or
 /// compressed causal applied on the original key positions.
 fn gather_kinds() -> impl Strategy<Value = Vec<Kind>> {

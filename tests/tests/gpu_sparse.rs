@@ -6,13 +6,14 @@
 //! every head dim, GQA, odd lengths, causal, softcap and bias of any broadcast shape: the forward
 //! (O, LSE with its -inf rows), the backward (dq, dk, dv, dbias), the deterministic backward,
 //! and the materialising path. Also: bit-identical deterministic gradients, one prepared mask
-//! serving several calls (and a parametric one prepared on the CPU), split-KV decoding with a
+//! serving several calls (and a parametric one prepared on the CPU), the persistent lean forward
+//! through a few CTAs, split-KV decoding with a
 //! window and sinks, long sequences, `estimated_speedup` and `memory_bytes`, and the errors
 //! only a GPU shows. `DMATTN_GPU_CASES` sets the property tests' case counts. Skips, saying why,
 //! where there is no CUDA device.
 use dmattn::{DType, Device, Error, PreparedMask, SparseMask, Tensor, attention};
 use dmattn_tests::sparse::{
-    BandCtor, DataPart, Kind, MaskSpec, SparseCase, check_gpu_prepared, check_gpu_sparse, gpu_sparse_cases, random_bcsr, random_part, random_spec,
+    BandCtor, DataPart, Kind, MaskSpec, SparseCase, check_gpu_prepared, check_gpu_sparse, gpu_band_cases, gpu_sparse_cases, random_bcsr, random_part, random_spec,
 };
 use dmattn_tests::*;
 use proptest::test_runner::TestCaseError;
@@ -30,6 +31,26 @@ fn sparse_property(cases: u32, max_seqlen: usize, property: impl Fn(SparseCase) 
 fn sparse_forward_matches_reference() {
     let Some(gpu) = gpu() else { return };
     sparse_property(1200, 300, |sc| check_gpu_sparse(&sc, &gpu, ForwardPath::Fused, false, false));
+}
+
+/// Lean calls (a band, compressed causal or no mask; no bias or softcap) at d64 and d128, up to
+/// 600 queries and keys, through 1 to 5 CTAs: on Hopper the persistent lean forward, each CTA
+/// taking many query tiles in turn (its Q slots and K/V ring turning over across them, tiles
+/// that see no key among them), in the order a counter hands out.
+#[test]
+fn persistent_lean_forward_matches_reference() {
+    let Some(gpu) = gpu() else { return };
+    let result = gpu_runner(2000).run(&gpu_band_cases(600), |sc| {
+        let head_dim = if sc.seed % 2 == 0 { 64 } else { 128 };
+        let sc = SparseCase { case: Case { head_dim, ..sc.case }, ..sc };
+        dmattn::force_forward_persistent_ctas(Some(1 + (sc.seed >> 1) as u32 % 5));
+        let checked = check_gpu_sparse(&sc, &gpu, ForwardPath::Fused, false, false);
+        dmattn::force_forward_persistent_ctas(None);
+        checked
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
 }
 
 #[test]

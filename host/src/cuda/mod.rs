@@ -351,8 +351,23 @@ pub(crate) struct FwdPlan {
     pub heads_first: bool,
     /// The kernel takes `FwdTmaParams`: Q, K and V tensor maps beside the parameters (the Hopper
     /// lean forward over fixed-length operands, whose producer copies with the bulk tensor copy
-    /// engine).
+    /// engine). That kernel is persistent: `grid` is then its query tiles, which `ctas` CTAs take
+    /// in turn ([`FwdPlan::launch_grid`]).
     pub tma: bool,
+    pub ctas: u32,
+}
+
+impl FwdPlan {
+    /// The grid launched: a CTA a query tile (and split), but for the persistent kernel.
+    pub fn launch_grid(&self) -> (u32, u32, u32) {
+        if self.tma { (self.ctas, 1, 1) } else { self.grid }
+    }
+}
+
+/// CTAs of the persistent lean forward (one an SM, its tile's occupancy) for `tiles` query
+/// tiles: as many as run at once, so that none waits for a wave, but no more than the tiles.
+fn persistent_ctas(sms: u32, tiles: u64) -> u32 {
+    tiles.min(sms as u64) as u32
 }
 
 /// The facts about a GPU that launch plans are computed from.
@@ -398,6 +413,10 @@ pub(crate) fn fwd_plan_copying(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: Fw
     // lean kernel in the Hopper module only (contiguous or paged K/V alike, so that both take the
     // same products and give the same bits).
     let lean_serves = p.seqs.is_none() || (variants.plain.is_some_and(|t| t.wgmma) && dmattn_abi::fwd_sm90_lean_packed(d.head_dim as u32));
+    // The bulk-copy kernel is persistent and numbers its query tiles in a u32 (`FwdTmaParams`):
+    // beyond, the modifier kernel serves (no tensors that large fit on a GPU today).
+    let query_tiles = |block_m: u32| d.seqlen_q.div_ceil(block_m as usize) as u64 * (d.heads * d.batch) as u64;
+    let bulk_copies = bulk_copies && variants.plain.is_none_or(|t| query_tiles(t.block_m) < 1 << 31);
     // Fixed lengths on Hopper, where it has one (d128): the warp-specialised modifier kernel
     // (the modifier tile's query rows, so the same work order).
     // A mask alone, unsplit: the mask-only kernel, where there is one (its 128-key tiles; the
@@ -451,7 +470,8 @@ pub(crate) fn fwd_plan_copying(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: Fw
     let ordered = splits == 1 && mods && !bias_first && (mask == FwdMask::Prepared && order_pays(sms, l2_bytes, &d, grid) || packed_pays);
     let heads_first = bias_first || (gathered && swappable);
     let tma = tile.producer && !mods && p.seqs.is_none();
-    Ok(FwdPlan { elem, kernel, tile, grid, splits, split_tiles: if gathered { 0 } else { split_tiles }, ordered, heads_first, tma })
+    let ctas = if tma { persistent_ctas(sms, grid.0 as u64 * grid.1 as u64 * grid.2 as u64) } else { 0 };
+    Ok(FwdPlan { elem, kernel, tile, grid, splits, split_tiles: if gathered { 0 } else { split_tiles }, ordered, heads_first, tma, ctas })
 }
 
 pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, into: ForwardBuffers) -> Result<Forward> {
@@ -490,7 +510,12 @@ pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, into: ForwardB
     }
     let mask = if device_mask(&saved).is_some() { FwdMask::Prepared } else { FwdMask::None };
     let bulk_copies = tensor_maps_exist(&p, &saved)?;
-    let plan = fwd_plan_copying(dev.gpu(), &p, elem, mask, bulk_copies, FORCED_MASK_ONLY.with(|f| f.get()))?;
+    let mut plan = fwd_plan_copying(dev.gpu(), &p, elem, mask, bulk_copies, FORCED_MASK_ONLY.with(|f| f.get()))?;
+    if let Some(ctas) = FORCED_PERSISTENT_CTAS.with(|f| f.get())
+        && plan.tma
+    {
+        plan.ctas = plan.ctas.min(ctas);
+    }
     let (out, lse) = run_forward(dev, &plan, &p, &saved, into, None)?;
     Ok(Forward { out, lse, problem: p, saved })
 }
@@ -541,7 +566,9 @@ fn tma_params(dev: &CudaDevice, p: &Problem, plan: &FwdPlan, params: FwdParams) 
     };
     let (bm, bn) = (plan.tile.block_m, plan.tile.block_n);
     let maps = [map(&params.q, d.seqlen_q, d.heads, bm, "q")?, map(&params.k, d.seqlen_k, d.kv_heads, bn, "k")?, map(&params.v, d.seqlen_k, d.kv_heads, bn, "v")?];
-    let buf = DeviceBuffer::uninit(dev.stream(), std::mem::size_of_val(&maps))?;
+    // The maps, then the persistent kernel's tile counter (the maps' kernel zeroes it).
+    let buf = DeviceBuffer::uninit(dev.stream(), dmattn_abi::FWD_TMA_BUFFER_BYTES)?;
+    debug_assert_eq!(std::mem::size_of_val(&maps) as u64, dmattn_abi::FWD_TMA_NEXT_TILE);
     // The copy engine takes maps 64-byte aligned; the pool's allocations are 256-byte aligned.
     debug_assert_eq!(buf.ptr() % 64, 0);
     let store = dmattn_abi::TensorMapsParams { dst: buf.ptr(), maps: maps.map(|m| m.0) };
@@ -581,7 +608,7 @@ fn run_forward(dev: &CudaDevice, plan: &FwdPlan, p: &Problem, saved: &Saved, int
         if plan.tma {
             // The maps' buffer is held until the launch is queued, as `_order` is.
             let (params, _maps) = tma_params(dev, p, plan, params)?;
-            launch(dev, &Launch::kernel(&plan.kernel, plan.grid, plan.tile.threads(), plan.tile.smem_bytes()), params)?;
+            launch(dev, &Launch::kernel(&plan.kernel, plan.launch_grid(), plan.tile.threads(), plan.tile.smem_bytes()), params)?;
         } else {
             launch_fwd(params)?;
         }
@@ -896,6 +923,18 @@ std::thread_local! {
 #[doc(hidden)]
 pub fn force_forward_mask_only(on: Option<bool>) {
     FORCED_MASK_ONLY.with(|f| f.set(on));
+}
+
+std::thread_local! {
+    static FORCED_PERSISTENT_CTAS: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
+}
+
+/// Testing hook: while `Some(n)` (n ≥ 1), a forward this thread runs on the persistent lean
+/// kernel (Hopper, fixed lengths, no mask, bias or softcap) launches at most `n` CTAs, so that
+/// small problems put many query tiles through each CTA; `None`: one an SM.
+#[doc(hidden)]
+pub fn force_forward_persistent_ctas(n: Option<u32>) {
+    FORCED_PERSISTENT_CTAS.with(|f| f.set(n.map(|n| n.max(1))));
 }
 
 std::thread_local! {
@@ -1501,6 +1540,24 @@ mod tests {
         assert_eq!(order(plan(d, [2, 1, 1, 4096])), (false, true));
         assert!(!plan(Dims { kv_heads: 1, head_dim: 128, ..dims(1, 1, 256, 8192) }, [1, 1, 256, 8192]).heads_first);
         assert!(!plan(Dims { kv_heads: 1, head_dim: 128, ..dims(1, 2, 1, 1 << 19) }, [1, 1, 1, 1 << 19]).heads_first);
+    }
+
+    /// The bulk-copy lean kernel is persistent: a CTA an SM, or one a query tile where there are
+    /// fewer; `grid` keeps the query tiles it numbers.
+    #[test]
+    fn persistent_lean_plans() {
+        for (head_dim, rows) in [(64, 192), (128, 128)] {
+            let plan = |b, h, s| fwd_plan(H100, &problem(Dims { head_dim, ..dims(b, h, s, s) }, dmattn_abi::Band::CAUSAL, false), DeviceElem::Bf16, FwdMask::None).unwrap();
+            let big = plan(2, 32, 8192);
+            assert!(big.tma && big.kernel == format!("dmattn_fwd_sm90_bf16_d{head_dim}"), "{big:?}");
+            assert_eq!((big.grid, big.ctas, big.launch_grid()), ((8192u32.div_ceil(rows), 32, 2), H100.sms, (H100.sms, 1, 1)));
+            let small = plan(1, 2, 300);
+            assert_eq!((small.ctas, small.launch_grid()), (2 * 300u32.div_ceil(rows), (2 * 300u32.div_ceil(rows), 1, 1)));
+            // Other kernels launch a CTA a query tile.
+            let masked = Problem { mask: Some([1, 1]), ..problem(Dims { head_dim, ..dims(2, 32, 8192, 8192) }, dmattn_abi::Band::CAUSAL, false) };
+            let mods = fwd_plan(H100, &masked, DeviceElem::Bf16, FwdMask::Prepared).unwrap();
+            assert_eq!((mods.tma, mods.launch_grid()), (false, mods.grid));
+        }
     }
 
     /// Without bulk tensor copies (a broadcast operand) a lean fixed-length call
