@@ -664,6 +664,10 @@ unsafe fn consume<
         issue_pv::<E, D, BN, KP, DT>(sm, &mut o[0], &probs, Ring(i - 1));
         turns.pass(true);
         wgmma_wait::<0, DT>(&mut o[0]);
+        // The persistent kernel's producer fills the slot again for a later query tile.
+        if tma::<PACKED, MODS>() {
+            unsafe { mbarrier_arrive(sm.bar(EMPTY_V, Ring(i - 1).slot())) };
+        }
     }
     // This warpgroup's QKᵀ were its last reads of its Q rows: they stage its O. Then, in the
     // persistent kernel, the slot is free for a later query tile's Q, which the copy engine
