@@ -76,11 +76,12 @@ pub struct TensorMap(pub [u64; 16]);
 /// cannot hold them, as rustc's nvptx kernel ABI takes no parameter aligned above 16 bytes
 /// (a 64-byte-aligned one is an internal compiler error) and a map must be 64-byte aligned.
 ///
-/// The kernel is persistent: a grid of at most one CTA an SM (x only) runs the query tiles
+/// Where `fwd_ws_persistent` says so the kernel is persistent: a grid of at most one CTA an SM
+/// (x only) runs the query tiles
 /// `(tile, head, batch)` in grid order, x fastest, as a full grid's CTAs would start. CTA `c`
 /// takes tile `c` first, then each takes the next untaken one from a counter (a u32 at
 /// `maps +` [`FWD_TMA_NEXT_TILE`], zeroed by the maps' kernel): tile `gridDim.x + n` for the
-/// counter's old value `n`.
+/// counter's old value `n`. Else a CTA runs the query tile of its block index.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct FwdTmaParams {

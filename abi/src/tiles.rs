@@ -298,6 +298,16 @@ pub const FWD_WS_STAGES: u32 = 2;
 /// consumers finish the current one and store its O.
 pub const FWD_WS_Q_SLOTS: u32 = 2;
 
+/// Whether the lean fixed-length forward at `head_dim` is persistent (`FwdTmaParams`). At d128 it
+/// is (same run against a CTA a query tile, H200, b2 h32 hk8, forward ms: dense 8K 3.221 ->
+/// 3.146, causal 8K 1.742 -> 1.710, causal window 1024 at 16K 1.150 -> 1.037, 16K x 256
+/// compressed causal 0.433 -> 0.339). The d64 kernel (three consumer warpgroups at 160
+/// registers) ran slower persistent: dense 8K 2.044 -> 2.308, causal 1.188 -> 1.348, so it keeps
+/// a CTA a query tile.
+pub const fn fwd_ws_persistent(head_dim: u32) -> bool {
+    head_dim == 128
+}
+
 /// Q slots of a warp-specialised forward: [`FWD_WS_Q_SLOTS`] for a lean tile, one with
 /// modifiers (a CTA a query tile; no room beside a bias ring).
 pub const fn fwd_ws_q_slots(modifiers: bool) -> u32 {

@@ -10,8 +10,8 @@
 //!
 //! Lean calls (no mask, bias or softcap; fixed lengths, packed batches, or packed over paged K/V)
 //! visit every key tile of the band, which producer and consumers each work out. Over fixed
-//! lengths the lean kernel is persistent ([`QueryTiles`]): a CTA an SM takes query tiles one
-//! after another, and its producer copies the next tile's Q into a second slot, and its first
+//! lengths the lean kernel is persistent where `fwd_ws_persistent` says so ([`QueryTiles`]): a CTA
+//! an SM takes query tiles one after another, and its producer copies the next tile's Q into a second slot, and its first
 //! K and V tiles into the ring, while the consumers finish the current tile and store its O.
 //! With modifiers
 //! (`MODS`: mask, bias, softcap, split-KV, work order; or the mask alone, without the bias ring,
@@ -325,21 +325,23 @@ unsafe fn tma_tile<const D: usize>(tile: SmemTile, rows: usize, map: u64, coords
     }
 }
 
-/// The lean fixed-length producer's copies (persistent, [`QueryTiles`]): one thread takes the
-/// CTA's query tiles in turn and starts each one's bulk tensor copies (`maps`: the global
+/// The lean fixed-length producer's copies (`PERSISTENT`: [`QueryTiles`]; else the CTA's one
+/// tile): one thread takes the CTA's query tiles in turn and starts each one's bulk tensor copies (`maps`: the global
 /// address of Q's tensor map, K's and V's following, then the tile counter; `FwdTmaParams`):
 /// its Q into the next Q slot once the consumers have stored the O it staged, beside it the
 /// tile's number (the count of tiles past the last), then its K and V tiles into the ring as
 /// the consumers free its slots, each completing on its "full" barrier; the copy engine
 /// zero-fills rows past the sequence.
 #[inline(always)]
-unsafe fn produce_tma<const D: usize, const BM: usize, const BN: usize>(p: &FwdParams, sm: &Smem, maps: u64) {
+unsafe fn produce_tma<const D: usize, const BM: usize, const BN: usize, const PERSISTENT: bool>(p: &FwdParams, sm: &Smem, maps: u64) {
     let map = |i: u64| maps + i * core::mem::size_of::<dmattn_abi::TensorMap>() as u64;
     for i in 0..3 {
         unsafe { fence_proxy_tensormap_acquire(map(i)) };
     }
     let tiles = QueryTiles::of::<BM>(p);
-    let mut next = block_idx().0;
+    // Not persistent: the one tile of this CTA's block index.
+    let (bx, by, bz) = block_idx();
+    let mut next = if PERSISTENT { bx } else { bx + tiles.x * (by + tiles.heads * bz) };
     let (mut t, mut i) = (0, 0);
     loop {
         let q = Ring(t);
@@ -356,7 +358,7 @@ unsafe fn produce_tma<const D: usize, const BM: usize, const BN: usize>(p: &FwdP
         let (q_at, _) = b.tma_coords(0);
         unsafe { tma_tile::<D>(sm.q_slot::<D, BM>(q.slot()), BM, map(0), q_at, sm.bar(FULL_Q, q.slot())) };
         // Taken now, used after this tile's copies: the atomic's latency hides behind them.
-        next = grid_dim_x() + unsafe { atom_add_gpu_u32(maps + FWD_TMA_NEXT_TILE, 1) };
+        next = if PERSISTENT { grid_dim_x() + unsafe { atom_add_gpu_u32(maps + FWD_TMA_NEXT_TILE, 1) } } else { tiles.count };
         let band = key_tiles::<BM, BN>(&b);
         let mut tile = band_tile(&band, 0);
         while let Some(k) = tile {
@@ -593,6 +595,7 @@ unsafe fn consume<
     const PACKED: bool,
     const MODS: bool,
     const BIAS: bool,
+    const PERSISTENT: bool,
     S: State,
 >(
     p: &FwdParams,
@@ -665,7 +668,7 @@ unsafe fn consume<
         turns.pass(true);
         wgmma_wait::<0, DT>(&mut o[0]);
         // The persistent kernel's producer fills the slot again for a later query tile.
-        if tma::<PACKED, MODS>() {
+        if PERSISTENT {
             unsafe { mbarrier_arrive(sm.bar(EMPTY_V, Ring(i - 1).slot())) };
         }
     }
@@ -674,7 +677,7 @@ unsafe fn consume<
     // writes (the async proxy: hence the fence).
     unsafe {
         write_output::<E, 1, DT, S>(p, &b, q_tile, softmax, &o, ctid, consumers, || named_barrier(EPILOGUE_BARRIER, consumers));
-        if tma::<PACKED, MODS>() {
+        if PERSISTENT {
             fence_proxy_async();
             mbarrier_arrive(sm.bar(EMPTY_Q, q.slot()));
         }
@@ -693,7 +696,8 @@ const fn tma<const PACKED: bool, const MODS: bool>() -> bool {
 /// warpgroups), `NT = BN / 8`, `KT = D / 16`, `DT = D / 8`, `KP = BN / 16` (spelled out: no
 /// const-generic arithmetic); `PACKED` for a packed batch (lean only), `PAGED` (with `PACKED`)
 /// over paged K/V, `MODS` for the modifier variant (`BIAS`: with a bias ring, and bias and
-/// softcap taken; else the mask alone, see [`modifiers_of`]); `setmaxnreg` gives the producer warpgroup
+/// softcap taken; else the mask alone, see [`modifiers_of`]), `PERSISTENT` for the persistent lean
+/// fixed-length kernel ([`QueryTiles`]); `setmaxnreg` gives the producer warpgroup
 /// `PRODUCER_REGS` registers and each consumer one `CONSUMER_REGS` (`FwdTile::ws_registers`).
 /// Launched with `BM / 64 * 128 + 128` threads (`FwdTile::threads`). `maps`: where [`tma`], the
 /// global address of the Q, K and V tensor maps (`FwdTmaParams::maps`), else unused.
@@ -711,6 +715,7 @@ pub unsafe fn forward<
     const PAGED: bool,
     const MODS: bool,
     const BIAS: bool,
+    const PERSISTENT: bool,
     const PRODUCER_REGS: u32,
     const CONSUMER_REGS: u32,
 >(
@@ -720,13 +725,13 @@ pub unsafe fn forward<
     const {
         assert!(matches!(BM, 128 | 192) && NT * 8 == BN && KT * 16 == D && DT * 8 == D && KP * 2 == NT);
         assert!(matches!(NT, 4 | 8 | 16) && matches!(DT, 4 | 8 | 16));
-        assert!(!(PACKED && MODS) && (!PAGED || PACKED));
+        assert!(!(PACKED && MODS) && (!PAGED || PACKED) && (!PERSISTENT || tma::<PACKED, MODS>()));
     }
     let tid = thread_idx();
     let sm = Smem::new::<D, BM, BN, MODS, BIAS>();
-    // A CTA a query tile but for the persistent kernel ([`tma`]), which takes its own.
+    // A CTA a query tile but for the persistent kernel, which takes its own.
     let pos = position::<MODS>(p, sm.position);
-    if !tma::<PACKED, MODS>() && !BlockInfo::new::<MODS, PACKED>(p, BM as u32, pos).has_rows() {
+    if !PERSISTENT && !BlockInfo::new::<MODS, PACKED>(p, BM as u32, pos).has_rows() {
         return;
     }
     if tid == 0 {
@@ -746,7 +751,7 @@ pub unsafe fn forward<
         setmaxnreg::<false, PRODUCER_REGS>();
         if tma::<PACKED, MODS>() {
             if tid == 0 {
-                unsafe { produce_tma::<D, BM, BN>(p, &sm, maps) };
+                unsafe { produce_tma::<D, BM, BN, PERSISTENT>(p, &sm, maps) };
             }
         } else {
             unsafe { produce::<D, BM, BN, PACKED, PAGED, MODS, BIAS>(p, &sm, pos, tid) };
@@ -754,7 +759,7 @@ pub unsafe fn forward<
     } else {
         setmaxnreg::<true, CONSUMER_REGS>();
         let ctid = tid - PRODUCERS;
-        if tma::<PACKED, MODS>() {
+        if PERSISTENT {
             // The query tiles the producer announces in the Q slots, until it says there are
             // no more.
             let tiles = QueryTiles::of::<BM>(p);
@@ -766,12 +771,12 @@ pub unsafe fn forward<
                 if n >= tiles.count {
                     return;
                 }
-                i = unsafe { consume_tile::<E, D, BM, BN, NT, KT, DT, KP, PACKED, MODS, BIAS>(p, &sm, (tiles.position(n), tiles.x), q, i, ctid) };
+                i = unsafe { consume_tile::<E, D, BM, BN, NT, KT, DT, KP, PACKED, MODS, BIAS, PERSISTENT>(p, &sm, (tiles.position(n), tiles.x), q, i, ctid) };
                 t += 1;
             }
         } else {
             landed(&sm, FULL_Q, Ring(0));
-            unsafe { consume_tile::<E, D, BM, BN, NT, KT, DT, KP, PACKED, MODS, BIAS>(p, &sm, (pos, grid_dim_x()), Ring(0), 0, ctid) };
+            unsafe { consume_tile::<E, D, BM, BN, NT, KT, DT, KP, PACKED, MODS, BIAS, PERSISTENT>(p, &sm, (pos, grid_dim_x()), Ring(0), 0, ctid) };
         }
     }
 }
@@ -791,6 +796,7 @@ unsafe fn consume_tile<
     const PACKED: bool,
     const MODS: bool,
     const BIAS: bool,
+    const PERSISTENT: bool,
 >(
     p: &FwdParams,
     sm: &Smem,
@@ -802,10 +808,10 @@ unsafe fn consume_tile<
     unsafe {
         if bias_ring::<MODS, BIAS>() {
             let softmax = OnlineSoftmax::<1, InRegisters<4>>::in_registers();
-            consume::<E, D, BM, BN, NT, KT, DT, KP, PACKED, MODS, BIAS, _>(p, sm, at, q, ring0, ctid, softmax)
+            consume::<E, D, BM, BN, NT, KT, DT, KP, PACKED, MODS, BIAS, PERSISTENT, _>(p, sm, at, q, ring0, ctid, softmax)
         } else {
             let softmax = OnlineSoftmax::<1>::at(sm.softmax, ctid, consumers::<BM>());
-            consume::<E, D, BM, BN, NT, KT, DT, KP, PACKED, MODS, BIAS, _>(p, sm, at, q, ring0, ctid, softmax)
+            consume::<E, D, BM, BN, NT, KT, DT, KP, PACKED, MODS, BIAS, PERSISTENT, _>(p, sm, at, q, ring0, ctid, softmax)
         }
     }
 }

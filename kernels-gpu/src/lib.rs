@@ -272,12 +272,13 @@ pub unsafe extern "ptx-kernel" fn dmattn_store_tensor_maps(p: dmattn_abi::Tensor
 
 /// The Hopper module's warp-specialised forward (`fwd_ws`): the lean one
 /// (`dmattn_fwd_sm90_<elem>_d<dim>[_packed|_paged]`, the lean tile of `FWD_TILES_SM90`; the
-/// fixed-length one takes `FwdTmaParams`, its producer on the bulk tensor copy engine), the
+/// fixed-length one takes `FwdTmaParams`, its producer on the bulk tensor copy engine, and is
+/// persistent where `fwd_ws_persistent` says so), the
 /// fixed-length modifier one (`.._mods`, its `mods_ws` tile) and the mask-only one (`.._mask`,
 /// its `mask_ws` tile).
 macro_rules! fwd_ws_kernel {
     (tma $name:ident, $elem:ty, $d:literal) => {
-        fwd_ws_kernel!(@kernel $name, $elem, $d, false, false, false, sm90_variants($d).plain, p: dmattn_abi::FwdTmaParams, (&p.fwd, p.maps));
+        fwd_ws_kernel!(@kernel $name, $elem, $d, false, false, false, { dmattn_abi::fwd_ws_persistent($d) }, sm90_variants($d).plain, p: dmattn_abi::FwdTmaParams, (&p.fwd, p.maps));
     };
     (mods $name:ident, $elem:ty, $d:literal) => {
         fwd_ws_kernel!(@tile $name, $elem, $d, false, false, true, sm90_variants($d).mods_ws);
@@ -286,16 +287,16 @@ macro_rules! fwd_ws_kernel {
         fwd_ws_kernel!(@tile $name, $elem, $d, false, false, true, sm90_variants($d).mask_ws);
     };
     (@tile $name:ident, $elem:ty, $d:literal, $packed:literal, $paged:literal, $mods:literal, $tile:expr) => {
-        fwd_ws_kernel!(@kernel $name, $elem, $d, $packed, $paged, $mods, $tile, p: FwdParams, (&p, 0));
+        fwd_ws_kernel!(@kernel $name, $elem, $d, $packed, $paged, $mods, false, $tile, p: FwdParams, (&p, 0));
     };
     // `$p: $params` the kernel's parameter, `$args` what `fwd_ws::forward` takes of it.
-    (@kernel $name:ident, $elem:ty, $d:literal, $packed:literal, $paged:literal, $mods:literal, $tile:expr, $p:ident: $params:ty, ($($args:expr),*)) => {
+    (@kernel $name:ident, $elem:ty, $d:literal, $packed:literal, $paged:literal, $mods:literal, $persistent:expr, $tile:expr, $p:ident: $params:ty, ($($args:expr),*)) => {
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name($p: $params) {
             const T: FwdTile = match $tile { Some(t) if t.producer && t.modifiers == $mods => t, _ => panic!() };
             unsafe {
                 fwd_ws::forward::<$elem, $d, { T.block_m as usize }, { T.block_n as usize }, { T.block_n as usize / 8 }, { $d / 16 },
-                    { $d / 8 }, { T.block_n as usize / 16 }, $packed, $paged, $mods, { !T.mask_only }, { T.ws_registers($mods || $paged).0 },
+                    { $d / 8 }, { T.block_n as usize / 16 }, $packed, $paged, $mods, { !T.mask_only }, $persistent, { T.ws_registers($mods || $paged).0 },
                     { T.ws_registers($mods || $paged).1 }>($($args),*)
             }
         }

@@ -34,9 +34,9 @@ fn sparse_forward_matches_reference() {
 }
 
 /// Lean calls (a band, compressed causal or no mask; no bias or softcap) at d64 and d128, up to
-/// 600 queries and keys, through 1 to 5 CTAs: on Hopper the persistent lean forward, each CTA
-/// taking many query tiles in turn (its Q slots and K/V ring turning over across them, tiles
-/// that see no key among them), in the order a counter hands out.
+/// 600 queries and keys, through 1 to 5 CTAs: on Hopper at d128 the persistent lean forward, each
+/// CTA taking many query tiles in turn (its Q slots and K/V ring turning over across them, tiles
+/// that see no key among them), in the order a counter hands out; at d64 a CTA a query tile.
 #[test]
 fn persistent_lean_forward_matches_reference() {
     let Some(gpu) = gpu() else { return };

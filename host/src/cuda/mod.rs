@@ -351,16 +351,17 @@ pub(crate) struct FwdPlan {
     pub heads_first: bool,
     /// The kernel takes `FwdTmaParams`: Q, K and V tensor maps beside the parameters (the Hopper
     /// lean forward over fixed-length operands, whose producer copies with the bulk tensor copy
-    /// engine). That kernel is persistent: `grid` is then its query tiles, which `ctas` CTAs take
-    /// in turn ([`FwdPlan::launch_grid`]).
+    /// engine).
     pub tma: bool,
+    /// CTAs of that kernel where it is persistent (`dmattn_abi::fwd_ws_persistent`), which take
+    /// the query tiles of `grid` in turn ([`FwdPlan::launch_grid`]); 0: a CTA a query tile.
     pub ctas: u32,
 }
 
 impl FwdPlan {
     /// The grid launched: a CTA a query tile (and split), but for the persistent kernel.
     pub fn launch_grid(&self) -> (u32, u32, u32) {
-        if self.tma { (self.ctas, 1, 1) } else { self.grid }
+        if self.ctas > 0 { (self.ctas, 1, 1) } else { self.grid }
     }
 }
 
@@ -470,7 +471,8 @@ pub(crate) fn fwd_plan_copying(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: Fw
     let ordered = splits == 1 && mods && !bias_first && (mask == FwdMask::Prepared && order_pays(sms, l2_bytes, &d, grid) || packed_pays);
     let heads_first = bias_first || (gathered && swappable);
     let tma = tile.producer && !mods && p.seqs.is_none();
-    let ctas = if tma { persistent_ctas(sms, grid.0 as u64 * grid.1 as u64 * grid.2 as u64) } else { 0 };
+    let persistent = tma && dmattn_abi::fwd_ws_persistent(d.head_dim as u32);
+    let ctas = if persistent { persistent_ctas(sms, grid.0 as u64 * grid.1 as u64 * grid.2 as u64) } else { 0 };
     Ok(FwdPlan { elem, kernel, tile, grid, splits, split_tiles: if gathered { 0 } else { split_tiles }, ordered, heads_first, tma, ctas })
 }
 
@@ -512,7 +514,7 @@ pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, into: ForwardB
     let bulk_copies = tensor_maps_exist(&p, &saved)?;
     let mut plan = fwd_plan_copying(dev.gpu(), &p, elem, mask, bulk_copies, FORCED_MASK_ONLY.with(|f| f.get()))?;
     if let Some(ctas) = FORCED_PERSISTENT_CTAS.with(|f| f.get())
-        && plan.tma
+        && plan.ctas > 0
     {
         plan.ctas = plan.ctas.min(ctas);
     }
@@ -930,7 +932,7 @@ std::thread_local! {
 }
 
 /// Testing hook: while `Some(n)` (n ≥ 1), a forward this thread runs on the persistent lean
-/// kernel (Hopper, fixed lengths, no mask, bias or softcap) launches at most `n` CTAs, so that
+/// kernel (Hopper, fixed lengths, no mask, bias or softcap, d128) launches at most `n` CTAs, so that
 /// small problems put many query tiles through each CTA; `None`: one an SM.
 #[doc(hidden)]
 pub fn force_forward_persistent_ctas(n: Option<u32>) {
@@ -1542,15 +1544,20 @@ mod tests {
         assert!(!plan(Dims { kv_heads: 1, head_dim: 128, ..dims(1, 2, 1, 1 << 19) }, [1, 1, 1, 1 << 19]).heads_first);
     }
 
-    /// The bulk-copy lean kernel is persistent: a CTA an SM, or one a query tile where there are
-    /// fewer; `grid` keeps the query tiles it numbers.
+    /// The bulk-copy lean kernel is persistent at d128: a CTA an SM, or one a query tile where
+    /// there are fewer; `grid` keeps the query tiles it numbers. At d64 a CTA a query tile.
     #[test]
     fn persistent_lean_plans() {
         for (head_dim, rows) in [(64, 192), (128, 128)] {
             let plan = |b, h, s| fwd_plan(H100, &problem(Dims { head_dim, ..dims(b, h, s, s) }, dmattn_abi::Band::CAUSAL, false), DeviceElem::Bf16, FwdMask::None).unwrap();
             let big = plan(2, 32, 8192);
             assert!(big.tma && big.kernel == format!("dmattn_fwd_sm90_bf16_d{head_dim}"), "{big:?}");
-            assert_eq!((big.grid, big.ctas, big.launch_grid()), ((8192u32.div_ceil(rows), 32, 2), H100.sms, (H100.sms, 1, 1)));
+            assert_eq!(big.grid, (8192u32.div_ceil(rows), 32, 2));
+            if head_dim == 64 {
+                assert_eq!((big.ctas, big.launch_grid()), (0, big.grid));
+                continue;
+            }
+            assert_eq!((big.ctas, big.launch_grid()), (H100.sms, (H100.sms, 1, 1)));
             let small = plan(1, 2, 300);
             assert_eq!((small.ctas, small.launch_grid()), (2 * 300u32.div_ceil(rows), (2 * 300u32.div_ceil(rows), 1, 1)));
             // Other kernels launch a CTA a query tile.
