@@ -294,8 +294,8 @@ pub struct FwdTile {
 pub const FWD_WS_STAGES: u32 = 2;
 
 /// Query tiles in flight in a warp-specialised forward (`fwd_ws_q_slots`): the lean kernel over
-/// fixed lengths is persistent, and its producer copies the next query tile's Q while the
-/// consumers finish the current one and store its O.
+/// fixed lengths is persistent where [`fwd_ws_persistent`] says so, and its producer copies the
+/// next query tile's Q while the consumers finish the current one and store its O.
 pub const FWD_WS_Q_SLOTS: u32 = 2;
 
 /// Whether the lean fixed-length forward at `head_dim` is persistent (`FwdTmaParams`). At d128 it

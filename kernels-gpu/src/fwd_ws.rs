@@ -580,8 +580,8 @@ fn issue_pv<E: Elem, const D: usize, const BN: usize, const KP: usize, const DT:
 /// A consumer thread (`ctid` 0..`BM / 64 * 128`) on the query tile at grid position `pos`
 /// (`grid_x` query tiles a head), whose Q is in Q slot `q.slot()` (landed) and whose first key
 /// tile is the ring's `ring0`-th: its warpgroup's 64 rows through every visited key tile, then
-/// the epilogue, which stages O in the Q slot and frees it. Returns the ring position after the
-/// tile's last key tile.
+/// the epilogue, which stages O in the Q slot (and, `PERSISTENT`, frees the slot and the last V
+/// slot for later query tiles). Returns the ring position after the tile's last key tile.
 #[inline(always)]
 unsafe fn consume<
     E: Elem,
@@ -687,7 +687,8 @@ unsafe fn consume<
 
 /// Whether the producer uses the bulk tensor copy engine: lean fixed-length calls (the packed
 /// ones' sequences are rows of one tensor, whose ends the engine does not know, and the paged
-/// ones' rows are anywhere). That kernel is the persistent one ([`QueryTiles`]).
+/// ones' rows are anywhere). That kernel is persistent where `fwd_ws_persistent` says so
+/// ([`QueryTiles`]).
 const fn tma<const PACKED: bool, const MODS: bool>() -> bool {
     !PACKED && !MODS
 }
