@@ -89,10 +89,10 @@ pub struct FwdTmaParams {
     pub maps: u64,
 }
 
-/// Where the persistent lean forward's tile counter lies in its maps' buffer (after the three
-/// maps), and the buffer's size.
-pub const FWD_TMA_NEXT_TILE: u64 = 3 * 128;
-pub const FWD_TMA_BUFFER_BYTES: usize = 3 * 128 + 4;
+/// Where the persistent lean forward's tile counter (a u32) lies in its maps' buffer (after the
+/// three maps), and the buffer's size.
+pub const FWD_TMA_NEXT_TILE: u64 = 3 * core::mem::size_of::<TensorMap>() as u64;
+pub const FWD_TMA_BUFFER_BYTES: usize = FWD_TMA_NEXT_TILE as usize + core::mem::size_of::<u32>();
 
 /// Parameters of `dmattn_store_tensor_maps` (one thread): writes the three maps of a
 /// [`FwdTmaParams`] to `dst` (64-byte aligned, [`FWD_TMA_BUFFER_BYTES`]) and zeroes the tile
