@@ -488,10 +488,52 @@ struct Rows {
     lane: u32,
 }
 
+/// Whether the bias folds into the scores after their product ([`late_bias`]) rather than as its
+/// start values: beside a bias ring, where no softcap keeps it out of the accumulators. The
+/// consumer then reads the bias words while the product runs, not before issuing it, where
+/// each turn's reads and conversions sat between the consumer's softmax and its next products.
+#[inline(always)]
+fn bias_after<const MODS: bool, const BIAS: bool>(mods: &Mods) -> bool {
+    bias_ring::<MODS, BIAS>() && mods.fold_bias()
+}
+
+/// Reads this thread's bias words for key tile `warp`'s scores where [`bias_after`] (zeros
+/// elsewhere, never read), once their product is issued ([`scores_landed`]).
+#[inline(always)]
+fn late_bias<const NT: usize, const MODS: bool, const BIAS: bool>(warp: &WarpScores, mods: &Mods) -> [[u32; NT]; 2] {
+    if bias_after::<MODS, BIAS>(mods) { warp.bias_words::<NT>() } else { [[0; NT]; 2] }
+}
+
+/// Adds the bias words [`late_bias`] read to the landed scores `s` where [`bias_after`].
+#[inline(always)]
+fn add_late_bias<E: Elem, const NT: usize, const MODS: bool, const BIAS: bool>(s: &mut [[[f32; 4]; NT]; 1], words: &[[u32; NT]; 2], mods: &Mods) {
+    if bias_after::<MODS, BIAS>(mods) {
+        WarpScores::add_bias::<E, NT>(&mut s[0], words, mods);
+    }
+}
+
+/// Waits for the scores' product (at most `PENDING` product groups left in flight) and, where
+/// [`bias_after`], adds the bias to them: its words read ahead of the wait where the registers
+/// allow (d64; at d128, where S, O and P hold 160 of a consumer's 216 registers, reading them
+/// ahead spilled 84 bytes), else after it.
+#[inline(always)]
+fn scores_landed<E: Elem, const D: usize, const NT: usize, const PENDING: u32, const MODS: bool, const BIAS: bool>(
+    warp: &WarpScores,
+    mods: &Mods,
+    s: &mut [[[f32; 4]; NT]; 1],
+) {
+    let ahead = D <= 64;
+    let early = if ahead { late_bias::<NT, MODS, BIAS>(warp, mods) } else { [[0; NT]; 2] };
+    wgmma_wait::<PENDING, NT>(&mut s[0]);
+    let words = if ahead { early } else { late_bias::<NT, MODS, BIAS>(warp, mods) };
+    add_late_bias::<E, NT, MODS, BIAS>(s, &words, mods);
+}
+
 /// Key tile `tile`'s score start values in `s` (ring position `r`; with modifiers its bias and
 /// mask tiles have landed): -inf where the mask, the band or the key bound hide a score, the bias
-/// where it folds in. Returns the warp's view of the slot's bias for the logits, and whether the
-/// product accumulates onto `s`: a tile of zeros is not written, its product starts from nothing.
+/// where it folds in before the product (not [`bias_after`]). Returns the warp's view of the
+/// slot's bias for the logits, and whether the product accumulates onto `s`: a tile of zeros is
+/// not written, its product starts from nothing.
 #[inline(always)]
 fn start_scores<E: Elem, const BM: usize, const BN: usize, const NT: usize, const MODS: bool, const BIAS: bool>(
     b: &BlockInfo,
@@ -509,9 +551,10 @@ fn start_scores<E: Elem, const BM: usize, const BN: usize, const NT: usize, cons
     let bias = if MODS && BIAS { sm.bias::<BM, BN>(r.slot()) } else { sm.q };
     let bias_rows = b.p.flags & flags::BIAS_ROW == 0;
     let warp = WarpScores::new::<NT>(bias, bias_rows, sm.mask(r.slot()), (BN / 8) as u32, at.warp_row0, 0, at.lane);
-    let accumulate = WarpScores::has_start_values(mods, check);
+    let start = if bias_after::<MODS, BIAS>(mods) { Mods { bias: false, ..*mods } } else { *mods };
+    let accumulate = WarpScores::has_start_values(&start, check);
     if accumulate {
-        warp.init::<E, 1, NT>(s, mods, &band, check, mods.mask && !tile.full);
+        warp.init::<E, 1, NT>(s, &start, &band, check, mods.mask && !tile.full);
     }
     (warp, accumulate)
 }
@@ -628,7 +671,7 @@ unsafe fn consume<
         turns.take();
         issue_scores::<E, D, BN, NT, KT>(sm, q_tile, at, &mut s, Ring(i), accumulate);
         turns.pass(false);
-        wgmma_wait::<0, NT>(&mut s[0]);
+        scores_landed::<E, D, NT, 0, MODS, BIAS>(&warp, &mods, &mut s);
         let scale = logits::<E, NT>(&warp, &mods, &mut s);
         unsafe { mbarrier_arrive(sm.bar(EMPTY_K, Ring(i).slot())) };
         softmax.update(&mut s, scale);
@@ -646,7 +689,7 @@ unsafe fn consume<
             issue_pv::<E, D, BN, KP, DT>(sm, &mut o[0], &probs, prev);
             turns.pass(false);
             // This tile's scores (the older group) are in: its softmax runs under the PV.
-            wgmma_wait::<1, NT>(&mut s[0]);
+            scores_landed::<E, D, NT, 1, MODS, BIAS>(&warp, &mods, &mut s);
             let scale = logits::<E, NT>(&warp, &mods, &mut s);
             unsafe { mbarrier_arrive(sm.bar(EMPTY_K, r.slot())) };
             let correction = softmax.update(&mut s, scale);

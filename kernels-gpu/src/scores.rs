@@ -1,7 +1,7 @@
 //! Scores of one warp's accumulator tile, shared by forward and backward: the start values that
 //! fold the mask and the bias into the QKᵀ accumulators, and the step to base-2 logits (scale,
 //! softcap, and the bias when a softcap keeps it out of the accumulators).
-use crate::arch::{exp2, ld_shared_u16, ld_shared_u32, rcp, sync_warp};
+use crate::arch::{exp2, fma, ld_shared_u16, ld_shared_u32, rcp, sync_warp};
 use crate::elem::Elem;
 use crate::mask::RowBits;
 use crate::tile::SmemTile;
@@ -109,6 +109,33 @@ impl WarpScores {
     #[inline(always)]
     pub fn bias_at_pair(&self, dr: u32, nt: u32) -> u32 {
         self.bias.shift(self.bias_at + dr * self.bias_row_step, 0, nt)
+    }
+
+    /// The thread's bias pairs as stored (two `E` halves a word), `[h][nt]` for row `8 h + g`,
+    /// to be added to the scores' product by [`WarpScores::add_bias`].
+    #[inline(always)]
+    pub fn bias_words<const NT: usize>(&self) -> [[u32; NT]; 2] {
+        let mut words = [[0; NT]; 2];
+        for (h, row) in words.iter_mut().enumerate() {
+            for (nt, w) in row.iter_mut().enumerate() {
+                *w = unsafe { ld_shared_u32(self.bias_at_pair(8 * h as u32, nt as u32)) };
+            }
+        }
+        words
+    }
+
+    /// Adds the bias pairs `words` ([`WarpScores::bias_words`]) to one 16-row tile of raw score
+    /// accumulators, in their units (bias / scale), as [`WarpScores::init`] folds it in.
+    #[inline(always)]
+    pub fn add_bias<E: Elem, const NT: usize>(s: &mut [[f32; 4]; NT], words: &[[u32; NT]; 2], mods: &Mods) {
+        let inv_scale = LOG2E * rcp(mods.scale_log2);
+        for h in 0..2 {
+            for nt in 0..NT {
+                let (b0, b1) = E::unpack(words[h][nt]);
+                s[nt][2 * h] = fma(b0, inv_scale, s[nt][2 * h]);
+                s[nt][2 * h + 1] = fma(b1, inv_scale, s[nt][2 * h + 1]);
+            }
+        }
     }
 
     /// Whether [`WarpScores::init`] sets anything but zeros: where `check` or the bias is
