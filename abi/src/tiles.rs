@@ -328,12 +328,6 @@ pub const fn fwd_ws_mask_slots(bias_ring: bool) -> u32 {
     if bias_ring { 1 } else { FWD_WS_STAGES }
 }
 
-/// Bytes of the shared word a warp-specialised forward beside a bias ring, which keeps its
-/// softmax state in registers, stores its running sums to (kernels-gpu's `InRegisters`: the store
-/// keeps ptxas from moving the wait for the PV product ahead of the softmax), 16 to keep the
-/// barriers after it aligned.
-pub const FWD_WS_PIN_BYTES: u32 = 16;
-
 /// Register limits (`setmaxnreg`) of a warp-specialised forward's warpgroups: the producer keeps
 /// what its copies' addresses need, two consumer warpgroups the rest of the 64K (one CTA per
 /// SM, launched at 384 threads, 168 registers each).
@@ -392,8 +386,7 @@ impl FwdTile {
         if self.producer {
             // The Q slots, the K and V rings, with modifiers the bias ring and mask slots, the
             // tiles' indices and the grid position (lean: the Q slots' tile indices), then the
-            // softmax state (in registers beside a bias ring, but for the word their sums are stored to)
-            // and the barriers.
+            // softmax state (in registers beside a bias ring) and the barriers.
             let q_slots = fwd_ws_q_slots(self.modifiers);
             let qkv = (q_slots * self.block_m + 2 * FWD_WS_STAGES * self.block_n) * self.head_dim * 2;
             let bias_ring = self.ws_bias_ring();
@@ -403,7 +396,7 @@ impl FwdTile {
             } else {
                 4 * q_slots
             };
-            let softmax = if bias_ring { FWD_WS_PIN_BYTES } else { self.softmax_state_bytes() };
+            let softmax = if bias_ring { 0 } else { self.softmax_state_bytes() };
             return qkv + words + softmax + 8 * FWD_WS_BARRIERS;
         }
         let qkv = (self.block_m + 2 * self.block_n) * self.head_dim * 2;

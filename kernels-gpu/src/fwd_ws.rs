@@ -27,7 +27,7 @@ use crate::scores::{Mods, WarpScores};
 use crate::softmax::{InRegisters, OnlineSoftmax, State};
 use crate::tile::SmemTile;
 use dmattn_abi::{
-    FWD_TMA_NEXT_TILE, FWD_WS_BARRIERS, FWD_WS_PIN_BYTES, FWD_WS_Q_SLOTS, FWD_WS_STAGES, FwdParams, POSITION_BYTES, TensorMapsParams, flags, fwd_ws_mask_slots, fwd_ws_q_slots, mask_tile_bytes,
+    FWD_TMA_NEXT_TILE, FWD_WS_BARRIERS, FWD_WS_Q_SLOTS, FWD_WS_STAGES, FwdParams, POSITION_BYTES, TensorMapsParams, flags, fwd_ws_mask_slots, fwd_ws_q_slots, mask_tile_bytes,
     modifiers,
 };
 
@@ -132,8 +132,7 @@ impl Turns {
 /// Shared memory: the Q slots (one with modifiers), the K ring, the V ring, with modifiers the
 /// bias ring and the packed-mask slots, the tiles' words (see [`TileWord`]) and the grid
 /// position (lean: the Q slots' query tiles, see [`QueryTiles`]), then the consumers' softmax
-/// state (beside a bias ring only the word its sums are pinned to, see `InRegisters`) and the
-/// barriers (`FwdTile::smem_bytes`).
+/// state (none beside a bias ring: [`bias_ring`]) and the barriers (`FwdTile::smem_bytes`).
 #[derive(Clone, Copy)]
 struct Smem {
     /// Q slot 0.
@@ -162,7 +161,7 @@ impl Smem {
         let words = mask + if MODS { mask_slots * mask_bytes } else { 0 };
         let position = words + 4 * if MODS { STAGES } else { Q_SLOTS };
         let softmax = position + if MODS { POSITION_BYTES } else { 0 };
-        let softmax_bytes = if bias_ring::<MODS, BIAS>() { FWD_WS_PIN_BYTES } else { consumers::<BM>() * 16 };
+        let softmax_bytes = if bias_ring::<MODS, BIAS>() { 0 } else { consumers::<BM>() * 16 };
         let mask_step = if mask_slots == 1 { 0 } else { mask_bytes };
         Self { q, ring, tile_bytes, bias, mask, mask_step, words, position, softmax, bars: softmax + softmax_bytes }
     }
@@ -826,8 +825,8 @@ pub unsafe fn forward<
     }
 }
 
-/// [`consume`] with the softmax state the kernel keeps: in registers beside a bias ring (its sums
-/// pinned to one shared word), else in shared memory.
+/// [`consume`] with the softmax state the kernel keeps: in registers beside a bias ring, else in
+/// shared memory.
 #[inline(always)]
 unsafe fn consume_tile<
     E: Elem,
@@ -852,7 +851,7 @@ unsafe fn consume_tile<
 ) -> u32 {
     unsafe {
         if bias_ring::<MODS, BIAS>() {
-            let softmax = OnlineSoftmax::<1, InRegisters<4>>::in_registers(sm.softmax);
+            let softmax = OnlineSoftmax::<1, InRegisters<4>>::in_registers();
             consume::<E, D, BM, BN, NT, KT, DT, KP, PACKED, MODS, BIAS, PERSISTENT, _>(p, sm, at, q, ring0, ctid, softmax)
         } else {
             let softmax = OnlineSoftmax::<1>::at(sm.softmax, ctid, consumers::<BM>());

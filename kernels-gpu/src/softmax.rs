@@ -35,33 +35,20 @@ impl State for InShared {
 }
 
 /// In registers: `N` = 4 `MT` values, indexed by constants only (every loop over them unrolls).
-/// (The Hopper module's warp-specialised forward keeps its state here beside a bias ring.)
-///
-/// Each running sum is also stored to one shared word, `pin`, that nothing reads. A `wgmma`
-/// wait has no operands ptxas can order register arithmetic against, and with the state in
-/// shared memory the sums' stores kept the consumer's wait for its PV product after the softmax
-/// (they must precede the barrier arrive that follows that wait). Without any store, ptxas moved
-/// the wait and the arrive ahead of the softmax, which then no longer ran under the product
-/// (SASS of the d64 and d128 modifier kernels).
+/// (The Hopper module's warp-specialised forward keeps its state here.)
 #[cfg_attr(not(target_feature = "sm_90a"), allow(dead_code))]
 #[derive(Clone, Copy)]
-pub struct InRegisters<const N: usize> {
-    values: [f32; N],
-    pin: u32,
-}
+pub struct InRegisters<const N: usize>([f32; N]);
 
 impl<const N: usize> State for InRegisters<N> {
     #[inline(always)]
     fn get(&self, j: usize) -> f32 {
-        self.values[j]
+        self.0[j]
     }
 
     #[inline(always)]
     fn set(&mut self, j: usize, v: f32) {
-        self.values[j] = v;
-        if j % 2 == 1 {
-            unsafe { st_shared_u32(self.pin, v.to_bits()) }
-        }
+        self.0[j] = v;
     }
 }
 
@@ -99,12 +86,11 @@ impl<const MT: usize> OnlineSoftmax<MT> {
 
 #[cfg_attr(not(target_feature = "sm_90a"), allow(dead_code))]
 impl<const MT: usize, const N: usize> OnlineSoftmax<MT, InRegisters<N>> {
-    /// A state in registers (not yet [`OnlineSoftmax::reset`]), its sums also stored to the
-    /// shared word at `pin` (see [`InRegisters`]).
+    /// A state in registers (not yet [`OnlineSoftmax::reset`]).
     #[inline(always)]
-    pub fn in_registers(pin: u32) -> Self {
+    pub fn in_registers() -> Self {
         const { assert!(N == 4 * MT) };
-        Self { state: InRegisters { values: [0.0; N], pin } }
+        Self { state: InRegisters([0.0; N]) }
     }
 }
 
