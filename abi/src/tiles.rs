@@ -214,7 +214,7 @@ pub const LAUNCH_BOUNDS: [(&str, u32, u32); 38] = [
     ("dmattn_fwd_sm90_bf16_d64", fwd_ws_lean_threads(64), 1),
     ("dmattn_fwd_sm90_bf16_d64_packed", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_bf16_d64_paged", FWD_WS_THREADS, 1),
-    ("dmattn_fwd_sm90_bf16_d64_mods", FWD_WS_THREADS, 1),
+    ("dmattn_fwd_sm90_bf16_d64_mods", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d64_mask", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_bf16_d64_mods_gather", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d64_mods_packed", 256, FWD_SM90_CTAS_PER_SM),
@@ -222,7 +222,7 @@ pub const LAUNCH_BOUNDS: [(&str, u32, u32); 38] = [
     ("dmattn_fwd_sm90_f16_d64", fwd_ws_lean_threads(64), 1),
     ("dmattn_fwd_sm90_f16_d64_packed", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_f16_d64_paged", FWD_WS_THREADS, 1),
-    ("dmattn_fwd_sm90_f16_d64_mods", FWD_WS_THREADS, 1),
+    ("dmattn_fwd_sm90_f16_d64_mods", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d64_mask", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_f16_d64_mods_gather", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d64_mods_packed", 256, FWD_SM90_CTAS_PER_SM),
@@ -527,7 +527,7 @@ pub const FWD_TILES: [FwdVariants; 6] = [
 /// warpgroup's products, runs under the other two's (FlashAttention-3's d64 shape); packed
 /// batches take [`fwd_ws_packed_tile`].
 pub const FWD_TILES_SM90: [FwdVariants; 2] = [
-    FwdVariants { plain: Some(ws_tile(64, 192, 128)), mods: wgmma_tile(64, 128, 128), mods_ws: Some(ws_mods_tile(64, 128, 128)), mask_ws: Some(ws_mask_tile(64, 128, 128)), gather_narrow: Some(wgmma_tile(64, 64, 128)) },
+    FwdVariants { plain: Some(ws_tile(64, 192, 128)), mods: wgmma_tile(64, 128, 128), mods_ws: None, mask_ws: Some(ws_mask_tile(64, 128, 128)), gather_narrow: Some(wgmma_tile(64, 64, 128)) },
     FwdVariants { plain: Some(ws_tile(128, 128, 128)), mods: wgmma_tile(128, 128, 64), mods_ws: Some(ws_mods_tile(128, 128, 128)), mask_ws: Some(ws_mask_tile(128, 128, 128)), gather_narrow: None },
 ];
 

@@ -332,8 +332,8 @@ macro_rules! fwd_mods_kernel {
 
 #[cfg(target_feature = "sm_90a")]
 fwd_wgmma_kernels! {
-    Bf16, 64: dmattn_fwd_sm90_bf16_d64, dmattn_fwd_sm90_bf16_d64_mods (ws, dmattn_fwd_sm90_bf16_d64_mask), dmattn_fwd_sm90_bf16_d64_mods_gather, dmattn_fwd_sm90_bf16_d64_mods_packed, dmattn_fwd_sm90_bf16_d64_mods_paged, dmattn_fwd_sm90_bf16_d64_mods_gather_narrow;
-    F16, 64: dmattn_fwd_sm90_f16_d64, dmattn_fwd_sm90_f16_d64_mods (ws, dmattn_fwd_sm90_f16_d64_mask), dmattn_fwd_sm90_f16_d64_mods_gather, dmattn_fwd_sm90_f16_d64_mods_packed, dmattn_fwd_sm90_f16_d64_mods_paged, dmattn_fwd_sm90_f16_d64_mods_gather_narrow;
+    Bf16, 64: dmattn_fwd_sm90_bf16_d64, dmattn_fwd_sm90_bf16_d64_mods (wgmma, dmattn_fwd_sm90_bf16_d64_mask), dmattn_fwd_sm90_bf16_d64_mods_gather, dmattn_fwd_sm90_bf16_d64_mods_packed, dmattn_fwd_sm90_bf16_d64_mods_paged, dmattn_fwd_sm90_bf16_d64_mods_gather_narrow;
+    F16, 64: dmattn_fwd_sm90_f16_d64, dmattn_fwd_sm90_f16_d64_mods (wgmma, dmattn_fwd_sm90_f16_d64_mask), dmattn_fwd_sm90_f16_d64_mods_gather, dmattn_fwd_sm90_f16_d64_mods_packed, dmattn_fwd_sm90_f16_d64_mods_paged, dmattn_fwd_sm90_f16_d64_mods_gather_narrow;
     Bf16, 128: dmattn_fwd_sm90_bf16_d128, dmattn_fwd_sm90_bf16_d128_mods (ws, dmattn_fwd_sm90_bf16_d128_mask), dmattn_fwd_sm90_bf16_d128_mods_gather, dmattn_fwd_sm90_bf16_d128_mods_packed, dmattn_fwd_sm90_bf16_d128_mods_paged;
     F16, 128: dmattn_fwd_sm90_f16_d128, dmattn_fwd_sm90_f16_d128_mods (ws, dmattn_fwd_sm90_f16_d128_mask), dmattn_fwd_sm90_f16_d128_mods_gather, dmattn_fwd_sm90_f16_d128_mods_packed, dmattn_fwd_sm90_f16_d128_mods_paged;
 }

@@ -112,7 +112,9 @@ impl WarpScores {
     }
 
     /// The thread's bias pairs as stored (two `E` halves a word), `[h][nt]` for row `8 h + g`,
-    /// to be added to the scores' product by [`WarpScores::add_bias`].
+    /// to be added to the scores' product by [`WarpScores::add_bias`] (the Hopper module's
+    /// warp-specialised forward).
+    #[cfg_attr(not(target_feature = "sm_90a"), allow(dead_code))]
     #[inline(always)]
     pub fn bias_words<const NT: usize>(&self) -> [[u32; NT]; 2] {
         let mut words = [[0; NT]; 2];
@@ -126,6 +128,7 @@ impl WarpScores {
 
     /// Adds the bias pairs `words` ([`WarpScores::bias_words`]) to one 16-row tile of raw score
     /// accumulators, in their units (bias / scale), as [`WarpScores::init`] folds it in.
+    #[cfg_attr(not(target_feature = "sm_90a"), allow(dead_code))]
     #[inline(always)]
     pub fn add_bias<E: Elem, const NT: usize>(s: &mut [[f32; 4]; NT], words: &[[u32; NT]; 2], mods: &Mods) {
         let inv_scale = LOG2E * rcp(mods.scale_log2);
