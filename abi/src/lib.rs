@@ -206,7 +206,8 @@ mod tests {
             assert_eq!(fwd_variants_for(v.mods.head_dim, false), Some(p));
         }
         assert_eq!(fwd_variants_for(96, true), fwd_variants(96));
-        assert!(fwd_variants_for(128, true).unwrap().mods_ws.is_some());
+        assert!(fwd_variants_for(128, true).unwrap().mods_ws.is_some() && !fwd_sm90_two_cta_mods(128));
+        assert!(fwd_variants_for(64, true).unwrap().mods_ws.is_some() && fwd_sm90_two_cta_mods(64));
     }
 
     /// Every warp-specialised forward kernel has launch bounds of its tile's threads and one CTA
@@ -218,7 +219,8 @@ mod tests {
         extern crate std;
         for v in FWD_TILES_SM90 {
             let d = v.mods.head_dim;
-            let ws = [("", v.plain), ("_mods", v.mods_ws), ("_mask", v.mask_ws)];
+            let mods_ws = if fwd_sm90_two_cta_mods(d) { "_mods_ws" } else { "_mods" };
+            let ws = [("", v.plain), (mods_ws, v.mods_ws), ("_mask", v.mask_ws)];
             for (suffix, tile) in ws.into_iter().filter_map(|(s, t)| t.map(|t| (s, t))) {
                 for elem in ["bf16", "f16"] {
                     let name = std::format!("{}{elem}_d{d}{suffix}", names::FWD_WGMMA_PREFIX);

@@ -50,6 +50,11 @@ pub const PACKED_SUFFIX: &str = "_packed";
 /// ([`super::Seqs::block_table`], a packed batch's; its own kernel, without mask tiles: a
 /// branch in the modifier variants spilled them).
 pub const PAGED_SUFFIX: &str = "_paged";
+/// Appended to a Hopper forward kernel's modifier-variant name for its warp-specialised kernel
+/// (the `mods_ws` tile) where the head dim also keeps the two-CTA one for fixed lengths
+/// ([`super::fwd_sm90_two_cta_mods`]: d64, whose calls over few key tiles that one serves).
+/// Elsewhere (d128) the warp-specialised kernel takes the modifier variant's name itself.
+pub const WS_SUFFIX: &str = "_ws";
 /// Appended to a gather variant's name for its narrow tile ([`super::FwdVariants::gather_narrow`]).
 pub const NARROW_SUFFIX: &str = "_narrow";
 /// The narrow gather variants (launch bounds, [`super::LAUNCH_BOUNDS`]).

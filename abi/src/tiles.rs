@@ -204,7 +204,7 @@ const fn bwd_tile_in(tiles: &[BwdTile], head_dim: u32, modifiers: u8) -> Option<
 /// `__launch_bounds__`: (kernel name, threads per block, CTAs per SM to fit). ptxas then keeps
 /// each thread's registers within what that many CTAs leave; the host launches these kernels
 /// with exactly these threads.
-pub const LAUNCH_BOUNDS: [(&str, u32, u32); 38] = [
+pub const LAUNCH_BOUNDS: [(&str, u32, u32); 40] = [
     (names::SELECT_KEYS_16, SELECT_THREADS, select_ctas_per_sm(2)),
     (names::SELECT_KEYS_32, SELECT_THREADS, select_ctas_per_sm(4)),
     (names::FWD_BF16_D64_GATHER_NARROW, 128, GATHER_NARROW_CTAS_PER_SM),
@@ -215,6 +215,7 @@ pub const LAUNCH_BOUNDS: [(&str, u32, u32); 38] = [
     ("dmattn_fwd_sm90_bf16_d64_packed", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_bf16_d64_paged", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_bf16_d64_mods", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_bf16_d64_mods_ws", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_bf16_d64_mask", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_bf16_d64_mods_gather", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_bf16_d64_mods_packed", 256, FWD_SM90_CTAS_PER_SM),
@@ -223,6 +224,7 @@ pub const LAUNCH_BOUNDS: [(&str, u32, u32); 38] = [
     ("dmattn_fwd_sm90_f16_d64_packed", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_f16_d64_paged", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_f16_d64_mods", 256, FWD_SM90_CTAS_PER_SM),
+    ("dmattn_fwd_sm90_f16_d64_mods_ws", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_f16_d64_mask", FWD_WS_THREADS, 1),
     ("dmattn_fwd_sm90_f16_d64_mods_gather", 256, FWD_SM90_CTAS_PER_SM),
     ("dmattn_fwd_sm90_f16_d64_mods_packed", 256, FWD_SM90_CTAS_PER_SM),
@@ -245,6 +247,14 @@ pub const LAUNCH_BOUNDS: [(&str, u32, u32); 38] = [
     ("dmattn_fwd_sm90_f16_d128_mods_paged", 256, FWD_SM90_CTAS_PER_SM),
 ];
 
+/// Whether the Hopper module keeps the two-CTA modifier kernel (the `mods` tile) for fixed-length
+/// calls beside the warp-specialised one (`mods_ws`, named with `names::WS_SUFFIX` there): at d64,
+/// where the second CTA an SM hides the prologue and epilogue of calls over few key tiles (see
+/// the host's `MASK_WS_MIN_KEY_TILES`). d128 has the warp-specialised kernel alone.
+pub const fn fwd_sm90_two_cta_mods(head_dim: u32) -> bool {
+    head_dim == 64
+}
+
 /// Whether the Hopper module has a lean packed-batch forward for `head_dim`
 /// (`dmattn_fwd_sm90_<elem>_d<dim>_packed`, and `.._paged` over paged K/V: packed batches
 /// without mask, bias or softcap, on the warp-specialised kernel; the others run the modifier
@@ -256,8 +266,8 @@ pub const fn fwd_sm90_lean_packed(head_dim: u32) -> bool {
 }
 
 /// CTAs per SM the Hopper forward's 128-row `fwd.rs` tiles are compiled for: the gather, packed
-/// and paged modifier variants, and d64's fixed-length one (the lean variants and d128's
-/// fixed-length modifier one are warp-specialised, one CTA an SM). Each CTA's two warpgroups
+/// and paged modifier variants, and d64's fixed-length one over few key tiles (the lean
+/// variants and the other fixed-length modifier ones are warp-specialised, one CTA an SM). Each CTA's two warpgroups
 /// meet at the same barriers and so reach their products and softmaxes together; a second CTA
 /// on the SM, on its own schedule, keeps the tensor cores busy through one CTA's softmax (one
 /// CTA per SM, at 166-188 registers, was slower than `mma.sync`: H100, b2 h32 hk8 8K, d64
@@ -443,10 +453,11 @@ pub struct FwdVariants {
     pub mods: FwdTile,
     /// The modifier variant's warp-specialised tile for fixed-length calls that gather nothing
     /// (the Hopper module; the query rows of `mods`, so the same work order; keys split in its
-    /// own tiles). d128 only, on 128-key tiles since 2026-11-28 (one mask slot beside the bias
-    /// ring: 50 % blocks + bias 8K 3.64 -> 2.75 ms on an H200, against 64-key tiles): at d64 it
-    /// was no faster (H100, b2 h32 hk8 8K, same-run A/B: 50 % blocks 1.86 -> 1.89 ms, + bias
-    /// 2.56 -> 2.56, causal + bias 2.66 -> 2.81), where at d128 it gained 3-7 %.
+    /// own tiles), on 128-key tiles with a bias ring (50 % blocks + bias 8K 3.64 -> 2.75 ms on an
+    /// H200 at d128, against 64-key tiles). At d64 it serves calls over many key tiles, beside
+    /// the two-CTA kernel of `mods` ([`fwd_sm90_two_cta_mods`]): b2 h32 hk8 8K, 50 % blocks + a
+    /// `[b, 1, s, s]` bias 2.60 -> 2.18 ms, Flash-DMA's training row at 16K 0.94 -> 0.83 (H200,
+    /// same-run A/B; on 64-key tiles it was no faster, H100, 2026-11-27).
     pub mods_ws: Option<FwdTile>,
     /// The warp-specialised kernel for fixed-length calls with a mask alone (no bias or softcap)
     /// that neither gather nor split their keys (the Hopper module): the lean tile's 128-key
@@ -527,7 +538,7 @@ pub const FWD_TILES: [FwdVariants; 6] = [
 /// warpgroup's products, runs under the other two's (FlashAttention-3's d64 shape); packed
 /// batches take [`fwd_ws_packed_tile`].
 pub const FWD_TILES_SM90: [FwdVariants; 2] = [
-    FwdVariants { plain: Some(ws_tile(64, 192, 128)), mods: wgmma_tile(64, 128, 128), mods_ws: None, mask_ws: Some(ws_mask_tile(64, 128, 128)), gather_narrow: Some(wgmma_tile(64, 64, 128)) },
+    FwdVariants { plain: Some(ws_tile(64, 192, 128)), mods: wgmma_tile(64, 128, 128), mods_ws: Some(ws_mods_tile(64, 128, 128)), mask_ws: Some(ws_mask_tile(64, 128, 128)), gather_narrow: Some(wgmma_tile(64, 64, 128)) },
     FwdVariants { plain: Some(ws_tile(128, 128, 128)), mods: wgmma_tile(128, 128, 64), mods_ws: Some(ws_mods_tile(128, 128, 128)), mask_ws: Some(ws_mask_tile(128, 128, 128)), gather_narrow: None },
 ];
 

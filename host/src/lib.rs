@@ -87,4 +87,4 @@ pub use seqlens::SeqLens;
 pub use sparse::{PreparedMask, SparseMask, force_per_query_lists};
 pub use tensor::{Layout, Tensor, set_output_poisoning};
 #[doc(hidden)]
-pub use cuda::{force_backward_placement, force_backward_query_split, force_forward_mask_only, force_forward_persistent_ctas, force_decode_ctas_per_sm, force_decode_order, force_gather_query_chunks, force_select_launches, force_wide_selection};
+pub use cuda::{force_backward_placement, force_backward_query_split, force_forward_warp_specialised, force_forward_persistent_ctas, force_decode_ctas_per_sm, force_decode_order, force_gather_query_chunks, force_select_launches, force_wide_selection};

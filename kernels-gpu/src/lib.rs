@@ -319,13 +319,14 @@ macro_rules! fwd_wgmma_kernels {
 }
 
 /// The Hopper fixed-length modifier kernel: warp-specialised (`ws`, where `FWD_TILES_SM90` has a
-/// `mods_ws` tile) or the `wgmma` forward at two CTAs an SM (`wgmma`).
+/// `mods_ws` tile) or the `wgmma` forward at two CTAs an SM (`wgmma`; at d64 beside the
+/// warp-specialised one, `.._mods_ws`, see `fwd_sm90_two_cta_mods`).
 macro_rules! fwd_mods_kernel {
     (ws $name:ident, $elem:ty, $d:literal) => {
         fwd_ws_kernel!(mods $name, $elem, $d);
     };
     (wgmma $name:ident, $elem:ty, $d:literal) => {
-        const _: () = assert!(sm90_variants($d).mods_ws.is_none());
+        const _: () = assert!(sm90_variants($d).mods_ws.is_none() || dmattn_abi::fwd_sm90_two_cta_mods($d));
         fwd_kernels!(@one $name, $elem, $d, sm90_variants($d).mods, true, false, false, false);
     };
 }
@@ -337,6 +338,12 @@ fwd_wgmma_kernels! {
     Bf16, 128: dmattn_fwd_sm90_bf16_d128, dmattn_fwd_sm90_bf16_d128_mods (ws, dmattn_fwd_sm90_bf16_d128_mask), dmattn_fwd_sm90_bf16_d128_mods_gather, dmattn_fwd_sm90_bf16_d128_mods_packed, dmattn_fwd_sm90_bf16_d128_mods_paged;
     F16, 128: dmattn_fwd_sm90_f16_d128, dmattn_fwd_sm90_f16_d128_mods (ws, dmattn_fwd_sm90_f16_d128_mask), dmattn_fwd_sm90_f16_d128_mods_gather, dmattn_fwd_sm90_f16_d128_mods_packed, dmattn_fwd_sm90_f16_d128_mods_paged;
 }
+
+// d64's warp-specialised modifier kernel, beside its two-CTA one (`fwd_sm90_two_cta_mods`).
+#[cfg(target_feature = "sm_90a")]
+fwd_ws_kernel!(mods dmattn_fwd_sm90_bf16_d64_mods_ws, Bf16, 64);
+#[cfg(target_feature = "sm_90a")]
+fwd_ws_kernel!(mods dmattn_fwd_sm90_f16_d64_mods_ws, F16, 64);
 
 /// The Hopper module's lean packed-batch forward (`dmattn_fwd_sm90_<elem>_d<dim>_packed`) and
 /// its paged-K/V kernel (`.._paged`), both on `fwd_ws_packed_tile`: the same products, so paged

@@ -23,16 +23,18 @@ fn lean_forward_matches_reference() {
     });
 }
 
-/// Every modifier (mask, bias, softcap, causal) at d64 and d128, up to 600 keys: on Hopper at
-/// d128 the warp-specialised modifier kernel, whose producer walks the block map and passes each
-/// tile to the consumers through a two-slot ring, and its mask bits through one slot (up to
-/// three 128-key tiles a CTA here, the keys of small grids being split; see
-/// `shared_bias_heads_first` for more).
+/// Every modifier (mask, bias, softcap, causal) at d64 and d128, up to 600 keys: on Hopper the
+/// warp-specialised modifier kernel, whose producer walks the block map and passes each tile to
+/// the consumers through a two-slot ring, and its mask bits through one slot (up to three
+/// 128-key tiles a CTA here, the keys of small grids being split; see `shared_bias_heads_first`
+/// for more). At d64 the plan takes it only over many key tiles: half the d64 cases force it,
+/// half the two-CTA kernel.
 #[test]
 fn modifier_forward_matches_reference() {
     let Some(gpu) = gpu() else { return };
     gpu_property(2000, 600, |(case, seed)| {
         let head_dim = if seed % 2 == 0 { 64 } else { 128 };
+        dmattn::force_forward_warp_specialised(Some(seed % 4 == 0));
         let case = Case { head_dim, ..case };
         check_gpu_forward(&case, ForwardPath::Fused, &gpu, &case.inputs(&mut seeded_rng(seed)))
     });
@@ -45,7 +47,7 @@ fn modifier_forward_matches_reference() {
 #[test]
 fn mask_only_forward_matches_reference() {
     let Some(gpu) = gpu() else { return };
-    dmattn::force_forward_mask_only(Some(true));
+    dmattn::force_forward_warp_specialised(Some(true));
     gpu_property(2000, 600, |(case, seed)| {
         let mask = case.mask.or(Some([case.batch, case.kv_heads, case.seqlen_q, case.seqlen_k]));
         // d64 and d128: the head dims with a mask-only kernel on Hopper.
@@ -63,8 +65,9 @@ fn mask_only_forward_matches_reference() {
 fn each_forward_kernel() {
     let Some(gpu) = gpu() else { return };
     let mut rng = fresh_rng("each_forward_kernel");
-    // (At d64 the plan takes the mask-only kernel only over many key tiles.)
-    dmattn::force_forward_mask_only(Some(true));
+    // (At d64 the plan takes the warp-specialised kernels only over many key tiles; the
+    // modifier case runs there on both kernels.)
+    dmattn::force_forward_warp_specialised(Some(true));
     for head_dim in [32, 64, 96, 128, 192, 256] {
         for dtype in [DType::BF16, DType::F16] {
             let plain = Case { dtype, causal: true, ..Case::new(1, 150, 170, 4, 2, head_dim) };
@@ -73,22 +76,31 @@ fn each_forward_kernel() {
             let masked = Case { mask: Some([1, 2, 150, 170]), ..plain.clone() };
             let gathered = Case { mask: Some([1, 2, 1, 170]), mask_pattern: MaskPattern::Random(0.3), bias: Some([1, 2, 1, 170]), ..plain.clone() };
             let decode = Case { dtype, bias: Some([1, 2, 1, 3000]), ..Case::new(1, 1, 3000, 4, 2, head_dim) };
-            for case in [plain, mods, masked, gathered, decode] {
+            for case in [plain, mods.clone(), masked, gathered, decode] {
                 check_gpu_forward(&case, ForwardPath::Fused, &gpu, &case.inputs(&mut rng)).unwrap_or_else(|e| panic!("{case:?}: {e}"));
+            }
+            if head_dim == 64 {
+                dmattn::force_forward_warp_specialised(Some(false));
+                check_gpu_forward(&mods, ForwardPath::Fused, &gpu, &mods.inputs(&mut rng)).unwrap_or_else(|e| panic!("{mods:?}: {e}"));
+                dmattn::force_forward_warp_specialised(Some(true));
             }
         }
     }
 }
 
-/// A per-query bias the heads share (`[1, 1 | hk, sq, sk]`) over more CTAs than an SM count: at
-/// d128 the plan runs such grids heads fastest (`FwdParams` flag `HEADS_FIRST`), each CTA finding
+/// A per-query bias the heads share (`[1, 1 | hk, sq, sk]`) over more CTAs than an SM count: on
+/// the warp-specialised modifier kernel (d64 and d128) the plan runs such grids heads fastest (`FwdParams` flag `HEADS_FIRST`), each CTA finding
 /// its query tile and head from its linear index; with a mask, causal or a softcap beside it, on
-/// every forward kernel that takes a bias. At d128 a longer case walks 4-5 key tiles a CTA (two
-/// key splits), so the one mask slot beside the bias ring turns over with each parity twice.
+/// every forward kernel that takes a bias. At d64 and d128 a longer case walks 4-5 key tiles a
+/// CTA (two key splits), so the one mask slot beside the bias ring turns over with each parity
+/// twice.
 #[test]
 fn shared_bias_heads_first() {
     let Some(gpu) = gpu() else { return };
     let mut rng = fresh_rng("shared_bias_heads_first");
+    // At d64 the warp-specialised modifier kernel (heads first), which the plan takes only over
+    // many key tiles.
+    dmattn::force_forward_warp_specialised(Some(true));
     for head_dim in [64, 128, 96] {
         for (i, dtype) in [DType::BF16, DType::F16].into_iter().enumerate() {
             // 5 query tiles x 32 heads: 160 CTAs.
@@ -100,7 +112,7 @@ fn shared_bias_heads_first() {
                 Case { bias: Some([1, 8, sq, sk]), causal: true, ..base.clone() },
                 Case { bias: Some([1, 1, sq, sk]), mask: Some([1, 8, sq, sk]), mask_pattern: MaskPattern::Blocks(0.5), softcap: 15.0, ..base.clone() },
             ];
-            if head_dim == 128 {
+            if head_dim != 96 {
                 let sk = long.seqlen_k;
                 cases.push(Case { bias: Some([1, 1, sq, sk]), mask: Some([1, 1, sq, sk]), mask_pattern: MaskPattern::Random(0.6), ..long });
             }

@@ -240,14 +240,17 @@ fn key_splits(sms: u32, d: &Dims, block_m: u32, block_n: u32) -> (u32, u32) {
     (k_tiles.div_ceil(per_split) as u32, per_split as u32)
 }
 
-/// Key tiles (of the mask-only kernel's 128 keys) a call must span for that one-CTA-an-SM kernel
-/// to beat a two-CTA modifier kernel (d64), whose second CTA hides its short rows' prologue and
-/// epilogue (H200, 50 % masks: 2 tiles 0.34 -> 0.42 ms, 9 level, 16-32 6-10 % faster). Where the
-/// modifier kernel is warp-specialised too (d128) the mask-only one always serves.
-const MASK_WS_MIN_KEY_TILES: usize = 16;
+/// Key tiles (of the warp-specialised kernels' 128 keys) a call must span for those one-CTA-an-SM
+/// kernels (mask-only, or with every modifier) to beat the two-CTA modifier kernel where one
+/// serves fixed lengths (d64, `fwd_sm90_two_cta_mods`), whose second CTA hides its short rows'
+/// prologue and epilogue (H200, 50 % masks: 2 tiles 0.34 -> 0.42 ms, 9 level, 16-32 6-10 %
+/// faster). Elsewhere (d128) the warp-specialised kernels always serve.
+const WS_MIN_KEY_TILES: usize = 16;
 
-fn mask_ws_pays(variants: &FwdVariants, mask_ws: FwdTile, d: &Dims) -> bool {
-    variants.mods_ws.is_some() || d.seqlen_k.div_ceil(mask_ws.block_n as usize) >= MASK_WS_MIN_KEY_TILES
+/// Whether the warp-specialised tile `ws` pays for a fixed-length call (`forced`: the testing
+/// hook's answer where there is a two-CTA kernel to weigh it against).
+fn ws_pays(ws: FwdTile, d: &Dims, forced: Option<bool>) -> bool {
+    !dmattn_abi::fwd_sm90_two_cta_mods(d.head_dim as u32) || forced.unwrap_or(d.seqlen_k.div_ceil(ws.block_n as usize) >= WS_MIN_KEY_TILES)
 }
 
 /// The query rows a row pass walks: `[batch, seqlen_q]`, or a packed batch's `[1, total_q]`.
@@ -389,9 +392,10 @@ pub(crate) fn fwd_plan(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: FwdMask) -
 /// The forward's plan for `p` on `gpu`. `bulk_copies`: whether the Hopper lean fixed-length
 /// kernel may run, whose producer copies Q, K and V by the bulk tensor copy engine through
 /// tensor maps written per call: not where an operand has none (`tma::TileMap::of`: a
-/// broadcast dimension). The modifier kernel then serves the lean call. `forced_mask_only`
-/// overrides whether the mask-only kernel pays where it may run ([`force_forward_mask_only`]).
-pub(crate) fn fwd_plan_copying(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: FwdMask, bulk_copies: bool, forced_mask_only: Option<bool>) -> Result<FwdPlan> {
+/// broadcast dimension). The modifier kernel then serves the lean call. `forced_ws` overrides
+/// whether the one-CTA-an-SM warp-specialised kernels (mask-only, or with every modifier) pay
+/// where the plan weighs them against a two-CTA one ([`force_forward_warp_specialised`]).
+pub(crate) fn fwd_plan_copying(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: FwdMask, bulk_copies: bool, forced_ws: Option<bool>) -> Result<FwdPlan> {
     let d = p.dims;
     let Gpu { sms, l2_bytes, wgmma } = gpu;
     let variants = fwd_variants_for(d.head_dim as u32, wgmma).ok_or_else(|| unsupported_head_dim(d.head_dim))?;
@@ -406,7 +410,7 @@ pub(crate) fn fwd_plan_copying(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: Fw
     // the modifier tile's.
     let split_tile = match variants.mods_ws {
         _ if gathered => gather_tile,
-        Some(ws) if p.seqs.is_none() => ws,
+        Some(ws) if p.seqs.is_none() && ws_pays(ws, &d, forced_ws) => ws,
         None | Some(_) => variants.mods,
     };
     let (splits, split_tiles) = key_splits(sms, &d, split_tile.block_m, split_tile.block_n);
@@ -418,13 +422,13 @@ pub(crate) fn fwd_plan_copying(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: Fw
     // beyond, the modifier kernel serves (no tensors that large fit on a GPU today).
     let query_tiles = |block_m: u32| d.seqlen_q.div_ceil(block_m as usize) as u64 * (d.heads * d.batch) as u64;
     let bulk_copies = bulk_copies && variants.plain.is_none_or(|t| query_tiles(t.block_m) < 1 << 31);
-    // Fixed lengths on Hopper, where it has one (d128): the warp-specialised modifier kernel
-    // (the modifier tile's query rows, so the same work order).
+    // Fixed lengths on Hopper: the warp-specialised modifier kernel (the modifier tile's query
+    // rows, so the same work order), at d64 over enough key tiles (`ws_pays`).
     // A mask alone, unsplit: the mask-only kernel, where there is one (its 128-key tiles; the
     // same query rows as the modifier tile, so the same work order).
     let mods_tile = match (variants.mods_ws, variants.mask_ws) {
-        (_, Some(ws)) if p.seqs.is_none() && modifiers_of(p) == modifiers::MASK && splits == 1 && forced_mask_only.unwrap_or_else(|| mask_ws_pays(&variants, ws, &d)) => ws,
-        (Some(ws), _) if p.seqs.is_none() => ws,
+        (_, Some(ws)) if p.seqs.is_none() && modifiers_of(p) == modifiers::MASK && splits == 1 && forced_ws.unwrap_or_else(|| ws_pays(ws, &d, None)) => ws,
+        (Some(ws), _) if p.seqs.is_none() && ws_pays(ws, &d, forced_ws) => ws,
         _ => variants.mods,
     };
     let (tile, mods) = match variants.plain {
@@ -443,6 +447,9 @@ pub(crate) fn fwd_plan_copying(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: Fw
         (true, false) => modifiers::ALL,
     };
     let mut kernel = kernel_name(prefix, elem, d.head_dim, variant);
+    if Some(tile) == variants.mods_ws && dmattn_abi::fwd_sm90_two_cta_mods(d.head_dim as u32) {
+        kernel += dmattn_abi::names::WS_SUFFIX;
+    }
     // A packed batch: the variant's packed kernel, or over paged K/V its paged one (the
     // fixed-length kernels hold no sequence bounds).
     if p.seqs.is_some() {
@@ -462,11 +469,11 @@ pub(crate) fn fwd_plan_copying(gpu: Gpu, p: &Problem, elem: DeviceElem, mask: Fw
     // a wave.
     let swappable = splits == 1 && grid.0 as u64 * grid.1 as u64 > sms as u64;
     // A per-query bias that heads share (broadcast over heads or kv groups), on the
-    // warp-specialised modifier kernel (d128): heads fastest, so that the CTAs reading a bias
-    // tile run together and it comes from DRAM once rather than once a head
-    // (`bias_heads_first`), in place of a work order. Same-run A/B (H200, b2 h32 hk8, 50 %
-    // blocks + a `[b, 1, s, s]` bias): d128 4K / 8K / 16K 3 / 3 / 6.5 % faster; the d64 two-CTA
-    // kernel 3 % slower at 4K, level at 8K, so it keeps its order.
+    // warp-specialised modifier kernel: heads fastest, so that the CTAs reading a bias tile run
+    // together and it comes from DRAM once rather than once a head (`bias_heads_first`), in
+    // place of a work order. Same-run A/B (H200, b2 h32 hk8, 50 % blocks + a `[b, 1, s, s]`
+    // bias): d128 4K / 8K / 16K 3 / 3 / 6.5 % faster; the d64 two-CTA kernel 3 % slower at 4K,
+    // level at 8K, so it keeps its order.
     let bias_first = mods && tile.producer && !gathered && swappable && bias_heads_first(p);
     let ordered = splits == 1 && mods && !bias_first && (mask == FwdMask::Prepared && order_pays(sms, l2_bytes, &d, grid) || packed_pays);
     let heads_first = bias_first || (gathered && swappable);
@@ -512,7 +519,7 @@ pub(crate) fn forward(dev: &CudaDevice, p: Problem, saved: Saved, into: ForwardB
     }
     let mask = if device_mask(&saved).is_some() { FwdMask::Prepared } else { FwdMask::None };
     let bulk_copies = tensor_maps_exist(&p, &saved)?;
-    let mut plan = fwd_plan_copying(dev.gpu(), &p, elem, mask, bulk_copies, FORCED_MASK_ONLY.with(|f| f.get()))?;
+    let mut plan = fwd_plan_copying(dev.gpu(), &p, elem, mask, bulk_copies, FORCED_WS.with(|f| f.get()))?;
     if let Some(ctas) = FORCED_PERSISTENT_CTAS.with(|f| f.get())
         && plan.ctas > 0
     {
@@ -915,16 +922,17 @@ fn bwd_q_split_shift(sms: u32, batch: usize, ctas: u64, m_tiles: usize) -> u32 {
 }
 
 std::thread_local! {
-    static FORCED_MASK_ONLY: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+    static FORCED_WS: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
 }
 
-/// Testing hook: while `Some(on)`, a forward this thread runs that may take a mask-only kernel
-/// (a mask alone, fixed lengths, keys not split) does (`true`) or does not, however few key tiles
-/// it spans (see `MASK_WS_MIN_KEY_TILES`), so that small problems exercise that kernel; `None`:
-/// the plan's own choice.
+/// Testing hook: while `Some(on)`, a fixed-length forward this thread runs that may take a
+/// one-CTA-an-SM warp-specialised kernel in place of a two-CTA one (the mask-only kernel for a
+/// mask alone with its keys not split; at d64 the modifier one) does (`true`) or does not,
+/// however few key tiles it spans (see `WS_MIN_KEY_TILES`), so that small problems exercise
+/// those kernels; `None`: the plan's own choice.
 #[doc(hidden)]
-pub fn force_forward_mask_only(on: Option<bool>) {
-    FORCED_MASK_ONLY.with(|f| f.set(on));
+pub fn force_forward_warp_specialised(on: Option<bool>) {
+    FORCED_WS.with(|f| f.set(on));
 }
 
 std::thread_local! {
@@ -1459,18 +1467,19 @@ mod tests {
                 let (portable, hopper) = (fwd_plan(A100_LIKE, &p, DeviceElem::Bf16, mask).unwrap(), fwd_plan(H100, &p, DeviceElem::Bf16, mask).unwrap());
                 let wgmma = matches!(head_dim, 64 | 128);
                 assert_eq!(hopper.tile.wgmma, wgmma);
-                let expected = if wgmma { portable.kernel.replace("dmattn_fwd_", "dmattn_fwd_sm90_") } else { portable.kernel.clone() };
-                assert_eq!(hopper.kernel, expected);
-                // The lean calls, and at d128 the fixed-length modifier ones that gather nothing,
-                // run the warp-specialised kernels (the lean one on its own tile); the others the
-                // portable tile shapes.
+                // The lean calls, and the fixed-length modifier ones that gather nothing (at d64
+                // over many key tiles, as here), run the warp-specialised kernels (the lean one
+                // on its own tile); the others the portable tile shapes.
                 let lean = !bias && mask == FwdMask::None;
-                let ws_mods = head_dim == 128 && !lean && mask != FwdMask::Gathered;
+                let ws_mods = wgmma && !lean && mask != FwdMask::Gathered;
+                let ws_suffix = if ws_mods && head_dim == 64 { dmattn_abi::names::WS_SUFFIX } else { "" };
+                let expected = if wgmma { portable.kernel.replace("dmattn_fwd_", "dmattn_fwd_sm90_") + ws_suffix } else { portable.kernel.clone() };
+                assert_eq!(hopper.kernel, expected);
                 assert_eq!(hopper.ordered, portable.ordered);
                 // Keys split in the launched kernel's tiles: at d128 the warp-specialised
-                // modifier kernel's 128 keys, twice the portable tile's.
+                // modifier kernel's 128 keys, twice the portable tile's (d64's are the same).
                 let key_tiles = |plan: &FwdPlan| (plan.splits, plan.split_tiles * plan.tile.block_n);
-                if ws_mods {
+                if ws_mods && head_dim == 128 {
                     assert_eq!((hopper.tile.block_n, portable.tile.block_n), (128, 64));
                     assert!(hopper.splits <= portable.splits && hopper.splits as usize * hopper.split_tiles as usize * 128 >= d.seqlen_k, "{hopper:?}");
                     if d.seqlen_q == 1 {
@@ -1507,11 +1516,11 @@ mod tests {
             let (mask, mods) = (plan(H100, &big), plan(H100, &masked(dims(2, 8, 8192, 8192), true)));
             let name = format!("dmattn_fwd_sm90_bf16_d{head_dim}");
             assert_eq!((mask.kernel.clone(), mask.tile.block_n, mask.tile.mask_only), (format!("{name}_mask"), 128, true));
-            assert_eq!(mods.kernel, format!("{name}_mods"));
+            assert_eq!(mods.kernel, format!("{name}_mods{}", if head_dim == 64 { "_ws" } else { "" }));
             assert_eq!((mask.grid, mask.splits, mask.ordered, mask.tile.block_m), (mods.grid, 1, mods.ordered, mods.tile.block_m));
             assert!(mask.tile.smem_bytes() <= 227 * 1024);
             let split = plan(H100, &masked(dims(1, 2, 64, 1 << 16), false));
-            assert!(split.splits > 1 && split.kernel.ends_with("_mods"), "{split:?}");
+            assert!(split.splits > 1 && split.kernel.ends_with(if head_dim == 64 { "_mods_ws" } else { "_mods" }), "{split:?}");
             assert_eq!(plan(A100_LIKE, &big).kernel, format!("dmattn_fwd_bf16_d{head_dim}_mods"));
             // Few key tiles (a 16K x 256 compressed pattern): d128 keeps the mask-only kernel.
             let short = plan(H100, &masked(dims(2, 8, 16384, 256), false));
@@ -1524,13 +1533,15 @@ mod tests {
     }
 
     /// A per-query bias that heads share runs heads fastest (no work order) on the
-    /// warp-specialised modifier kernel (d128); a bias per head, a key-side one, a grid of one
-    /// wave, a split call or the d64 two-CTA kernel keep their order.
+    /// warp-specialised modifier kernel (d128; d64 over many key tiles); a bias per head, a
+    /// key-side one, a grid of one wave, a split call or the d64 two-CTA kernel keep their order.
     #[test]
     fn shared_bias_runs_heads_first() {
         let d = Dims { kv_heads: 8, head_dim: 128, ..dims(2, 32, 4096, 4096) };
-        let d64 = Problem { mask: Some([1, 1]), bias: Some([2, 1, 4096, 4096]), ..problem(Dims { head_dim: 64, ..d }, dmattn_abi::Band::ALL, false) };
-        assert!(!fwd_plan(H100, &d64, DeviceElem::Bf16, FwdMask::Prepared).unwrap().heads_first);
+        let d64 = |sk| Problem { mask: Some([1, 1]), bias: Some([2, 1, 4096, sk]), ..problem(Dims { head_dim: 64, seqlen_k: sk, ..d }, dmattn_abi::Band::ALL, false) };
+        let d64_plan = |sk| fwd_plan(H100, &d64(sk), DeviceElem::Bf16, FwdMask::Prepared).unwrap();
+        assert!(d64_plan(4096).heads_first && d64_plan(4096).kernel.ends_with("_mods_ws"));
+        assert!(!d64_plan(1024).heads_first && d64_plan(1024).kernel.ends_with("_mods"));
         let plan = |d: Dims, bias: [usize; 4]| {
             let p = Problem { mask: Some([1, 1]), bias: Some(bias), ..problem(d, dmattn_abi::Band::ALL, false) };
             fwd_plan(H100, &p, DeviceElem::Bf16, FwdMask::Prepared).unwrap()
@@ -1576,7 +1587,8 @@ mod tests {
             let p = problem(Dims { head_dim, ..dims(2, 8, 4096, 4096) }, dmattn_abi::Band::CAUSAL, false);
             let (bulk, copying) = (fwd_plan(H100, &p, DeviceElem::Bf16, FwdMask::None).unwrap(), fwd_plan_copying(H100, &p, DeviceElem::Bf16, FwdMask::None, false, None).unwrap());
             assert!(bulk.tma && !copying.tma, "{copying:?}");
-            assert_eq!(copying.kernel, format!("dmattn_fwd_sm90_bf16_d{head_dim}_mods"));
+            // (At d64 over this many key tiles, the warp-specialised modifier kernel.)
+            assert_eq!(copying.kernel, format!("dmattn_fwd_sm90_bf16_d{head_dim}_mods{}", if head_dim == 64 { "_ws" } else { "" }));
             assert_eq!((copying.splits, copying.ordered), (1, false));
             let ampere = fwd_plan_copying(A100_LIKE, &p, DeviceElem::Bf16, FwdMask::None, false, None).unwrap();
             assert_eq!(ampere, fwd_plan(A100_LIKE, &p, DeviceElem::Bf16, FwdMask::None).unwrap());
