@@ -250,7 +250,7 @@ pub const LAUNCH_BOUNDS: [(&str, u32, u32); 40] = [
 /// Whether the Hopper module keeps the two-CTA modifier kernel (the `mods` tile) for fixed-length
 /// calls beside the warp-specialised one (`mods_ws`, named with `names::WS_SUFFIX` there): at d64,
 /// where the second CTA an SM hides the prologue and epilogue of calls over few key tiles (see
-/// the host's `MASK_WS_MIN_KEY_TILES`). d128 has the warp-specialised kernel alone.
+/// the host's `WS_MIN_KEY_TILES`). d128 has the warp-specialised kernel alone.
 pub const fn fwd_sm90_two_cta_mods(head_dim: u32) -> bool {
     head_dim == 64
 }

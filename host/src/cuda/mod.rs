@@ -31,7 +31,7 @@ use crate::sparse::MaskData;
 use std::sync::Arc;
 use dmattn_abi::{
     BwdParams, BwdSharesParams, BwdTile, BwdPreParams, CombineParams, ConvertParams, DeviceElem, DqConvertParams, FwdParams, FwdTile, KeyLists, ORDER_SMEM_BYTES, ORDER_WARPS, OrderParams,
-    PRE_THREADS, QueryRows, Seqs, View4, bwd_split_kernel, bwd_splits, bwd_tile, flags, fwd_variants_for, modifiers, FwdVariants,
+    PRE_THREADS, QueryRows, Seqs, View4, bwd_split_kernel, bwd_splits, bwd_tile, flags, fwd_variants_for, modifiers,
 };
 use launch::{Launch, launch};
 
