@@ -38,6 +38,7 @@ fn modifier_forward_matches_reference() {
         let case = Case { head_dim, ..case };
         check_gpu_forward(&case, ForwardPath::Fused, &gpu, &case.inputs(&mut seeded_rng(seed)))
     });
+    dmattn::force_forward_warp_specialised(None);
 }
 
 /// A mask alone (no bias or softcap) at d64 and d128, up to 600 keys: on Hopper the mask-only kernel
@@ -55,6 +56,7 @@ fn mask_only_forward_matches_reference() {
         let case = Case { mask, bias: None, softcap: 0.0, head_dim, ..case };
         check_gpu_forward(&case, ForwardPath::Fused, &gpu, &case.inputs(&mut seeded_rng(seed)))
     });
+    dmattn::force_forward_warp_specialised(None);
 }
 
 /// A small case of each forward kernel the call can pick (every head dim and element type; the
@@ -86,11 +88,13 @@ fn each_forward_kernel() {
             }
         }
     }
+    dmattn::force_forward_warp_specialised(None);
 }
 
 /// A per-query bias the heads share (`[1, 1 | hk, sq, sk]`) over more CTAs than an SM count: on
-/// the warp-specialised modifier kernel (d64 and d128) the plan runs such grids heads fastest (`FwdParams` flag `HEADS_FIRST`), each CTA finding
-/// its query tile and head from its linear index; with a mask, causal or a softcap beside it, on
+/// the warp-specialised modifier kernel (d64 and d128) the plan runs such grids heads fastest
+/// (`FwdParams` flag `HEADS_FIRST`), each CTA finding its query tile and head from its linear
+/// index; with a mask, causal or a softcap beside it, on
 /// every forward kernel that takes a bias. At d64 and d128 a longer case walks 4-5 key tiles a
 /// CTA (two key splits), so the one mask slot beside the bias ring turns over with each parity
 /// twice.
@@ -121,6 +125,7 @@ fn shared_bias_heads_first() {
             }
         }
     }
+    dmattn::force_forward_warp_specialised(None);
 }
 
 /// q, k, v as views into one packed `[b, s, 3, h, d]` buffer (a fused QKV projection's output):
