@@ -75,10 +75,11 @@ unsafe fn load_key_pos<const BN: usize>(b: &BlockInfo, sm: &Smem, n: u32, keys_e
 }
 
 /// Starts copying K or V rows of key tile `n` (`keys` of them valid) into `tile`: consecutive
-/// rows from `base` (`row` bytes apart), or in the gather variant the rows of the tile's keys
-/// (its positions' slot, landed).
+/// rows from `base` (`row` bytes apart; `fast`: see [`load_k_side`]), or in the gather variant
+/// the rows of the tile's keys (its positions' slot, landed).
 #[inline(always)]
-unsafe fn load_kv<const D: usize, const BN: usize, const GATHER: bool>(sm: &Smem, tile: SmemTile, base: u64, row: u64, n: u32, keys: u32, tid: u32, threads: u32) {
+#[allow(clippy::too_many_arguments)]
+unsafe fn load_kv<const D: usize, const BN: usize, const GATHER: bool>(sm: &Smem, tile: SmemTile, base: u64, row: u64, n: u32, keys: u32, tid: u32, threads: u32, fast: bool) {
     let col0 = n * BN as u32;
     if GATHER {
         let slot = sm.key_pos_of::<BN>(n);
@@ -86,7 +87,14 @@ unsafe fn load_kv<const D: usize, const BN: usize, const GATHER: bool>(sm: &Smem
         let row = row as u32 as u64;
         unsafe { tile.load_rows_async(|r| base + ld_shared_u32(slot + 4 * r) as u64 * row, keys, tid, threads) };
     } else {
-        unsafe { tile.load_async(base + col0 as u64 * row, row, keys, (D * 2) as u32, tid, threads) };
+        let (src, bytes) = (base + col0 as u64 * row, (D * 2) as u32);
+        unsafe {
+            if fast {
+                tile.load_async_fast(src, row, keys, bytes, tid, threads);
+            } else {
+                tile.load_async(src, row, keys, bytes, tid, threads);
+            }
+        }
     }
 }
 
@@ -119,6 +127,8 @@ unsafe fn load_bias_at_keys<const BN: usize>(sm: &Smem, row: u64, key_stride: u6
 
 /// Starts the copies of key tile `tile`'s K and the bias and packed-mask tiles that go with it
 /// (no mask copy for a full tile), keys from `keys_end` on zero-filled. All threads call this.
+/// `fast`: whole K and bias tiles by `SmemTile::load_async_fast` (the warp-specialised
+/// producers; the kernels whose every thread copies spilled with it).
 #[inline(always)]
 pub unsafe fn load_k_side<const D: usize, const BM: usize, const BN: usize, const GATHER: bool, const PACKED: bool, const PAGED: bool>(
     b: &BlockInfo,
@@ -128,6 +138,7 @@ pub unsafe fn load_k_side<const D: usize, const BM: usize, const BN: usize, cons
     keys_end: u32,
     tid: u32,
     threads: u32,
+    fast: bool,
 ) {
     let p = b.p;
     let col0 = tile.n * BN as u32;
@@ -135,7 +146,7 @@ pub unsafe fn load_k_side<const D: usize, const BM: usize, const BN: usize, cons
     if PAGED {
         unsafe { load_kv_paged::<BN>(b, sm.k, &p.k, tile.n, keys, tid, threads) };
     } else {
-        unsafe { load_kv::<D, BN, GATHER>(sm, sm.k, b.k(), 2 * p.k.stride[1], tile.n, keys, tid, threads) };
+        unsafe { load_kv::<D, BN, GATHER>(sm, sm.k, b.k(), 2 * p.k.stride[1], tile.n, keys, tid, threads, fast) };
     }
     if mods.bias {
         let s = p.bias.stride;
@@ -150,7 +161,12 @@ pub unsafe fn load_k_side<const D: usize, const BM: usize, const BN: usize, cons
             } else if p.flags & flags::BIAS_ROW != 0 {
                 sm.bias.load_first_row_async(b.bias() + 2 * col0 as u64, 2 * keys, tid);
             } else if p.flags & flags::BIAS_VEC != 0 {
-                sm.bias.load_async(b.bias() + 2 * col0 as u64, 2 * s[2], b.rows_valid, 2 * keys, tid, threads);
+                let src = b.bias() + 2 * col0 as u64;
+                if fast {
+                    sm.bias.load_async_fast(src, 2 * s[2], b.rows_valid, 2 * keys, tid, threads);
+                } else {
+                    sm.bias.load_async(src, 2 * s[2], b.rows_valid, 2 * keys, tid, threads);
+                }
             } else {
                 let src = b.bias() + 2 * col0 as u64 * s[3];
                 sm.bias.load_strided(2, src, s[2], s[3], b.rows_valid, keys, tid, threads);
@@ -290,7 +306,7 @@ pub unsafe fn forward<
         }
         let q_row = 2 * p.q.stride[1];
         unsafe { sm.q.load_async(b.q(), q_row, b.rows_valid, (D * 2) as u32, tid, threads) };
-        unsafe { load_k_side::<D, BM, BN, GATHER, PACKED, PAGED>(&b, &sm, mods, tile, keys_end, tid, threads) };
+        unsafe { load_k_side::<D, BM, BN, GATHER, PACKED, PAGED>(&b, &sm, mods, tile, keys_end, tid, threads, false) };
         if GATHER && (tile.n + 1) * (BN as u32) < keys_end {
             unsafe { load_key_pos::<BN>(&b, &sm, tile.n + 1, keys_end, tid) };
         }
@@ -315,7 +331,7 @@ pub unsafe fn forward<
             if PAGED {
                 unsafe { load_kv_paged::<BN>(&b, sm.v, &p.v, tile.n, keys_end - col0, tid, threads) };
             } else {
-                unsafe { load_kv::<D, BN, GATHER>(&sm, sm.v, b.v(), 2 * p.v.stride[1], tile.n, keys_end - col0, tid, threads) };
+                unsafe { load_kv::<D, BN, GATHER>(&sm, sm.v, b.v(), 2 * p.v.stride[1], tile.n, keys_end - col0, tid, threads, false) };
             }
             cp_async_commit();
 
@@ -354,7 +370,7 @@ pub unsafe fn forward<
             if let Some(next) = next {
                 // Reread, not held across the products above.
                 let keys_end = key_bound::<GATHER>(&b, &rows);
-                unsafe { load_k_side::<D, BM, BN, GATHER, PACKED, PAGED>(&b, &sm, mods, next, keys_end, tid, threads) };
+                unsafe { load_k_side::<D, BM, BN, GATHER, PACKED, PAGED>(&b, &sm, mods, next, keys_end, tid, threads, false) };
                 // The tile after's positions, into this tile's slot (its V is already on its way).
                 if GATHER && (next.n + 1) * (BN as u32) < keys_end {
                     unsafe { load_key_pos::<BN>(&b, &sm, next.n + 1, keys_end, tid) };

@@ -418,7 +418,7 @@ unsafe fn produce<const D: usize, const BM: usize, const BN: usize, const PACKED
     let line = map.until(end);
     let mut cursor = TileCursor::new();
     let mut next = |n: u32| if MODS { cursor.next(line.next_candidate(n.max(first)), ptid % 32, &line) } else { band_tile(&tiles, n) };
-    unsafe { sm.q.load_async(b.q(), 2 * p.q.stride[1], b.rows_valid, row_bytes, ptid, PRODUCERS) };
+    unsafe { sm.q.load_async_fast(b.q(), 2 * p.q.stride[1], b.rows_valid, row_bytes, ptid, PRODUCERS) };
     cp_async_commit();
     let mut pending = sm.bar(FULL_Q, 0);
     let mut tile = next(0);
@@ -435,7 +435,7 @@ unsafe fn produce<const D: usize, const BM: usize, const BN: usize, const PACKED
                 let slot = fwd::Smem::k_side(sm.k::<D, BN>(r.slot()), sm.bias::<BM, BN>(r.slot()), sm.mask(r.slot()));
                 let mask_later = bias_ring::<MODS, BIAS>() && mods.mask && !t.full && i > 0;
                 let k_side = if mask_later { Mods { mask: false, ..mods } } else { mods };
-                load_k_side::<D, BM, BN, false, PACKED, false>(&b, &slot, k_side, t, b.keys(), ptid, PRODUCERS);
+                load_k_side::<D, BM, BN, false, PACKED, false>(&b, &slot, k_side, t, b.keys(), ptid, PRODUCERS, true);
                 if mask_later {
                     mbarrier_wait(sm.bar(MASK_READ, 0), (i - 1) & 1);
                     fwd::load_mask_side::<BM, BN>(&b, sm.mask(r.slot()), col0, ptid, PRODUCERS);
@@ -446,7 +446,7 @@ unsafe fn produce<const D: usize, const BM: usize, const BN: usize, const PACKED
             } else if PAGED {
                 load_kv_paged::<BN>(&b, sm.k::<D, BN>(r.slot()), &p.k, t.n, keys, ptid, PRODUCERS);
             } else {
-                sm.k::<D, BN>(r.slot()).load_async(b.k() + col0 as u64 * k_row, k_row, keys, row_bytes, ptid, PRODUCERS);
+                sm.k::<D, BN>(r.slot()).load_async_fast(b.k() + col0 as u64 * k_row, k_row, keys, row_bytes, ptid, PRODUCERS);
             }
             cp_async_commit();
             announce::<1>(pending);
@@ -455,7 +455,7 @@ unsafe fn produce<const D: usize, const BM: usize, const BN: usize, const PACKED
             if PAGED {
                 load_kv_paged::<BN>(&b, sm.v::<D, BN>(r.slot()), &p.v, t.n, keys, ptid, PRODUCERS);
             } else {
-                sm.v::<D, BN>(r.slot()).load_async(b.v() + col0 as u64 * v_row, v_row, keys, row_bytes, ptid, PRODUCERS);
+                sm.v::<D, BN>(r.slot()).load_async_fast(b.v() + col0 as u64 * v_row, v_row, keys, row_bytes, ptid, PRODUCERS);
             }
             cp_async_commit();
         }

@@ -55,7 +55,10 @@ impl SmemTile {
     /// are 1024-byte aligned).
     #[inline(always)]
     pub fn wgmma_k_major(&self, r0: u32, ks: u32) -> u64 {
-        wgmma_desc(self.chunk(r0, 2 * ks), 16, 1024)
+        // Row `r0` is unswizzled (r0 % 8 == 0), so step `ks` is a fixed offset from step 0.
+        let per_block = self.chunks_per_block();
+        let step = (2 * ks / per_block) * (self.rows * self.block()) + ((2 * ks % per_block) << 4);
+        wgmma_desc(self.chunk(r0, 0), step, 16, 1024)
     }
 
     /// wgmma descriptor of this tile as an M- or N-major operand: the product's k16 step is the
@@ -64,7 +67,7 @@ impl SmemTile {
     /// rows the next atom (the stride offset).
     #[inline(always)]
     pub fn wgmma_mn_major(&self, ks: u32, c0: u32) -> u64 {
-        wgmma_desc(self.chunk(16 * ks, c0), self.rows * 128, 1024)
+        wgmma_desc(self.chunk(0, c0), 16 * ks * self.block(), self.rows * 128, 1024)
     }
 
     /// `addr` (a `chunk` address, plus a byte offset below 16) moved down `rows` rows and right
@@ -148,6 +151,39 @@ impl SmemTile {
                 }
                 r += threads;
             }
+        }
+    }
+
+    /// [`Self::load_async`] with a path of its own for a whole tile (the common case): no bounds
+    /// to test or sizes to zero-fill, so that a copy costs its source's step and itself (the
+    /// tests cost several instructions a copy, in producers that issue thousands a tile: the d64
+    /// modifier forward's producer spent ~15 a bias copy). The step is hidden from the
+    /// optimiser, which would otherwise hoist every copy's offset out of the caller's loop (a
+    /// register each), as would the thread's place without `opaque`. The two paths need more
+    /// registers than one: for callers with registers to spare (the warp-specialised producers;
+    /// kernels whose threads all copy spilled with it).
+    #[inline(always)]
+    pub unsafe fn load_async_fast(
+        &self,
+        src: u64,
+        row_stride: u64,
+        rows_valid: u32,
+        bytes_valid: u32,
+        tid: u32,
+        threads: u32,
+    ) {
+        let tid = opaque(tid);
+        let (per_row, whole) = (self.row_bytes / 16, rows_valid >= self.rows && bytes_valid >= self.row_bytes);
+        let rows_per_pass = threads / per_row;
+        if whole && threads % per_row == 0 && rows_per_pass % 8 == 0 && self.rows % rows_per_pass == 0 {
+            let (row_stride, (r, c)) = (row_stride as u32, (tid / per_row, tid % per_row));
+            let (mut at, dst) = (src + (r * row_stride + 16 * c) as u64, self.chunk(r, c));
+            for pass in 0..self.rows / rows_per_pass {
+                unsafe { cp_async_16(self.shift(dst, pass * rows_per_pass, 0), at, 16) };
+                at += opaque(rows_per_pass * row_stride) as u64;
+            }
+        } else {
+            unsafe { self.load_async(src, row_stride, rows_valid, bytes_valid, tid, threads) };
         }
     }
 
@@ -240,11 +276,17 @@ impl SmemTile {
     }
 }
 
-/// A wgmma shared-memory matrix descriptor in the 128-byte swizzle mode: start address,
-/// leading- and stride-dimension byte offsets, each stored in units of 16 bytes.
+/// A wgmma shared-memory matrix descriptor in the 128-byte swizzle mode: start address `addr`
+/// moved `offset` bytes (a multiple of 16, inside the tile), leading- and stride-dimension byte
+/// offsets, each stored in units of 16 bytes. Every shared address fits the 14-bit start field
+/// (bits 4-17), so the offset is added to the field itself: a product's k-steps then share one
+/// conversion of their tile's address and add a constant each (converting each step's address
+/// cost five instructions a `wgmma` in the backward). The lower word alone: a 64-bit addition
+/// spilled the d128 backward's bias kernel.
 #[inline(always)]
-fn wgmma_desc(addr: u32, leading: u32, stride: u32) -> u64 {
-    ((addr as u64 & 0x3_ffff) >> 4) | ((leading as u64 >> 4) << 16) | ((stride as u64 >> 4) << 32) | (1 << 62)
+fn wgmma_desc(addr: u32, offset: u32, leading: u32, stride: u32) -> u64 {
+    let lo = (((addr & 0x3_ffff) >> 4) | ((leading >> 4) << 16)) + (offset >> 4);
+    ((((stride >> 4) | (1 << 30)) as u64) << 32) | lo as u64
 }
 
 /// A thread's `ldmatrix` row addresses in one tile, from which every fragment of the tile is
