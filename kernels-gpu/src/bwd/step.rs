@@ -76,12 +76,36 @@ impl ScoreShare {
     }
 }
 
-/// Whether P stays in registers from S to dS (wgmma, one chunk: S and P are live together):
-/// not in d128's softcap variant (`ALL`), beside the softcap's derivative and the dbias sum, nor
-/// on the 128-row tile, whose S and dP already take 128.
+/// How P gets from S -> P to dP -> dS.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum KeptP {
+    /// Read back from the P tile.
+    No,
+    /// In registers as computed (wgmma, one chunk of at most 64 keys: S and P are live together).
+    F32,
+    /// In registers as the P tile holds it, pairs of `E` (32 registers, half of F32's): d64's
+    /// 128-row tile, whose S and dP take 128. Read back, P cost dS 32 `LDS` a step, each with
+    /// its swizzled address; held, that tile's backward runs 6-9 % faster (H200).
+    Packed,
+}
+
+/// P from S -> P as [`KeptP`] keeps it: one of the two arrays, per the variant.
+pub(super) struct PKept<const MS: usize, const NC: usize> {
+    f32: [[[f32; 4]; NC]; MS],
+    packed: [[[u32; 2]; NC]; MS],
+}
+
+/// [`KeptP`] for a variant: not in d128's softcap variant (`ALL`), beside the softcap's
+/// derivative and the dbias sum.
 #[inline(always)]
-const fn keeps_p<const KT: usize, const NC: usize, const MODS: u8, const WGMMA: bool>() -> bool {
-    WGMMA && NC <= 8 && !(MODS == modifiers::ALL && KT * 16 > 64)
+const fn keeps_p<const KT: usize, const NC: usize, const MODS: u8, const WGMMA: bool>() -> KeptP {
+    if !WGMMA || MODS == modifiers::ALL && KT * 16 > 64 {
+        KeptP::No
+    } else if NC <= 8 {
+        KeptP::F32
+    } else {
+        KeptP::Packed
+    }
 }
 
 impl<'a> Step<'a> {
@@ -130,8 +154,8 @@ impl<'a> Step<'a> {
     }
 
     /// S = QKᵀ on the score offsets for the warp's share, then P = exp2(logit - lse) to the P
-    /// tile (for dV, and read back for dS unless kept in registers: the first array returned,
-    /// where [`keeps_p`]), and under a softcap d(capped)/d(raw) to the dS tile until dS replaces
+    /// tile (for dV, and for dS unless [`keeps_p`] keeps it in registers: the first value
+    /// returned), and under a softcap d(capped)/d(raw) to the dS tile until dS replaces
     /// it: S is dead before dP's accumulators are live. `full`: the tile is a full one of the
     /// mask's block map. On Hopper, dP is issued behind S and returned in flight (the second
     /// array), for [`Self::dp_to_ds`] to wait for.
@@ -149,7 +173,7 @@ impl<'a> Step<'a> {
     >(
         &self,
         full: bool,
-    ) -> ([[[f32; 4]; NC]; MS], [[[f32; 4]; NC]; MS]) {
+    ) -> (PKept<MS, NC>, [[[f32; 4]; NC]; MS]) {
         let (kb, mods, sm, st) = (&self.kb, &self.mods, &self.sm, &self.st);
         let (lane, row0, rows_valid) = (self.lane(), self.row0, self.rows_valid);
         let (g, t) = (lane / 4, lane % 4);
@@ -159,9 +183,9 @@ impl<'a> Step<'a> {
         let softcap = mods.softcap > 0.0;
         let (p_at, ds_at, lse_at) = (self.p_at, self.ds_at, self.lse_at);
         let (q_frag, k_frag) = (self.q_frag, self.k_frag);
-        let keep_p = keeps_p::<KT, NC, MODS, WGMMA>();
+        let keep = keeps_p::<KT, NC, MODS, WGMMA>();
         let mut dp_issued = [[[0f32; 4]; NC]; MS];
-        let mut p_kept = [[[0f32; 4]; NC]; MS];
+        let mut kept = PKept { f32: [[[0f32; 4]; NC]; MS], packed: [[[0u32; 2]; NC]; MS] };
         for c in 0..(NS / NC) as u32 {
             let nt0 = share.nt0::<NC>(c);
             let warp_scores = self.scores::<BN, NC>(c);
@@ -187,11 +211,14 @@ impl<'a> Step<'a> {
                     for nt in 0..NC as u32 {
                         let (x, dcap) = warp_scores.logits::<E>([s[mt][nt as usize][2 * hh], s[mt][nt as usize][2 * hh + 1]], dr, nt, mods);
                         let pv = [exp2(x[0] - lse2), exp2(x[1] - lse2)];
-                        if keep_p {
-                            p_kept[mt][nt as usize][2 * hh..2 * hh + 2].copy_from_slice(&pv);
+                        let (p_sh, packed) = (sm.p.shift(p_at, r0 + dr, nt0 + nt), E::pack(pv[0], pv[1]));
+                        match keep {
+                            KeptP::F32 => kept.f32[mt][nt as usize][2 * hh..2 * hh + 2].copy_from_slice(&pv),
+                            KeptP::Packed => kept.packed[mt][nt as usize][hh] = packed,
+                            KeptP::No => {}
                         }
                         unsafe {
-                            st_shared_u32(sm.p.shift(p_at, r0 + dr, nt0 + nt), E::pack(pv[0], pv[1]));
+                            st_shared_u32(p_sh, packed);
                             if softcap {
                                 st_shared_u32(sm.ds.shift(ds_at, r0 + dr, nt0 + nt), E::pack(dcap[0], dcap[1]));
                             }
@@ -200,7 +227,7 @@ impl<'a> Step<'a> {
                 }
             }
         }
-        (p_kept, dp_issued)
+        (kept, dp_issued)
     }
 
     /// [`WarpScores::init`] for a key-side bias folded in from the CTA's f32 row
@@ -243,7 +270,7 @@ impl<'a> Step<'a> {
     /// dP = dO Vᵀ for the warp's share (on Hopper, `dp_issued`: issued beside S, waited for
     /// here), then dS = P (dP - delta): to the stage's bias tile for dbias (see [`GroupSum`]),
     /// and times scale and the softcap's derivative to the dS tile for dK and dQ. P comes from
-    /// `p_kept` where [`keeps_p`], else from the P tile.
+    /// `p_kept` where [`keeps_p`] keeps it, else from the P tile.
     #[inline(always)]
     pub(super) unsafe fn dp_to_ds<
         E: Elem,
@@ -257,7 +284,7 @@ impl<'a> Step<'a> {
     >(
         &self,
         dp_issued: &mut [[[f32; 4]; NC]; MS],
-        p_kept: &[[[f32; 4]; NC]; MS],
+        p_kept: &PKept<MS, NC>,
         group_sum: GroupSum,
         dbias_sum: &mut [[[f32; 4]; NC]; MS],
     ) {
@@ -299,7 +326,7 @@ impl<'a> Step<'a> {
         &self,
         c: u32,
         dp: &[[[f32; 4]; NC]; MS],
-        p_kept: &[[[f32; 4]; NC]; MS],
+        p_kept: &PKept<MS, NC>,
         group_sum: GroupSum,
         dbias_sum: &mut [[[f32; 4]; NC]; MS],
     ) {
@@ -314,11 +341,13 @@ impl<'a> Step<'a> {
                 let delta = unsafe { f32::from_bits(ld_shared_u32(delta_at + 4 * dr)) };
                 for nt in 0..NC as u32 {
                     let (p_sh, ds_sh) = (sm.p.shift(p_at, r0 + dr, nt0 + nt), sm.ds.shift(ds_at, r0 + dr, nt0 + nt));
-                    let pv = if keeps_p::<KT, NC, MODS, WGMMA>() {
-                        let p = &p_kept[mt][nt as usize];
-                        (p[2 * hh], p[2 * hh + 1])
-                    } else {
-                        E::unpack(unsafe { ld_shared_u32(p_sh) })
+                    let pv = match keeps_p::<KT, NC, MODS, WGMMA>() {
+                        KeptP::F32 => {
+                            let p = &p_kept.f32[mt][nt as usize];
+                            (p[2 * hh], p[2 * hh + 1])
+                        }
+                        KeptP::Packed => E::unpack(p_kept.packed[mt][nt as usize][hh]),
+                        KeptP::No => E::unpack(unsafe { ld_shared_u32(p_sh) }),
                     };
                     let dcap = if softcap { E::unpack(unsafe { ld_shared_u32(ds_sh) }) } else { (1.0, 1.0) };
                     let d = &dp[mt][nt as usize];
