@@ -606,6 +606,22 @@ pub fn exp2(x: f32) -> f32 {
     r
 }
 
+/// 2^x on the FMA and integer pipes instead of MUFU's, for a share of a tile's exponentials
+/// where MUFU's queue is what they wait on: x rounded to j + f (f in [-1/2, 1/2]) by adding
+/// 1.5 * 2^23, 2^f by a cubic (relative error 1.0e-4, monotone, exactly 1 at 0), j added to its
+/// exponent. x at or below -127 (-inf included) gives exactly 0 (j = -127, f = 0: 1.0's
+/// exponent less 127), as [`exp2`]'s flush to zero would. For values rounded to 16 bits next
+/// (2^-9 relative), not for an f32 result.
+#[inline(always)]
+pub fn exp2_poly(x: f32) -> f32 {
+    const ROUND: f32 = 12_582_912.0;
+    let x = x.max(-127.0);
+    let t = x + ROUND;
+    let f = x - (t - ROUND);
+    let p = fma(fma(fma(0.055_008_48, f, 0.242_210_12), f, 0.693_282_9), f, 1.0);
+    f32::from_bits(p.to_bits().wrapping_add(t.to_bits() << 23))
+}
+
 /// `a * b + c`, rounded once (`core` has no `mul_add` without `std`).
 #[inline(always)]
 pub fn fma(a: f32, b: f32, c: f32) -> f32 {
