@@ -222,6 +222,19 @@ impl WarpScores {
         }
     }
 
+    /// [`Self::logits`] less `sub` (a row's base-2 LSE): without a softcap one FMA a score, the
+    /// subtraction fused into the scale's multiply. -inf stays -inf, and so does any logit less
+    /// +inf (an empty row's).
+    #[inline(always)]
+    pub fn logits_less<E: Elem>(&self, acc: [f32; 2], dr: u32, nt: u32, mods: &Mods, sub: f32) -> ([f32; 2], [f32; 2]) {
+        if mods.softcap > 0.0 {
+            let (x, dcap) = self.logits::<E>(acc, dr, nt, mods);
+            ([x[0] - sub, x[1] - sub], dcap)
+        } else {
+            ([fma(acc[0], mods.scale_log2, -sub), fma(acc[1], mods.scale_log2, -sub)], [1.0, 1.0])
+        }
+    }
+
     /// Accumulators → base-2 logits, in place.
     #[inline(always)]
     pub fn to_logits<E: Elem, const MT: usize, const NT: usize>(&self, s: &mut [[[f32; 4]; NT]; MT], mods: &Mods) {
