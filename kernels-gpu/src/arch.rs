@@ -608,10 +608,12 @@ pub fn exp2(x: f32) -> f32 {
 
 /// 2^x on the FMA and integer pipes instead of MUFU's, for a share of a tile's exponentials
 /// where MUFU's queue is what they wait on: x rounded to j + f (f in [-1/2, 1/2]) by adding
-/// 1.5 * 2^23, 2^f by a cubic (relative error 1.0e-4, monotone, exactly 1 at 0), j added to its
-/// exponent. x at or below -127 (-inf included) gives exactly 0 (j = -127, f = 0: 1.0's
-/// exponent less 127), as [`exp2`]'s flush to zero would. For values rounded to 16 bits next
-/// (2^-9 relative), not for an f32 result.
+/// 1.5 * 2^23, 2^f by a cubic (relative error 1.02e-4, monotone to an ulp, exactly 1 at 0), j
+/// added to its exponent. For x below 128 (a logit less its row's LSE is at most ~0): x at or
+/// below -127 (-inf included) gives exactly 0 (j = -127, f = 0: 1.0's exponent less 127), as
+/// [`exp2`]'s flush to zero does from -126; between them a subnormal under 2^-126, not 2^x. A
+/// NaN gives 0 (the clamp drops it), where `exp2` gives NaN. For values rounded to 16 bits
+/// next (2^-9 relative), not for an f32 result.
 #[inline(always)]
 pub fn exp2_poly(x: f32) -> f32 {
     const ROUND: f32 = 12_582_912.0;
