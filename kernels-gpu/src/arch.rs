@@ -85,11 +85,23 @@ pub unsafe fn params_in_smem<T: Copy>(p: &T, dst: u32, tid: u32, adjust: impl Fn
 }
 
 /// The `T` at shared address `at` (a copy [`params_in_smem`] made). A main loop calls this on
-/// an [`opaque`] address to re-derive the reference instead of holding it across the loop.
+/// an [`opaque`] address to re-derive the reference instead of holding it across the loop. The
+/// PTX link step rewrites this asm into the address-space cast it stands for, so that reads
+/// through the reference compile to `ld.shared`, not generic loads (`ptx-builder`'s
+/// `shared_casts_visible`).
 #[inline(always)]
 pub unsafe fn smem_ref<T>(at: u32) -> &'static T {
     let generic: u64;
     unsafe { asm!("cvta.shared.u64 {0}, {1};", out(reg64) generic, in(reg64) at as u64, options(pure, nomem, nostack)) };
+    unsafe { &*(generic as *const T) }
+}
+
+/// [`smem_ref`] whose reads stay generic loads: the PTX comment in its asm keeps the link step
+/// from rewriting it. For a kernel at the register limit, where `ld.shared` reads spilled.
+#[inline(always)]
+pub unsafe fn smem_ref_generic<T>(at: u32) -> &'static T {
+    let generic: u64;
+    unsafe { asm!("cvta.shared.u64 {0}, {1}; // generic reads", out(reg64) generic, in(reg64) at as u64, options(pure, nomem, nostack)) };
     unsafe { &*(generic as *const T) }
 }
 

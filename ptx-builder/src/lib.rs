@@ -324,7 +324,7 @@ fn link(args: &[OsString]) -> Result<(), String> {
     let optimized = output.with_extension("opt.bc");
     run(Command::new(bin.join("llvm-link")).args(&a.objects).arg("-S").arg("-o").arg(&text))?;
     let ir = std::fs::read_to_string(&text).map_err(|e| format!("{}: {e}", text.display()))?;
-    std::fs::write(&text, mark_collective_asm_convergent(&ir)).map_err(|e| e.to_string())?;
+    std::fs::write(&text, shared_casts_visible(&mark_collective_asm_convergent(&ir))).map_err(|e| e.to_string())?;
     run(Command::new(bin.join("llvm-as")).arg(&text).arg("-o").arg(&linked))?;
     run(Command::new(bin.join("opt"))
         .arg("-passes=internalize,default<O3>,globaldce")
@@ -414,6 +414,40 @@ fn mark_collective_asm_convergent(ir: &str) -> String {
     out
 }
 
+/// The inline asm by which the kernels (`arch::smem_ref`) turn a shared-window address into a
+/// generic pointer, as rustc writes it in textual IR.
+const CVTA_SHARED: &str = " asm \"cvta.shared.u64 ${0}, ${1};\"";
+
+/// Rewrites each `cvta.shared.u64` inline asm into the IR cast it stands for (`inttoptr` to a
+/// shared pointer, `addrspacecast` to generic, `ptrtoint`), so that LLVM's address-space
+/// inference sees where the pointer points and reads through it with `ld.shared`. Rust has no
+/// shared pointer type, and through the asm LLVM saw only a generic pointer: every field read
+/// of the backward's parameter copy in shared memory compiled to a generic load, which takes
+/// the global load path (queued behind the dQ reductions). A line it cannot parse is kept: the
+/// asm computes the same address.
+fn shared_casts_visible(ir: &str) -> String {
+    let mut out = String::with_capacity(ir.len() + 4096);
+    for line in ir.lines() {
+        let cast = line.contains(CVTA_SHARED).then(|| {
+            let (lhs, rhs) = line.split_once(" = ")?;
+            let name = lhs.trim().strip_prefix('%')?;
+            let arg = rhs.split_once("(i64 ")?.1.split(')').next()?;
+            (!name.is_empty() && !arg.is_empty()).then_some((lhs.trim(), name, arg))
+        });
+        match cast.flatten() {
+            Some((result, name, arg)) => {
+                let (shared, generic) = (format!("%dmattn.shared.{name}"), format!("%dmattn.generic.{name}"));
+                out.push_str(&format!("  {shared} = inttoptr i64 {arg} to ptr addrspace(3)\n"));
+                out.push_str(&format!("  {generic} = addrspacecast ptr addrspace(3) {shared} to ptr\n"));
+                out.push_str(&format!("  {result} = ptrtoint ptr {generic} to i64"));
+            }
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
+}
+
 fn run(cmd: &mut Command) -> Result<(), String> {
     let status = cmd.status().map_err(|e| format!("{:?}: {e}", cmd.get_program()))?;
     if status.success() { Ok(()) } else { Err(format!("{cmd:?} failed with {status}")) }
@@ -455,6 +489,29 @@ mod tests {
         assert!(lines[0].ends_with("(i32 %0) convergent #3, !srcloc !2"), "{}", lines[0]);
         assert!(lines[1].ends_with("() convergent"), "{}", lines[1]);
         assert!(!lines[2].contains("convergent"), "{}", lines[2]);
+    }
+
+    #[test]
+    fn shared_address_asm_becomes_the_casts_it_stands_for() {
+        let ir = concat!(
+            "  %240 = tail call i64 asm \"cvta.shared.u64 ${0}, ${1};\", \"=&l,l\"(i64 %239) #8, !srcloc !12\n",
+            "  %p.i = tail call i64 asm \"cvta.shared.u64 ${0}, ${1};\", \"=&l,l\"(i64 %at.i) #8\n",
+            "  %3 = tail call i64 asm \"cvta.global.u64 ${0}, ${1};\", \"=&l,l\"(i64 %2) #8\n",
+        );
+        let out = shared_casts_visible(ir);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "  %dmattn.shared.240 = inttoptr i64 %239 to ptr addrspace(3)",
+                "  %dmattn.generic.240 = addrspacecast ptr addrspace(3) %dmattn.shared.240 to ptr",
+                "  %240 = ptrtoint ptr %dmattn.generic.240 to i64",
+                "  %dmattn.shared.p.i = inttoptr i64 %at.i to ptr addrspace(3)",
+                "  %dmattn.generic.p.i = addrspacecast ptr addrspace(3) %dmattn.shared.p.i to ptr",
+                "  %p.i = ptrtoint ptr %dmattn.generic.p.i to i64",
+                "  %3 = tail call i64 asm \"cvta.global.u64 ${0}, ${1};\", \"=&l,l\"(i64 %2) #8",
+            ]
+        );
     }
 
     /// A scratch workspace holding every kernel input.
