@@ -64,12 +64,13 @@ pub fn smem_base() -> u32 {
 /// Copies the kernel parameters `p` to shared memory at `dst` (8-byte aligned, room for a `T`),
 /// lets thread 0 `adjust` the copy (given the parameters and the copy's address: it rewrites
 /// fields with shared-memory stores, after the copy's), and returns it (collective: every
-/// thread calls it; it ends with a barrier). Loads from the copy stay where the code reads them:
+/// thread calls it; it ends with a barrier), its reads `ld.shared` ([`smem_ref`]) or, where
+/// `generic`, generic loads ([`smem_ref_generic`]). Loads from the copy stay where the code reads them:
 /// LLVM hoists loads of the parameters themselves, and the arithmetic on them, out of a kernel's
 /// main loop and holds dozens of registers across it, but cannot move a load past the loop's
 /// barriers and shared-memory stores.
 #[inline(always)]
-pub unsafe fn params_in_smem<T: Copy>(p: &T, dst: u32, tid: u32, adjust: impl FnOnce(&T, u32)) -> &'static T {
+pub unsafe fn params_in_smem<T: Copy>(p: &T, dst: u32, tid: u32, generic: bool, adjust: impl FnOnce(&T, u32)) -> &'static T {
     const { assert!(size_of::<T>() % 8 == 0 && align_of::<T>() <= 8) };
     if tid == 0 {
         let src = p as *const T as *const u64;
@@ -81,7 +82,7 @@ pub unsafe fn params_in_smem<T: Copy>(p: &T, dst: u32, tid: u32, adjust: impl Fn
         adjust(p, dst);
     }
     sync_threads();
-    unsafe { smem_ref(dst) }
+    unsafe { smem_ref_reads(dst, generic) }
 }
 
 /// The `T` at shared address `at` (a copy [`params_in_smem`] made). A main loop calls this on
@@ -94,6 +95,12 @@ pub unsafe fn smem_ref<T>(at: u32) -> &'static T {
     let generic: u64;
     unsafe { asm!("cvta.shared.u64 {0}, {1};", out(reg64) generic, in(reg64) at as u64, options(pure, nomem, nostack)) };
     unsafe { &*(generic as *const T) }
+}
+
+/// [`smem_ref`] or, where `generic`, [`smem_ref_generic`].
+#[inline(always)]
+pub unsafe fn smem_ref_reads<T>(at: u32, generic: bool) -> &'static T {
+    unsafe { if generic { smem_ref_generic(at) } else { smem_ref(at) } }
 }
 
 /// [`smem_ref`] whose reads stay generic loads: the PTX comment in its asm keeps the link step

@@ -1,7 +1,7 @@
 //! One sequence's bounds and where its rows start: a fixed-length call's batch entry or a packed
 //! variable-length batch's sequence (`dmattn_abi::Seqs`) alike. Every kernel that walks a
 //! sequence asks this for its lengths and first rows, and nothing else reads `cu_seqlens`.
-use crate::arch::{ld_global_nc_u32, ld_global_nc_v4, opaque, smem_ref, st_shared_u32, st_shared_u64};
+use crate::arch::{ld_global_nc_u32, ld_global_nc_v4, opaque, smem_ref_reads, st_shared_u32, st_shared_u64};
 use core::mem::offset_of;
 use dmattn_abi::{BwdParams, FwdParams, Seqs, View4, dq_blocked_row};
 
@@ -114,12 +114,14 @@ impl Seq {
 /// turn counters moved so that the fixed-length indexing with batch `b` lands on its rows (dQ's
 /// accumulator on its blocked rows where `dq_blocked`, `dmattn_abi::dq_blocked_row`). The fields are
 /// rewritten with shared-memory stores: writes LLVM could see through a reference reorder the
-/// kernels' code into spills.
+/// kernels' code into spills. The copy is read as the kernel reads it (`generic`, see
+/// `arch::smem_ref_reads`).
 #[inline(always)]
-pub unsafe fn localize(dst: u32, (n_block, _, b): (u32, u32, u32), block_m: u32, block_n: u32, dq_blocked: bool) {
+pub unsafe fn localize(dst: u32, generic: bool, (n_block, _, b): (u32, u32, u32), block_m: u32, block_n: u32, dq_blocked: bool) {
     // Read from the copy, not the parameters (the kernels' code stays as it is: reading the
-    // parameters here reordered it into spills).
-    let p: &BwdParams = unsafe { smem_ref(opaque(dst)) };
+    // parameters here reordered it into spills), through a reference made here: one passed in
+    // would promise LLVM that the stores below leave it unchanged.
+    let p: &BwdParams = unsafe { smem_ref_reads(opaque(dst), generic) };
     let f = &p.fwd;
     if f.seqs.cu_q == 0 {
         return;
@@ -181,8 +183,8 @@ pub unsafe fn localize(dst: u32, (n_block, _, b): (u32, u32, u32), block_m: u32,
 /// its walk. (Computing the shares here spilled the kernels at their register limit.) Split
 /// calls are never packed or deterministic, so the turn counters stay.
 #[inline(always)]
-pub unsafe fn localize_split(dst: u32, (n_block, _, split): (u32, u32, u32)) {
-    let p: &BwdParams = unsafe { smem_ref(opaque(dst)) };
+pub unsafe fn localize_split(dst: u32, generic: bool, (n_block, _, split): (u32, u32, u32)) {
+    let p: &BwdParams = unsafe { smem_ref_reads(opaque(dst), generic) };
     let f = &p.fwd;
     let shift = p.q_split_shift;
     if shift == 0 {

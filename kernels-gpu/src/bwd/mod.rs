@@ -112,14 +112,18 @@ pub unsafe fn backward<
     let tid = thread_idx();
     // Kernels that may split their query tiles (`dmattn_abi::bwd_splits`, `bwd_split_kernel`).
     let splits = SPLIT;
+    // The parameters are read with `ld.shared` (d64 2-3.5 % faster than generic loads, H200)
+    // but in the Hopper d128 bias kernels, at the register limit: there the f16 one spilled, and
+    // the bf16 one ran 2-5 % slower with 50 % blocks + bias.
+    let generic_params = WGMMA && D == 128 && MODS == modifiers::BIAS;
     // A packed sequence's CTA sees its sequence as a fixed-length problem (`seq::localize`), a
     // split CTA its share of the query tiles as one (`seq::localize_split`).
     let p = unsafe {
-        params_in_smem(params, smem_base() + params_at, tid, |_, dst| {
+        params_in_smem(params, smem_base() + params_at, tid, generic_params, |_, dst| {
             // The Hopper products add dQ to its blocked accumulator (`reduce::add_dq_blocked`).
-            localize(dst, block_idx(), BM as u32, BN as u32, WGMMA);
+            localize(dst, generic_params, block_idx(), BM as u32, BN as u32, WGMMA);
             if splits {
-                localize_split(dst, block_idx());
+                localize_split(dst, generic_params, block_idx());
             }
         })
     };
@@ -171,14 +175,8 @@ pub unsafe fn backward<
     let mut stage = 0u32;
     // The kv group's dS summed for dbias, or for a key-side bias every step's (`step::GroupSum`).
     let mut dbias_sum = [[[0f32; 4]; NC]; MS];
-    // Per step, the parameters come from an opaque address (see `params_in_smem`), read with
-    // `ld.shared` (d64 2-3 % faster than generic loads, H200) but in the Hopper d128 bias
-    // kernels, at the register limit: there the f16 one spilled, and the bf16 one was level.
-    let generic_params = WGMMA && D == 128 && MODS == modifiers::BIAS;
-    let params_now = || -> &BwdParams {
-        let at = opaque(smem_base() + params_at);
-        unsafe { if generic_params { smem_ref_generic(at) } else { smem_ref(at) } }
-    };
+    // Per step, the parameters come from an opaque address (see `params_in_smem`).
+    let params_now = || -> &BwdParams { unsafe { smem_ref_reads(opaque(smem_base() + params_at), generic_params) } };
     while let Some(tile) = next_tile {
         for hg in 0..params_now().fwd.kv_group {
             let tid = opaque(tid);
