@@ -119,8 +119,9 @@ impl Seq {
 #[inline(always)]
 pub unsafe fn localize(dst: u32, generic: bool, (n_block, _, b): (u32, u32, u32), block_m: u32, block_n: u32, dq_blocked: bool) {
     // Read from the copy, not the parameters (the kernels' code stays as it is: reading the
-    // parameters here reordered it into spills), through a reference made here: one passed in
-    // would promise LLVM that the stores below leave it unchanged.
+    // parameters here reordered it into spills). The stores below write fields behind this
+    // reference, and LLVM may take a field from a read before them (it does): each field is
+    // read before it is rewritten, never after.
     let p: &BwdParams = unsafe { smem_ref_reads(opaque(dst), generic) };
     let f = &p.fwd;
     if f.seqs.cu_q == 0 {
