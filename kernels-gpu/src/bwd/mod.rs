@@ -169,6 +169,15 @@ pub unsafe fn backward<
         unsafe { load_stage::<D, BM, BN>(&kb, &sm.stage(0), &mods, by_class, columns, first.n, kb.head(0), tid, threads) };
     }
     cp_async_commit();
+    // On Hopper with two stages each thread waits for its copies of a step's stage in the
+    // previous step, where the P and dS tiles' proxy fence covers them too, rather than at the
+    // step's start: there the fence's `MEMBAR` waits for the previous step's dQ reductions in
+    // flight (2 % of the d128 backward, H200). Here: K, V and the first stage.
+    let early_fence = WGMMA && STAGES == 2;
+    if early_fence {
+        cp_async_wait_all();
+        fence_proxy_async();
+    }
 
     // Values read from the parameters are read again inside the loop rather than held across it
     // (see `params_in_smem`).
@@ -190,10 +199,13 @@ pub unsafe fn backward<
             let columns = bias_columns::<WGMMA>(p, &mods);
             let st = sm.stage(stage);
 
-            // This step's stage has landed; every warp is done with the previous step.
-            cp_async_wait_all();
-            if WGMMA {
-                fence_proxy_async();
+            // This step's stage has landed (and is fenced, where `early_fence`); every warp is
+            // done with the previous step.
+            if !early_fence {
+                cp_async_wait_all();
+                if WGMMA {
+                    fence_proxy_async();
+                }
             }
             sync_threads();
             // Prefetch the next step: the next head of this tile, or the next tile's first head.
@@ -215,7 +227,11 @@ pub unsafe fn backward<
                 dbias_sum = [[[0f32; 4]; NC]; MS];
             }
             unsafe { step.dp_to_ds::<E, KT, BN, MS, NS, NC, MODS, WGMMA>(&mut dp_issued, &p_kept, group_sum, &mut dbias_sum) };
-            // The P and dS tiles are whole (and, for wgmma, visible to the async proxy).
+            // The P and dS tiles are whole (and, for wgmma, visible to the async proxy); where
+            // `early_fence`, so is the next step's stage, its copies started at this step's start.
+            if early_fence {
+                cp_async_wait_all();
+            }
             if WGMMA {
                 fence_proxy_async();
             }
