@@ -294,6 +294,16 @@ pub fn cp_async_wait_all() {
     unsafe { asm!("cp.async.wait_group 0;", options(nostack)) };
 }
 
+/// Waits for this thread's copies; with `WGMMA` also orders them before the `wgmma`s' reads
+/// (the async proxy). A barrier must follow.
+#[inline(always)]
+pub fn copies_landed<const WGMMA: bool>() {
+    cp_async_wait_all();
+    if WGMMA {
+        fence_proxy_async();
+    }
+}
+
 /// Waits for this thread's committed copies but the newest `N` groups; a barrier must follow
 /// before other threads read what they wrote.
 #[inline(always)]

@@ -221,16 +221,6 @@ fn key_bound<const GATHER: bool>(b: &BlockInfo, rows: &GatheredRows) -> u32 {
     if GATHER { rows.keys_end() } else { b.keys() }
 }
 
-/// Waits for this thread's copies; with `WGMMA` also orders them before the `wgmma`s' reads
-/// (the async proxy). A barrier must follow.
-#[inline(always)]
-fn copies_landed<const WGMMA: bool>() {
-    cp_async_wait_all();
-    if WGMMA {
-        fence_proxy_async();
-    }
-}
-
 /// Const parameters: head dim `D`, tile `BM x BN`, `THREADS` per CTA, and the per-warp fragment
 /// counts derived from them (`MT = BM / (16 * warps)` row tiles, `NT = BN / 8` key n-tiles,
 /// `KT = D / 16` k-steps, `DT = D / 8` output n-tiles), spelled out because arrays cannot be

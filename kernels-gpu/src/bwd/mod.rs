@@ -175,8 +175,7 @@ pub unsafe fn backward<
     // flight (2 % of the d128 backward, H200). Here: K, V and the first stage.
     let early_fence = WGMMA && STAGES == 2;
     if early_fence {
-        cp_async_wait_all();
-        fence_proxy_async();
+        copies_landed::<WGMMA>();
     }
 
     // Values read from the parameters are read again inside the loop rather than held across it
@@ -202,10 +201,7 @@ pub unsafe fn backward<
             // This step's stage has landed (and is fenced, where `early_fence`); every warp is
             // done with the previous step.
             if !early_fence {
-                cp_async_wait_all();
-                if WGMMA {
-                    fence_proxy_async();
-                }
+                copies_landed::<WGMMA>();
             }
             sync_threads();
             // Prefetch the next step: the next head of this tile, or the next tile's first head.
