@@ -380,6 +380,17 @@ pub unsafe fn st_shared_v2(addr: u32, v: [u32; 2]) {
     unsafe { asm!("st.shared.v2.b32 [{0}], {{{1}, {2}}};", in(reg32) addr, in(reg32) v[0], in(reg32) v[1], options(nostack)) };
 }
 
+/// Stores four 8x8 matrices of 16-bit elements (`stmatrix`, sm_90): matrix `i` from register
+/// `i` of every lane in the mma accumulator layout (lane `4 r + c` holds row `r`'s elements
+/// `2 c`, `2 c + 1`), its row `r` to the address lane `8 i + r` passes.
+#[inline(always)]
+pub unsafe fn stmatrix_x4(addr: u32, v: [u32; 4]) {
+    unsafe {
+        asm!("stmatrix.sync.aligned.m8n8.x4.shared.b16 [{0}], {{{1}, {2}, {3}, {4}}};",
+            in(reg32) addr, in(reg32) v[0], in(reg32) v[1], in(reg32) v[2], in(reg32) v[3], options(nostack))
+    };
+}
+
 /// Orders the warp's shared-memory accesses around it (and reconverges the warp).
 #[inline(always)]
 pub fn sync_warp() {

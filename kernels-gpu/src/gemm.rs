@@ -115,7 +115,7 @@ pub fn wgmma_pv<E: Elem, const DT: usize>(o: &mut [[f32; 4]; DT], steps: usize, 
 /// The A fragment, for keys `16 kk..16 kk + 16`, of a warp's probabilities `s` (m16 x `8 NT`,
 /// accumulator layout, which is the A-fragment layout), rounded to `E`.
 #[inline(always)]
-fn p_frag<E: Elem, const NT: usize>(s: &[[f32; 4]; NT], kk: usize) -> [u32; 4] {
+pub(crate) fn p_frag<E: Elem, const NT: usize>(s: &[[f32; 4]; NT], kk: usize) -> [u32; 4] {
     let (lo, hi) = (&s[2 * kk], &s[2 * kk + 1]);
     [E::pack(lo[0], lo[1]), E::pack(lo[2], lo[3]), E::pack(hi[0], hi[1]), E::pack(hi[2], hi[3])]
 }

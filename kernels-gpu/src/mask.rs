@@ -265,6 +265,17 @@ impl TileBounds {
         bits
     }
 
+    /// Whether the score at tile-local (`r`, `c`) is visible: [`Self::row_bits`]'s rule for one
+    /// score, for layouts whose thread holds a key's scores down several rows (the backward's
+    /// transposed step, `bwd::transposed`).
+    #[inline(always)]
+    pub fn visible(&self, r: u32, c: u32) -> bool {
+        let t = if self.compress == 0 { r as i32 } else { ((self.row as u32 + r) / self.compress) as i32 };
+        let hi = if (r as i32) < self.rows { self.keys.min(self.hi.saturating_add(t + 1)) } else { 0 };
+        let c = c as i32;
+        c < hi && (self.lo == i32::MIN || c >= self.lo.saturating_add(t) || c < self.sinks)
+    }
+
     /// Row `r`'s visibility in the thread's accumulator order (see [`keys_below`]): visible keys
     /// are an interval plus the sinks, so this is a few dozen integer ops per row instead of
     /// compares per score.

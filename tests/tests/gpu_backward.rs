@@ -17,6 +17,42 @@ fn deterministic_backward_matches_reference() {
     gpu_property(300, 200, |(case, seed)| check_gpu_backward(&case, ForwardPath::Fused, &gpu, seed, true));
 }
 
+/// d128 without a mask, bias or softcap, where the Hopper kernels take the step with its scores
+/// transposed (`bwd::transposed`): causal with sq != sk (rows with no visible key, diagonal
+/// tiles), GQA/MQA, odd lengths, both element types; the placed grid forced on a quarter of the
+/// cases, and on another quarter a query split (which the split kernels, row-major, take).
+#[test]
+fn lean_d128_backward_matches_reference() {
+    let Some(gpu) = gpu() else { return };
+    gpu_property(2000, 200, |(case, seed)| {
+        let case = Case { head_dim: 128, mask: None, bias: None, softcap: 0.0, ..case };
+        match seed % 4 {
+            0 => dmattn::force_backward_query_split(Some(1 + (seed / 4 % 3) as u32)),
+            1 => dmattn::force_backward_placement(Some(true)),
+            _ => {}
+        }
+        let checked = check_gpu_backward(&case, ForwardPath::Fused, &gpu, seed, false);
+        dmattn::force_backward_query_split(None);
+        dmattn::force_backward_placement(None);
+        checked
+    });
+}
+
+/// Two small lean d128 cases for the sanitizer (`san gpu_backward lean_d128_small`): causal with
+/// more keys than queries (a diagonal crossing tiles, rows past the sequence's end) and plain
+/// with GQA over several query tiles.
+#[test]
+fn lean_d128_small() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = fresh_rng("lean_d128_small");
+    for case in [
+        Case { causal: true, dtype: DType::BF16, ..Case::new(1, 70, 200, 2, 1, 128) },
+        Case { dtype: DType::F16, ..Case::new(2, 150, 130, 4, 2, 128) },
+    ] {
+        check_gpu_backward(&case, ForwardPath::Fused, &gpu, rand::Rng::random(&mut rng), false).unwrap();
+    }
+}
+
 /// Query tiles split among several CTAs per key tile, which add their dK/dV shares to f32
 /// accumulators: forced on every case (2-16 shares, whatever its size, at head dim 32 or 64,
 /// whose kernels all split, and 128, whose Hopper kernels without a bias or softcap have split

@@ -8,7 +8,8 @@
 //! product's warp grid is the warpgroups' (see `dmattn_abi::BwdTile`).
 use super::smem::{Smem, Stage};
 use crate::elem::{Elem, wgmma_wait};
-use crate::gemm::wgmma_tiles;
+use crate::gemm::{wgmma_pv, wgmma_tiles};
+use crate::tile::SmemTile;
 
 /// S = QKᵀ into `s` and dP = dO Vᵀ into `dp` for the warpgroup's 64 rows (from its first
 /// warp's; this warp holds rows `r0`) x the keys from n8 tile `nt0`, issued as two groups;
@@ -56,14 +57,53 @@ pub(super) fn issue_grads<E: Elem, const DQ: usize, const DKV: usize, const NK: 
     wgmma_tiles::<E, DKV, MK, 1, 1>(dk, |kk| sm.ds.wgmma_mn_major(kk, keys), |kk| st.q.wgmma_mn_major(kk, 0), true);
 }
 
-/// dQ, the first of [`issue_grads`]'s groups, has landed.
+/// dQ, the first of [`issue_grads`]'s (or [`issue_grads_transposed`]'s) groups, has landed.
 #[inline(always)]
 pub(super) fn dq_landed<const DQ: usize>(dq: &mut [[f32; 4]; DQ]) {
     wgmma_wait::<2, DQ>(dq);
 }
 
-/// dV and dK, the last of [`issue_grads`]'s groups, have landed.
+/// dV and dK, the last of [`issue_grads`]'s (or [`issue_grads_transposed`]'s) groups, have
+/// landed.
 #[inline(always)]
 pub(super) fn grads_landed<const DKV: usize>(dv: &mut [[f32; 4]; DKV]) {
     wgmma_wait::<0, DKV>(dv);
+}
+
+/// The transposed step's first products (`transposed`): Sᵀ = K Qᵀ into `s` and dPᵀ = V dOᵀ
+/// into `dp` for the warpgroup's 64 keys from `key0` x the stage's 64 rows, issued as two
+/// groups; returns once Sᵀ has landed, with dPᵀ in flight.
+#[inline(always)]
+pub(super) fn scores_and_dp_transposed<E: Elem, const NC: usize, const KT: usize>(
+    st: &Stage,
+    sm: &Smem,
+    key0: u32,
+    s: &mut [[f32; 4]; NC],
+    dp: &mut [[f32; 4]; NC],
+) {
+    wgmma_tiles::<E, NC, KT, 0, 0>(s, |ks| sm.k.wgmma_k_major(key0, ks), |ks| st.q.wgmma_k_major(0, ks), false);
+    wgmma_tiles::<E, NC, KT, 0, 0>(dp, |ks| sm.v.wgmma_k_major(key0, ks), |ks| st.dout.wgmma_k_major(0, ks), false);
+    wgmma_wait::<1, NC>(s);
+}
+
+/// Issues, as three groups in this order (those of [`issue_grads`]): dQ = dS K into `dq` (its
+/// values not read) for the warpgroup's 64 rows x the columns from n8 tile `dq_col0`, A M-major
+/// from the keys-by-rows dS tile `ds_tile`, K N-major; dV += Pᵀ dO and dK += dSᵀ Q for the
+/// warpgroup's 64 keys x every column, with Pᵀ's and dSᵀ's A fragments `p`, `ds` in registers.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn issue_grads_transposed<E: Elem, const DQ: usize, const DKV: usize, const NK: usize, const KP: usize>(
+    st: &Stage,
+    sm: &Smem,
+    ds_tile: SmemTile,
+    dq_col0: u32,
+    p: &[[u32; 4]; KP],
+    ds: &[[u32; 4]; KP],
+    dq: &mut [[f32; 4]; DQ],
+    dv: &mut [[f32; 4]; DKV],
+    dk: &mut [[f32; 4]; DKV],
+) {
+    wgmma_tiles::<E, DQ, NK, 1, 1>(dq, |kk| ds_tile.wgmma_mn_major(kk, 0), |kk| sm.k.wgmma_mn_major(kk, dq_col0), false);
+    wgmma_pv::<E, DKV>(dv, KP, |kk| p[kk], st.dout);
+    wgmma_pv::<E, DKV>(dk, KP, |kk| ds[kk], st.q);
 }

@@ -78,14 +78,18 @@ impl Smem {
 
 /// Starts the copies of (query tile `m`, head `h`)'s Q, dO, bias, packed mask, lse and delta into
 /// `st`; of a key-side bias only its one row, and none where the scores fold it in from the CTA's
-/// f32 row (`columns`, see `step::bias_columns` and [`store_bias_row`]). All threads call this.
+/// f32 row (`columns`, see `step::bias_columns` and [`store_bias_row`]). `pairs`: lse and delta
+/// side by side for the transposed step (`transposed`): row pair `2 i, 2 i + 1`'s two lse, then
+/// its two delta, 16 bytes at `lse + 16 i`. All threads call this.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn load_stage<const D: usize, const BM: usize, const BN: usize>(
     kb: &KeyBlock,
     st: &Stage,
     mods: &Mods,
     by_class: bool,
     columns: bool,
+    pairs: bool,
     m: u32,
     h: u32,
     tid: u32,
@@ -112,8 +116,9 @@ pub(super) unsafe fn load_stage<const D: usize, const BM: usize, const BN: usize
     if tid < 2 * BM as u32 {
         let (dst, src) = if tid < BM as u32 { (st.lse, f.lse) } else { (st.delta, kb.p.delta) };
         let r = tid % BM as u32;
+        let at = if pairs { st.lse + 16 * (r / 2) + 4 * (r % 2) + if tid < BM as u32 { 0 } else { 8 } } else { dst + 4 * r };
         let ok = r < rows;
-        unsafe { cp_async_4(dst + 4 * r, src + 4 * kb.row_index(h, row0 + if ok { r } else { 0 }), if ok { 4 } else { 0 }) };
+        unsafe { cp_async_4(at, src + 4 * kb.row_index(h, row0 + if ok { r } else { 0 }), if ok { 4 } else { 0 }) };
     }
     if mods.bias && !(columns && mods.fold_bias()) {
         let s = f.bias.stride;
