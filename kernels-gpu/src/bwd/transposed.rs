@@ -3,15 +3,15 @@
 //! and dPᵀ = V dOᵀ for its 64 keys against the stage's 64 rows, so that Pᵀ and dSᵀ come out in
 //! the accumulator layout that is `wgmma`'s register A operand, and dV += Pᵀ dO, dK += dSᵀ Q
 //! take them from registers: no P tile, and dS read twice by the tensor cores (dQ's two
-//! halves) instead of three times. Only dS goes to shared memory (keys by rows, `stmatrix`) for dQ = dS K, the one
-//! product that needs both warpgroups' halves. The products after the barrier are issued in the
-//! row-major step's order (dQ, dV, dK), so that dQ's reductions drain under dV and dK: with dV
-//! issued before the barrier instead, they stalled the next step (H200: 1.5 % slower than the
-//! row-major step, against 3-5 % faster). A thread's scores span 16 rows here (2 in the
-//! row-major step), so the stage holds each row's lse and delta side by side, a row pair's in
-//! 16 bytes (`smem::load_stage`'s `pairs`), and a pair's lse or delta is one 8-byte load.
-//! The phases: [`Step::transposed_to_ds`], then the kernel's fence and barrier, then
-//! [`Step::transposed_grads`].
+//! halves) instead of three times. Only dS goes to shared memory (keys by rows, `stmatrix`),
+//! for dQ = dS K, the one product that needs both warpgroups' halves. The products after the
+//! barrier are issued in the row-major step's order (dQ, dV, dK), so that dQ's reductions
+//! drain under dV and dK: with dV issued before the barrier instead, they stalled the next
+//! step (H200: level to 2 % slower than the row-major step, against 3-4 % faster). A thread's
+//! scores span 16 rows here (2 in the row-major step), so the stage holds each row's lse and
+//! delta side by side, a row pair's in 16 bytes (`smem::load_stage`'s `pairs`), and a pair's
+//! lse or delta is one 8-byte load. The phases: [`Step::transposed_to_ds`], then the kernel's
+//! fence and barrier, then [`Step::transposed_grads`].
 use super::sm90;
 use super::step::Step;
 use crate::arch::*;
