@@ -265,13 +265,22 @@ impl TileBounds {
         bits
     }
 
+    /// Row `r`'s band offset `t` (its row, or under compression its compressed row) and the end
+    /// of its visible keys (0 past the tile's rows), which [`Self::row_bits`] and
+    /// [`Self::visible`] share.
+    #[inline(always)]
+    fn row_edge(&self, r: u32) -> (i32, i32) {
+        let t = if self.compress == 0 { r as i32 } else { ((self.row as u32 + r) / self.compress) as i32 };
+        let hi = if (r as i32) < self.rows { self.keys.min(self.hi.saturating_add(t + 1)) } else { 0 };
+        (t, hi)
+    }
+
     /// Whether the score at tile-local (`r`, `c`) is visible: [`Self::row_bits`]'s rule for one
     /// score, for layouts whose thread holds a key's scores down several rows (the backward's
     /// transposed step, `bwd::transposed`).
     #[inline(always)]
     pub fn visible(&self, r: u32, c: u32) -> bool {
-        let t = if self.compress == 0 { r as i32 } else { ((self.row as u32 + r) / self.compress) as i32 };
-        let hi = if (r as i32) < self.rows { self.keys.min(self.hi.saturating_add(t + 1)) } else { 0 };
+        let (t, hi) = self.row_edge(r);
         let c = c as i32;
         c < hi && (self.lo == i32::MIN || c >= self.lo.saturating_add(t) || c < self.sinks)
     }
@@ -281,8 +290,7 @@ impl TileBounds {
     /// compares per score.
     #[inline(always)]
     pub fn row_bits(&self, r: u32) -> u32 {
-        let t = if self.compress == 0 { r as i32 } else { ((self.row as u32 + r) / self.compress) as i32 };
-        let hi = if (r as i32) < self.rows { self.keys.min(self.hi.saturating_add(t + 1)) } else { 0 };
+        let (t, hi) = self.row_edge(r);
         let below_hi = keys_below(hi);
         if self.lo == i32::MIN {
             return below_hi;

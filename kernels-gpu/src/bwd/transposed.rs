@@ -39,7 +39,8 @@ impl Step<'_> {
     /// empty rows have no LSE to subtract, and none of their scores is visible); dSᵀ =
     /// Pᵀ (dPᵀ - delta) times the scale, stored keys by rows for dQ. Returns Pᵀ's and dSᵀ's A
     /// fragments, for dV and dK. `full` as for [`Step::scores_to_p`]; `NC = BM / 8` n8 tiles of
-    /// rows (Sᵀ's N), `KP = NC / 2` k16 steps.
+    /// rows (Sᵀ's N), `KP = NC / 2` k16 steps (`backward` calls this only where they hold; being
+    /// generic, it is instantiated for every kernel, so they are not compile-time assertions).
     #[inline(always)]
     pub(super) unsafe fn transposed_to_ds<
         E: Elem,
@@ -52,11 +53,6 @@ impl Step<'_> {
         &self,
         full: bool,
     ) -> ([[u32; 4]; KP], [[u32; 4]; KP]) {
-        // Instantiated for every backward kernel (`backward` calls it only where its shapes
-        // hold), so the shapes cannot be compile-time assertions.
-        if !(NC * 8 == BM && 2 * KP == NC) {
-            return ([[0; 4]; KP], [[0; 4]; KP]);
-        }
         let (kb, st) = (&self.kb, &self.st);
         let lane = self.tid % 32;
         let (g, t) = (lane / 4, lane % 4);
@@ -122,7 +118,8 @@ impl Step<'_> {
     /// rows x its columns, dV += Pᵀ dO and dK += dSᵀ Q from the fragments `p`, `ds`
     /// ([`Step::transposed_to_ds`]'s); dQ added to its accumulator while dV and dK compute
     /// ([`Step::dq`]), and the step ends with dK and dV landed (they read registers and the
-    /// stage the next step overwrites). Const parameters as `backward`'s.
+    /// stage the next step overwrites). Const parameters as `backward`'s (`MQ = 1`, `DQ = DQT`:
+    /// one pass over the warpgroup's columns).
     #[inline(always)]
     pub(super) unsafe fn transposed_grads<
         E: Elem,
@@ -142,9 +139,6 @@ impl Step<'_> {
         dv: &mut [[f32; 4]; DKV],
         m_tiles: u32,
     ) {
-        if !(MQ == 1 && DQ == DQT) {
-            return;
-        }
         let (_, dq_col0) = self.dq_origin::<MQ, DQT, QR>();
         let mut dq_issued: [[[f32; 4]; DQ]; MQ] = [wgmma_scratch(); MQ];
         let tile = self.ds_keys_by_rows::<BM, BN>();
@@ -156,7 +150,7 @@ impl Step<'_> {
 }
 
 /// The A fragments of an accumulator's `KP` k16 steps (`gemm::pack_p`, without its shape
-/// assertion: see [`Step::transposed_to_ds`]).
+/// assertion, which every kernel's instantiation would meet: see [`Step::transposed_to_ds`]).
 #[inline(always)]
 fn frags<E: Elem, const NC: usize, const KP: usize>(acc: &[[f32; 4]; NC]) -> [[u32; 4]; KP] {
     core::array::from_fn(|kk| if 2 * kk + 1 < NC { p_frag::<E, NC>(acc, kk) } else { [0; 4] })
