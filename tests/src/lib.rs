@@ -314,6 +314,18 @@ pub fn split_head_dim(case: Case, seed: u64) -> Case {
     }
 }
 
+/// Runs `check` with the backward's query split (`dmattn::force_backward_query_split`) and
+/// placement (`dmattn::force_backward_placement`) forced as given (`None`: the plan's own), then
+/// lifts both: the hooks are this thread's, and a property's next case must not inherit them.
+pub fn with_backward_forced<T>(split: Option<u32>, placed: Option<bool>, check: impl FnOnce() -> T) -> T {
+    dmattn::force_backward_query_split(split);
+    dmattn::force_backward_placement(placed);
+    let out = check();
+    dmattn::force_backward_query_split(None);
+    dmattn::force_backward_placement(None);
+    out
+}
+
 /// `case` with a key-side bias (`[1|b, 1|hk|h, 1, sk]`) at a head dim whose Hopper backward sums
 /// the dbias of such a bias over a CTA's whole walk where every head of its kv group reads one row
 /// (64 or 128), its keys rounded up to a multiple of 8 so that the bias rows copy in 16-byte

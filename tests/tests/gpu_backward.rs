@@ -26,15 +26,9 @@ fn lean_d128_backward_matches_reference() {
     let Some(gpu) = gpu() else { return };
     gpu_property(2000, 200, |(case, seed)| {
         let case = Case { head_dim: 128, mask: None, bias: None, softcap: 0.0, ..case };
-        match seed % 4 {
-            0 => dmattn::force_backward_query_split(Some(1 + (seed / 4 % 3) as u32)),
-            1 => dmattn::force_backward_placement(Some(true)),
-            _ => {}
-        }
-        let checked = check_gpu_backward(&case, ForwardPath::Fused, &gpu, seed, false);
-        dmattn::force_backward_query_split(None);
-        dmattn::force_backward_placement(None);
-        checked
+        let split = (seed % 4 == 0).then(|| 1 + (seed / 4 % 3) as u32);
+        let placed = (seed % 4 == 1).then_some(true);
+        with_backward_forced(split, placed, || check_gpu_backward(&case, ForwardPath::Fused, &gpu, seed, false))
     });
 }
 
@@ -63,10 +57,7 @@ fn split_query_backward_matches_reference() {
     let Some(gpu) = gpu() else { return };
     gpu_property(1500, 300, |(case, seed)| {
         let case = split_head_dim(case, seed);
-        dmattn::force_backward_query_split(Some(1 + (seed % 4) as u32));
-        let checked = check_gpu_backward(&case, ForwardPath::Fused, &gpu, seed, false);
-        dmattn::force_backward_query_split(None);
-        checked
+        with_backward_forced(Some(1 + (seed % 4) as u32), None, || check_gpu_backward(&case, ForwardPath::Fused, &gpu, seed, false))
     });
 }
 
@@ -88,10 +79,7 @@ fn key_side_bias_backward_matches_reference() {
 fn placed_backward_matches_reference() {
     let Some(gpu) = gpu() else { return };
     gpu_property(1000, 200, |(case, seed)| {
-        dmattn::force_backward_placement(Some(true));
-        let checked = check_gpu_backward(&case, ForwardPath::Fused, &gpu, seed, false);
-        dmattn::force_backward_placement(None);
-        checked
+        with_backward_forced(None, Some(true), || check_gpu_backward(&case, ForwardPath::Fused, &gpu, seed, false))
     });
 }
 

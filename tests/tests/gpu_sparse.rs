@@ -67,10 +67,7 @@ fn sparse_split_backward_matches_reference() {
     let Some(gpu) = gpu() else { return };
     sparse_property(500, 300, |sc| {
         let sc = SparseCase { case: split_head_dim(sc.case, sc.seed), ..sc };
-        dmattn::force_backward_query_split(Some(1 + (sc.seed % 4) as u32));
-        let checked = check_gpu_sparse(&sc, &gpu, ForwardPath::Fused, true, false);
-        dmattn::force_backward_query_split(None);
-        checked
+        with_backward_forced(Some(1 + (sc.seed % 4) as u32), None, || check_gpu_sparse(&sc, &gpu, ForwardPath::Fused, true, false))
     });
 }
 
@@ -80,10 +77,7 @@ fn sparse_split_backward_matches_reference() {
 fn sparse_placed_backward_matches_reference() {
     let Some(gpu) = gpu() else { return };
     sparse_property(500, 300, |sc| {
-        dmattn::force_backward_placement(Some(true));
-        let checked = check_gpu_sparse(&sc, &gpu, ForwardPath::Fused, true, false);
-        dmattn::force_backward_placement(None);
-        checked
+        with_backward_forced(None, Some(true), || check_gpu_sparse(&sc, &gpu, ForwardPath::Fused, true, false))
     });
 }
 
