@@ -17,33 +17,37 @@ fn deterministic_backward_matches_reference() {
     gpu_property(300, 200, |(case, seed)| check_gpu_backward(&case, ForwardPath::Fused, &gpu, seed, true));
 }
 
-/// d128 without a mask, bias or softcap, where the Hopper kernels take the step with its scores
-/// transposed (`bwd::transposed`): causal with sq != sk (rows with no visible key, diagonal
-/// tiles), GQA/MQA, odd lengths, both element types; the placed grid forced on a quarter of the
-/// cases, and on another quarter a query split (which the split kernels, row-major, take).
+/// d64 and d128 without a mask, bias or softcap, where the Hopper kernels take the step with its
+/// scores transposed (`bwd::transposed`; d128 on its 64-row tile, d64 on its 128-row one):
+/// causal with sq != sk (rows with no visible key, diagonal tiles), GQA/MQA, odd lengths, both
+/// element types; the placed grid forced on a quarter of the cases, and on another quarter a
+/// query split (which d64's split kernels take transposed too, d128's row-major).
 #[test]
-fn lean_d128_backward_matches_reference() {
+fn lean_backward_matches_reference() {
     let Some(gpu) = gpu() else { return };
     gpu_property(2000, 200, |(case, seed)| {
-        let case = Case { head_dim: 128, mask: None, bias: None, softcap: 0.0, ..case };
+        let head_dim = if seed % 8 < 4 { 128 } else { 64 };
+        let case = Case { head_dim, mask: None, bias: None, softcap: 0.0, ..case };
         let split = (seed % 4 == 0).then(|| 1 + (seed / 4 % 3) as u32);
         let placed = (seed % 4 == 1).then_some(true);
         with_backward_forced(split, placed, || check_gpu_backward(&case, ForwardPath::Fused, &gpu, seed, false))
     });
 }
 
-/// Two small lean d128 cases for the sanitizer (`san gpu_backward lean_d128_small`): causal with
-/// more keys than queries (a diagonal crossing tiles, rows past the sequence's end) and plain
-/// with GQA over several query tiles.
+/// Small lean cases at d128 and d64 for the sanitizer (`san gpu_backward lean_small`): causal
+/// with more keys than queries (a diagonal crossing tiles, rows past the sequence's end) and
+/// plain with GQA over several query tiles.
 #[test]
-fn lean_d128_small() {
+fn lean_small() {
     let Some(gpu) = gpu() else { return };
-    let mut rng = fresh_rng("lean_d128_small");
-    for case in [
-        Case { causal: true, dtype: DType::BF16, ..Case::new(1, 70, 200, 2, 1, 128) },
-        Case { dtype: DType::F16, ..Case::new(2, 150, 130, 4, 2, 128) },
-    ] {
-        check_gpu_backward(&case, ForwardPath::Fused, &gpu, rand::Rng::random(&mut rng), false).unwrap();
+    let mut rng = fresh_rng("lean_small");
+    for head_dim in [128, 64] {
+        for case in [
+            Case { causal: true, dtype: DType::BF16, ..Case::new(1, 70, 200, 2, 1, head_dim) },
+            Case { dtype: DType::F16, ..Case::new(2, 150, 130, 4, 2, head_dim) },
+        ] {
+            check_gpu_backward(&case, ForwardPath::Fused, &gpu, rand::Rng::random(&mut rng), false).unwrap();
+        }
     }
 }
 

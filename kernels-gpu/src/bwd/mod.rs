@@ -26,8 +26,8 @@
 //! (where the CTA works and its operands' addresses), `smem` (shared tiles and the stages'
 //! copies), `step` (one step's phases: S -> P, dP -> dS, dK/dV, dQ), `sm90` (the Hopper
 //! products), `reduce` (dQ, dbias, dK and dV out to global memory) and `turns` (deterministic
-//! mode); on Hopper, the d128 kernels without a bias, mask, band or split take `transposed`, the
-//! step with its scores transposed.
+//! mode); on Hopper, the d64 and d128 kernels without a bias, mask or band (at d128 nor a split)
+//! take `transposed`, the step with its scores transposed.
 mod key_block;
 mod reduce;
 mod sm90;
@@ -111,11 +111,12 @@ pub unsafe fn backward<
     let rotates = BAND && WGMMA;
     // The Hopper `BIAS` variant has no registers for reading block classes (`modifiers::BIAS`).
     let by_class = !(WGMMA && MODS == modifiers::BIAS);
-    // The Hopper kernels without a bias, mask, band or split on the 64-row tile (d128) take the
-    // step with its scores transposed (`transposed`; d128 dense and causal 2-5 % faster, H200).
-    // Not the band kernels: under a window its per-score test in that layout ran 12 % slower
-    // than the row-major step's row bits; nor the split ones, where it spilled.
-    let transposed = WGMMA && MODS == modifiers::NONE && BM == 64 && KR == 8 && MQ == 1 && DQ == DQT && NC * 8 == BM && 2 * MK == NC && !BAND && !SPLIT;
+    // The Hopper kernels without a bias, mask or band take the step with its scores transposed
+    // (`transposed`; H200: d128 on its 64-row tile dense and causal 2-5 % faster, d64 on its
+    // 128-row one 3.5-5 %). Not the band kernels: under a window its per-score test in that
+    // layout ran 12 % slower than the row-major step's row bits; nor d128's split ones, where it
+    // spilled (every d64 kernel may split).
+    let transposed = WGMMA && MODS == modifiers::NONE && (BM == 64 || BM == 128 && D == 64) && KR == 8 && MQ == 1 && DQ == DQT && NC * 8 == BM && 2 * MK == NC && !BAND && (!SPLIT || D == 64);
     let tid = thread_idx();
     // Kernels that may split their query tiles (`dmattn_abi::bwd_splits`, `bwd_split_kernel`).
     let splits = SPLIT;

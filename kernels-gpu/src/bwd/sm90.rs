@@ -71,7 +71,7 @@ pub(super) fn grads_landed<const DKV: usize>(dv: &mut [[f32; 4]; DKV]) {
 }
 
 /// The transposed step's first products (`transposed`): Sᵀ = K Qᵀ into `s` and dPᵀ = V dOᵀ
-/// into `dp` for the warpgroup's 64 keys from `key0` x the stage's 64 rows, issued as two
+/// into `dp` for the warpgroup's 64 keys from `key0` x all the stage's rows, issued as two
 /// groups; returns once Sᵀ has landed, with dPᵀ in flight.
 #[inline(always)]
 pub(super) fn scores_and_dp_transposed<E: Elem, const NC: usize, const KT: usize>(
@@ -88,22 +88,23 @@ pub(super) fn scores_and_dp_transposed<E: Elem, const NC: usize, const KT: usize
 
 /// Issues, as three groups in this order (those of [`issue_grads`]): dQ = dS K into `dq` (its
 /// values not read) for the warpgroup's 64 rows x the columns from n8 tile `dq_col0`, A M-major
-/// from the keys-by-rows dS tile `ds_tile`, K N-major; dV += Pᵀ dO and dK += dSᵀ Q for the
-/// warpgroup's 64 keys x every column, with Pᵀ's and dSᵀ's A fragments `p`, `ds` in registers.
+/// from the keys-by-rows dS tile `ds_tile`'s columns from chunk `rows_chunk`, K N-major; dV +=
+/// Pᵀ dO and dK += dSᵀ Q for the warpgroup's 64 keys x every column, with Pᵀ's and dSᵀ's A
+/// fragments `p`, `ds` in registers.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn issue_grads_transposed<E: Elem, const DQ: usize, const DKV: usize, const NK: usize, const KP: usize>(
     st: &Stage,
     sm: &Smem,
     ds_tile: SmemTile,
-    dq_col0: u32,
+    (rows_chunk, dq_col0): (u32, u32),
     p: &[[u32; 4]; KP],
     ds: &[[u32; 4]; KP],
     dq: &mut [[f32; 4]; DQ],
     dv: &mut [[f32; 4]; DKV],
     dk: &mut [[f32; 4]; DKV],
 ) {
-    wgmma_tiles::<E, DQ, NK, 1, 1>(dq, |kk| ds_tile.wgmma_mn_major(kk, 0), |kk| sm.k.wgmma_mn_major(kk, dq_col0), false);
+    wgmma_tiles::<E, DQ, NK, 1, 1>(dq, |kk| ds_tile.wgmma_mn_major(kk, rows_chunk), |kk| sm.k.wgmma_mn_major(kk, dq_col0), false);
     wgmma_pv::<E, DKV>(dv, KP, |kk| p[kk], st.dout);
     wgmma_pv::<E, DKV>(dk, KP, |kk| ds[kk], st.q);
 }

@@ -1,17 +1,18 @@
 //! The Hopper backward's step with its scores transposed (FlashAttention-3's and cuDNN's form),
-//! for the d128 kernels without a bias, mask, band or split: each warpgroup computes Sᵀ = K Qᵀ
-//! and dPᵀ = V dOᵀ for its 64 keys against the stage's 64 rows, so that Pᵀ and dSᵀ come out in
-//! the accumulator layout that is `wgmma`'s register A operand, and dV += Pᵀ dO, dK += dSᵀ Q
-//! take them from registers: no P tile, and dS read twice by the tensor cores (dQ's two
-//! halves) instead of three times. Only dS goes to shared memory (keys by rows, `stmatrix`),
-//! for dQ = dS K, the one product that needs both warpgroups' halves. The products after the
-//! barrier are issued in the row-major step's order (dQ, dV, dK), so that dQ's reductions
-//! drain under dV and dK: with dV issued before the barrier instead, they stalled the next
-//! step (H200: level to 2 % slower than the row-major step, against 3-4 % faster). A thread's
-//! scores span 16 rows here (2 in the row-major step), so the stage holds each row's lse and
-//! delta side by side, a row pair's in 16 bytes (`smem::load_stage`'s `pairs`), and a pair's
-//! lse or delta is one 8-byte load. The phases: [`Step::transposed_to_ds`], then the kernel's
-//! fence and barrier, then [`Step::transposed_grads`].
+//! for the d64 and d128 kernels without a bias, mask or band: each warpgroup computes Sᵀ = K Qᵀ
+//! and dPᵀ = V dOᵀ for its 64 keys against all the stage's rows (64 at d128, 128 at d64), so
+//! that Pᵀ and dSᵀ come out in the accumulator layout that is `wgmma`'s register A operand, and
+//! dV += Pᵀ dO, dK += dSᵀ Q take them from registers: no P tile, and dS read by the tensor cores
+//! only for dQ. Only dS goes to shared memory (keys by rows, `stmatrix`), for dQ = dS K, the one
+//! product that needs both warpgroups' keys (each warpgroup computes its share of dQ: d128 half
+//! the columns, d64 half the rows). The products after the barrier are issued in the row-major
+//! step's order (dQ, dV, dK), so that dQ's reductions drain under dV and dK: with dV issued
+//! before the barrier instead, they stalled the next step (H200: level to 2 % slower than the
+//! row-major step, against 3-4 % faster). A thread's scores span 16 rows here at d128, 32 at
+//! d64 (2 in the row-major step), so the stage holds each row's lse and delta side by side, a
+//! row pair's in 16 bytes (`smem::load_stage`'s `pairs`), and a pair's lse or delta is one
+//! 8-byte load. The phases: [`Step::transposed_to_ds`], then the kernel's fence and barrier,
+//! then [`Step::transposed_grads`].
 use super::sm90;
 use super::step::Step;
 use crate::arch::*;
@@ -139,13 +140,15 @@ impl Step<'_> {
         dv: &mut [[f32; 4]; DKV],
         m_tiles: u32,
     ) {
-        let (_, dq_col0) = self.dq_origin::<MQ, DQT, QR>();
+        // The warpgroup's rows of dQ: column block `q_row0 / 64` of the keys-by-rows tile (the
+        // 128-row tile's second warpgroup reads its second one).
+        let (q_row0, dq_col0) = self.dq_origin::<MQ, DQT, QR>();
+        let rows_chunk = (q_row0 & !63) / 8;
         let mut dq_issued: [[[f32; 4]; DQ]; MQ] = [wgmma_scratch(); MQ];
         let tile = self.ds_keys_by_rows::<BM, BN>();
-        sm90::issue_grads_transposed::<E, DQ, DKV, NK, KP>(&self.st, &self.sm, tile, dq_col0, p, ds, &mut dq_issued[0], dv, dk);
+        sm90::issue_grads_transposed::<E, DQ, DKV, NK, KP>(&self.st, &self.sm, tile, (rows_chunk, dq_col0), p, ds, &mut dq_issued[0], dv, dk);
         unsafe { self.dq::<E, MQ, DQT, DQ, NK, QR, false, true>(&mut dq_issued, m_tiles) };
-        wgmma_wait::<0, DKV>(dk);
-        wgmma_wait::<0, DKV>(dv);
+        sm90::grads_landed::<DKV>(dv);
     }
 }
 
