@@ -89,13 +89,14 @@ enum KeptP {
     Packed,
 }
 
-/// On the [`KeptP::Packed`] tile, one n8 key tile in this many has its exponentials computed by
-/// `exp2_poly` rather than MUFU: there P's 64 exponentials a thread and step queue on MUFU
-/// while dP computes. Before dS and the logit took their FMAs (`ds_of`, `logits_less`), a
-/// quarter ran 2 % faster than none and a half did not gain (its FMA-pipe work takes more issue
-/// slots than MUFU's queue gives back); with them, an eighth ran 1-2 % faster than a quarter
-/// (H200, d64 dense and causal).
-const POLY_PERIOD: u32 = 8;
+/// On d64's 128-row tile (here [`KeptP::Packed`], and the transposed step's), one n8 tile in this
+/// many has its exponentials computed by `exp2_poly` rather than MUFU: there P's 64
+/// exponentials a thread and step queue on MUFU while dP computes. Before dS and the logit took
+/// their FMAs (`ds_of`, `logits_less`), a quarter ran 2 % faster than none and a half did not
+/// gain (its FMA-pipe work takes more issue slots than MUFU's queue gives back); with them, an
+/// eighth ran 1-2 % faster than a quarter (H200, d64 dense and causal). In the transposed step
+/// an eighth runs d64 2-2.5 % faster and d128 level to 1 % slower, so d128 keeps MUFU.
+pub(super) const POLY_PERIOD: u32 = 8;
 
 /// P from S -> P as [`KeptP`] keeps it: one of the two arrays, per the variant.
 pub(super) struct PKept<const MS: usize, const NC: usize> {

@@ -14,7 +14,7 @@
 //! 8-byte load. The phases: [`Step::transposed_to_ds`], then the kernel's fence and barrier,
 //! then [`Step::transposed_grads`].
 use super::sm90;
-use super::step::Step;
+use super::step::{POLY_PERIOD, Step};
 use crate::arch::*;
 use crate::elem::{Elem, wgmma_wait};
 use crate::gemm::p_frag;
@@ -70,10 +70,13 @@ impl Step<'_> {
         let scale = self.mods.scale_log2;
         for (j, acc) in s.iter_mut().enumerate() {
             let lse = unsafe { ld_shared_v2(pair_at(j)) };
+            // At d64 (the 128-row tile) one accumulator in `POLY_PERIOD` on the FMA pipe.
+            let poly = BM == 128 && j as u32 % POLY_PERIOD == POLY_PERIOD - 1;
             for e in 0..2 {
                 let less = f32::from_bits(lse[e]) * LOG2E;
                 for h in 0..2 {
-                    acc[2 * h + e] = exp2(fma(acc[2 * h + e], scale, -less));
+                    let x = fma(acc[2 * h + e], scale, -less);
+                    acc[2 * h + e] = if poly { exp2_poly(x) } else { exp2(x) };
                 }
             }
         }
