@@ -1,0 +1,24 @@
+# Call 7 (2026-11-30, 21st session): two diagnostics without dQ's additions (dQ computed, never
+# added; wrong dQ, real operands): N0 (`n0-no-dq-additions-diagnostic.diff`, main's order) and N1
+# (`n1-cudnn-order-no-dq-diagnostic.diff`: cuDNN's order, dV issued once dS is formed and dK after
+# its stores, both before the barrier; dQ alone after it), against L (main), alternating twice;
+# then the three under ncu (clocks locked).
+R=$OUT; OUT=/tmp/L; mkdir -p $OUT
+mkdir -p .gpu-pack/bin && for f in .gpu-pack/xz/*.xz; do xz -dc $f > .gpu-pack/bin/$(basename $f .xz); chmod +x .gpu-pack/bin/$(basename $f .xz); done
+source .gpu-pack/lib.sh
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader > $R/gpu.txt
+N0=$(bench_at .gpu-pack/bench-N0.xz); N1=$(bench_at .gpu-pack/bench-N1.xz); L=.gpu-pack/bin/dmattn-bench
+ONLY="d128/s4096/dense,d128/s8192/dense,d128/s8192/causal,d128/s16384/dense"
+for r in 1 2; do for pair in L=$L N0=$N0 N1=$N1; do
+  n=${pair%%=*}; b=${pair#*=}; s=$(date +%s)
+  timeout 100 $b --out /tmp/ab-$n --groups llm --only "$ONLY" --impls dmattn --reps 10 > $OUT/bench-$n-$r.log 2>&1
+  echo "$n #$r rc=$? $(( $(date +%s) - s ))s: $(grep -E '^  dmattn +(bwd)' $OUT/bench-$n-$r.log | awk '{print $2, $3}' | tr '\n' ' ')"
+done; done | tee $R/ab.txt
+grep -E '^[a-z0-9-]+/' $OUT/bench-L-1.log | awk '{print $1}' > $R/case-ids.txt
+MET="--metrics smsp__inst_executed.sum,sm__cycles_active.avg,gpu__time_duration.sum,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio"
+for pair in L=$L N0=$N0 N1=$N1; do
+  n=${pair%%=*}; b=${pair#*=}
+  timeout 100 ncu -k 'regex:dmattn_bwd_sm90_bf16_d128$' --launch-skip 1 --launch-count 1 $MET $b --out /tmp/n-$n --groups llm --only "d128/s8192/dense" --reps 1 --impls dmattn > $OUT/ncu-$n.log 2>&1
+  echo "ncu $n rc=$?"; grep -E '^ +[a-z0-9_]+__' $OUT/ncu-$n.log | sed "s/^/$n /"
+done | tee $R/ncu.txt
+cd /tmp && tar czf $R/logs.tgz L 2>/dev/null; ls -la $R
