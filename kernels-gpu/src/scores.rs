@@ -50,6 +50,13 @@ impl Mods {
         }
     }
 
+    /// dS's scale, the softmax scale (`scale_log2` is it times log2 e): dS = P (dP - delta)
+    /// times it.
+    #[inline(always)]
+    pub fn ds_scale(&self) -> f32 {
+        self.scale_log2 * core::f32::consts::LN_2
+    }
+
     /// The bias goes into the accumulators' start values (not possible under a softcap, which
     /// applies before the bias).
     #[inline(always)]

@@ -14,7 +14,7 @@
 //! 8-byte load. The phases: [`Step::transposed_to_ds`], then the kernel's fence and barrier,
 //! then [`Step::transposed_grads`].
 use super::sm90;
-use super::step::{POLY_PERIOD, Step};
+use super::step::{POLY_PERIOD, Step, ds_fused};
 use crate::arch::*;
 use crate::elem::{Elem, wgmma_wait};
 use crate::gemm::p_frag;
@@ -96,13 +96,13 @@ impl Step<'_> {
 
         // dSᵀ from P unrounded, as the row-major step's.
         wgmma_wait::<0, NC>(&mut dp);
-        let ds_scale = scale * core::f32::consts::LN_2;
+        let ds_scale = self.mods.ds_scale();
         for (j, acc) in dp.iter_mut().enumerate() {
             let delta = unsafe { ld_shared_v2(pair_at(j) + 8) };
             for e in 0..2 {
                 let delta_scaled = f32::from_bits(delta[e]) * ds_scale;
                 for h in 0..2 {
-                    acc[2 * h + e] = s[j][2 * h + e] * fma(acc[2 * h + e], ds_scale, -delta_scaled);
+                    acc[2 * h + e] = ds_fused(s[j][2 * h + e], acc[2 * h + e], ds_scale, delta_scaled);
                 }
             }
         }
